@@ -1,0 +1,81 @@
+"""Integer expressions in specs (`threads * vec_elems`, `(2 * rows * hidden + hidden) * 2`).
+
+Only names, integer/float literals, + - * // / % ** and parentheses are allowed: a spec
+is data, never code, so nothing here calls eval on user text.
+"""
+from __future__ import annotations
+
+import ast
+import operator
+
+_BINOPS = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv, ast.Div: operator.truediv, ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+
+
+class ExprError(ValueError):
+    """An expression that does not parse, or names a symbol that is not bound."""
+
+
+def names_in(text: str | int | float) -> set[str]:
+    if not isinstance(text, str):
+        return set()
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError as exc:
+        raise ExprError(f"cannot parse expression {text!r}: {exc.msg}") from None
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+
+
+def evaluate(text: str | int | float, symbols: dict[str, int | float]):
+    """Evaluate an expression (or pass a number through) with the given symbol values."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return text
+    try:
+        tree = ast.parse(str(text), mode="eval")
+    except SyntaxError as exc:
+        raise ExprError(f"cannot parse expression {text!r}: {exc.msg}") from None
+
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
+                and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.Name):
+            if node.id not in symbols:
+                raise ExprError(f"unknown symbol {node.id!r} in {text!r} "
+                                f"(known: {', '.join(sorted(symbols)) or 'none'})")
+            return symbols[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            v = ev(node.operand)
+            return -v if isinstance(node.op, ast.USub) else v
+        raise ExprError(f"unsupported syntax in expression {text!r}")
+
+    return ev(tree)
+
+
+def to_cpp(text: str | int | float, rename) -> str:
+    """Render an expression as C++ integer arithmetic, mapping each symbol through rename."""
+    if isinstance(text, (int, float)):
+        return repr(text)
+    ops = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "/", ast.Div: "/", ast.Mod: "%"}
+
+    def emit(node):
+        if isinstance(node, ast.Expression):
+            return emit(node.body)
+        if isinstance(node, ast.Constant):
+            return repr(node.value)
+        if isinstance(node, ast.Name):
+            return rename(node.id)
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            return f"({emit(node.left)} {ops[type(node.op)]} {emit(node.right)})"
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return f"(-{emit(node.operand)})"
+        raise ExprError(f"expression {text!r} has no C++ form")
+
+    return emit(ast.parse(str(text), mode="eval"))

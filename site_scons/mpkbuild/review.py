@@ -1,0 +1,70 @@
+"""The review stage: one page per kernel and a summary over kernels, from the gate results.
+
+Data first (:func:`kernel_review`), text second (the jinja2 templates): the same dict can
+feed other views. Every verdict shown comes from a result file; a gate without one is
+shown as not run, never as passed.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from . import config
+from .codegen import render_template
+from .fsutil import write_atomic, write_json_atomic
+from .gates import read_result
+
+
+def _rel(path: Path, start: Path) -> str:
+    return os.path.relpath(path, start)
+
+
+def kernel_review(name: str, build_dir: Path, archs, gpu_key: str | None,
+                  resources: dict[str, Path], results: dict[str, Path]) -> dict:
+    """Everything review.md shows for one kernel."""
+    compile_rows = []
+    for arch in archs:
+        res = read_result(resources[arch])
+        compile_rows.append({
+            "arch": arch, "verdict": res["verdict"] if res else "not run",
+            "toolchain": res["toolchain"] if res else "",
+            "log": _rel(resources[arch].with_name("compile.log"), build_dir),
+            "variants": res["variants"] if res else {}})
+    gates = {}
+    for gate, path in results.items():
+        res = read_result(path)
+        gates[gate] = {
+            "verdict": res["verdict"] if res else "not run",
+            "message": (res or {}).get("message", "no result: the gate has not run on this GPU"),
+            "result": res or {},
+            "log": _rel(path.with_suffix(".log"), build_dir),
+            "json": _rel(path, build_dir)}
+    verdicts = [r["verdict"] for r in compile_rows] + [g["verdict"] for g in gates.values()]
+    overall = "pass" if verdicts and all(v == "pass" for v in verdicts) else \
+        ("fail" if any(v in ("fail", "hang", "crash") for v in verdicts) else "incomplete")
+    return {"kernel": name, "gpu_key": gpu_key, "compile": compile_rows, "gates": gates,
+            "overall": overall}
+
+
+def _fmt_us(x) -> str:
+    return f"{x:.2f}" if isinstance(x, (int, float)) else "—"
+
+
+def render_kernel(review: dict) -> str:
+    return render_template(config.TEMPLATE_DIR / "review.md.j2", {"r": review, "us": _fmt_us})
+
+
+def write_kernel_review(review: dict, md_path: Path, json_path: Path) -> None:
+    write_json_atomic(json_path, review)
+    write_atomic(md_path, render_kernel(review))
+
+
+def write_summary(review_jsons: list[Path], md_path: Path) -> None:
+    reviews = [json.loads(p.read_text()) for p in review_jsons]
+    rows = [{"kernel": r["kernel"], "overall": r["overall"],
+             "compile": {c["arch"]: c["verdict"] for c in r["compile"]},
+             "gates": {g: v["verdict"] for g, v in r["gates"].items()},
+             "link": _rel(Path(p).with_name("review.md"), md_path.parent)}
+            for r, p in zip(reviews, review_jsons)]
+    write_atomic(md_path, render_template(config.TEMPLATE_DIR / "summary.md.j2", {"rows": rows}))

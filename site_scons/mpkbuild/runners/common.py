@@ -1,0 +1,154 @@
+"""What every GPU runner shares: the job file, the harness library, inputs, results.
+
+A runner's result file is written atomically, and only at the end: a runner that dies
+half-way leaves no result, which the executor reports as a crash.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import inspect
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+from ..fsutil import write_json_atomic
+from ..spec import tensor_shape, variant_symbols
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+          "int32": torch.int32, "int64": torch.int64}
+# Unwritten outputs keep these exact bit patterns (NaN payloads a kernel will not produce).
+POISON_BITS = {torch.bfloat16: (torch.int16, 0x7FAB), torch.float16: (torch.int16, 0x7E5B),
+               torch.float32: (torch.int32, 0x7FADBEEF), torch.int32: (torch.int32, 0x7EADBEEF),
+               torch.int64: (torch.int64, 0x7EADBEEF7EADBEEF)}
+
+
+class CudaFault(RuntimeError):
+    """A CUDA error from a launch or a synchronisation: the verdict is crash."""
+
+
+def load_job(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    return json.loads(Path(argv[0]).read_text())
+
+
+def finish(job: dict, result: dict) -> None:
+    write_json_atomic(job["result_file"], result)
+
+
+def device_facts() -> dict:
+    props = torch.cuda.get_device_properties(0)
+    return {"name": props.name, "compute_capability": f"{props.major}.{props.minor}",
+            "sm_count": props.multi_processor_count,
+            "l2_bytes": getattr(props, "L2_cache_size", 50 * 2**20),
+            "torch": torch.__version__, "cuda": torch.version.cuda}
+
+
+def load_function(root: str, ref: str):
+    rel, func = ref.rsplit(":", 1)
+    path = Path(root) / rel
+    spec = importlib.util.spec_from_file_location(f"mpk_ref_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, func)
+
+
+def call_with_params(fn, tensors, params: dict):
+    """Call a reference/baseline with the tensors and the codegen params it accepts by name."""
+    sig = inspect.signature(fn)
+    kwargs = {k: v for k, v in params.items() if k in sig.parameters}
+    out = fn(*tensors, **kwargs)
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+class Harness:
+    """The generated library: one extern "C" launcher per variant."""
+
+    def __init__(self, library: str, kernel: str):
+        self.lib = ctypes.CDLL(library)
+        self.kernel = kernel
+        self.lib[f"{kernel}_error_string"].restype = ctypes.c_char_p
+        self.lib[f"{kernel}_error_string"].argtypes = [ctypes.c_int]
+
+    def launcher(self, variant: str):
+        fn = self.lib[f"{self.kernel}_launch_{variant}"]
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        err = self.lib[f"{self.kernel}_error_string"]
+
+        def launch(inputs, outputs, spans=None, stream=None):
+            ins = (ctypes.c_void_p * len(inputs))(*[t.data_ptr() for t in inputs])
+            outs = (ctypes.c_void_p * len(outputs))(*[t.data_ptr() for t in outputs])
+            if stream is None:
+                stream = torch.cuda.current_stream().cuda_stream
+            code = fn(ins, outs, spans.data_ptr() if spans is not None else None, stream)
+            if code != 0:
+                raise CudaFault(f"CUDA error {code} from {self.kernel}_launch_{variant}: "
+                                f"{err(code).decode()}")
+        return launch
+
+
+def tensor_specs(codegen: dict, variant: str) -> tuple[list, list]:
+    sym = variant_symbols(codegen, variant)
+    ins = [(t["name"], tensor_shape(t, sym), DTYPES[t["dtype"]]) for t in codegen["inputs"]]
+    outs = [(t["name"], tensor_shape(t, sym), DTYPES[t["dtype"]]) for t in codegen["outputs"]]
+    return ins, outs
+
+
+def random_tensor(shape, dtype, gen_spec: dict | None, generator, lead=()) -> torch.Tensor:
+    """Fresh random data from the spec's generator (never zeros)."""
+    gen_spec = gen_spec or {"dist": "normal", "mean": 0.0, "std": 1.0}
+    full = (*lead, *shape)
+    if gen_spec["dist"] == "randint":
+        return torch.randint(int(gen_spec["low"]), int(gen_spec["high"]), full, dtype=dtype,
+                             device="cuda", generator=generator)
+    t = torch.empty(full, dtype=torch.float32, device="cuda")
+    if gen_spec["dist"] == "normal":
+        t.normal_(gen_spec["mean"], gen_spec["std"], generator=generator)
+    else:
+        t.uniform_(gen_spec["low"], gen_spec["high"], generator=generator)
+    return t.to(dtype)
+
+
+def poison_(t: torch.Tensor) -> None:
+    view_dtype, bits = POISON_BITS[t.dtype]
+    t.view(view_dtype).fill_(bits if bits < 2 ** (t.element_size() * 8 - 1)
+                             else bits - 2 ** (t.element_size() * 8))
+
+
+def unwritten_mask(t: torch.Tensor) -> torch.Tensor:
+    view_dtype, bits = POISON_BITS[t.dtype]
+    if bits >= 2 ** (t.element_size() * 8 - 1):
+        bits -= 2 ** (t.element_size() * 8)
+    return t.view(view_dtype) == bits
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    view_dtype = POISON_BITS[a.dtype][0]
+    return bool(torch.equal(a.view(view_dtype), b.view(view_dtype)))
+
+
+def run_main(body) -> None:
+    """Run a runner body; a CUDA fault becomes a crash result with the CUDA error text."""
+    job = load_job()
+    try:
+        result = body(job)
+    except CudaFault as exc:
+        result = {"verdict": "crash", "message": str(exc)}
+    except torch.cuda.OutOfMemoryError as exc:
+        result = {"verdict": "crash", "message": f"CUDA out of memory: {exc}"}
+    except RuntimeError as exc:
+        text = str(exc)
+        if "CUDA" in text or "cuda" in text:
+            result = {"verdict": "crash", "message": text.strip().splitlines()[0],
+                      "traceback": traceback.format_exc()}
+        else:
+            raise
+    finish(job, result)
+    sys.stdout.flush()
+    # Skip interpreter teardown: after a CUDA fault, freeing device memory can hang.
+    import os
+    os._exit(0)

@@ -1,0 +1,136 @@
+"""The perf gate, GPU side: graph-timed hot and cold figures, slowCTA, the torch baseline.
+
+- hot: one buffer set, `launches_per_graph` launches per replay (data may sit in L2);
+- cold: buffer sets rotated so that more than twice the L2 is touched between reuses;
+- slowCTA: the harness records each task's %globaltimer begin/end; the slowest span;
+- baseline: the spec's torch function captured and timed the same way on the same inputs;
+- bandwidth: the spec's bytes per launch over the time, against the GPU's measured copy
+  bandwidth (the bandwidth node's result).
+The thresholds in the spec turn those numbers into the verdict.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import statistics
+
+import torch
+
+from .. import expr
+from ..spec import variant_symbols
+from .common import (Harness, call_with_params, device_facts, load_function, random_tensor,
+                     run_main, tensor_specs)
+from .timing import capture, time_graph
+
+MAX_COLD_LAUNCHES = 8192
+
+
+def _sets(specs, gens, count, generator):
+    return [random_tensor(shape, dtype, gens.get(name), generator, lead=(count,))
+            for name, shape, dtype in specs]
+
+
+def slow_cta(launch, inputs, outputs, grid: int, repeats: int) -> dict:
+    spans = torch.zeros(2 * grid, dtype=torch.int64, device="cuda")
+    slowest, whole = [], []
+    for _ in range(repeats):
+        launch(inputs, outputs, spans=spans)
+        torch.cuda.synchronize()
+        s = spans.view(grid, 2).cpu()
+        dur = (s[:, 1] - s[:, 0]).double()
+        slowest.append(dur.max().item() / 1000.0)
+        whole.append((s[:, 1].max() - s[:, 0].min()).item() / 1000.0)
+    return {"slowest_task_us": statistics.median(slowest), "all_tasks_us": statistics.median(whole)}
+
+
+def perf_variant(harness, job, variant, copy_bw, l2_bytes) -> dict:
+    codegen, pcfg = job["codegen"]["codegen"], job["perf"]["perf"]
+    gens = job["generators"]["generators"]
+    launch = harness.launcher(variant)
+    baseline = load_function(job["root"], pcfg["baseline"])
+    ins, outs = tensor_specs(codegen, variant)
+    sym = variant_symbols(codegen, variant)
+    nbytes = float(expr.evaluate(pcfg["bytes"], sym))
+    gen = torch.Generator(device="cuda").manual_seed(1234)
+    L = pcfg["launches_per_graph"]
+
+    # hot: one buffer set
+    inputs = [t[0] for t in _sets(ins, gens, 1, gen)]
+    outputs = [torch.empty(shape, dtype=dtype, device="cuda") for _, shape, dtype in outs]
+    hot = time_graph(capture(lambda i, s: launch(inputs, outputs, stream=s), L), L,
+                     pcfg["repeats"], pcfg["warmup"])
+    base_hot = time_graph(capture(lambda i, s: call_with_params(baseline, inputs, codegen["params"]), L),
+                          L, pcfg["repeats"], pcfg["warmup"])
+    result = {"bytes": nbytes, "hot": hot, "baseline_hot": base_hot,
+              "slowcta": slow_cta(launch, inputs, outputs, _grid(codegen, sym), pcfg["repeats"])}
+
+    if pcfg["cold"]:
+        set_bytes = sum(math.prod(s) * torch.empty((), dtype=d).element_size() for _, s, d in ins + outs)
+        nsets = max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
+        n_launch = min(MAX_COLD_LAUNCHES, max(L, nsets))
+        nsets = min(nsets, n_launch)
+        in_sets = _sets(ins, gens, nsets, gen)
+        out_sets = [torch.empty((nsets, *shape), dtype=dtype, device="cuda") for _, shape, dtype in outs]
+        pick = lambda i: ([t[i % nsets] for t in in_sets], [t[i % nsets] for t in out_sets])
+        cold = time_graph(capture(lambda i, s: launch(*pick(i), stream=s), n_launch), n_launch,
+                          pcfg["repeats"], 0)
+        base_cold = time_graph(capture(lambda i, s: call_with_params(baseline, pick(i)[0], codegen["params"]),
+                                       n_launch), n_launch, pcfg["repeats"], 0)
+        result.update(cold=cold, baseline_cold=base_cold, cold_sets=nsets, cold_launches=n_launch)
+        del in_sets, out_sets
+    for key in ("hot", "cold"):
+        if key in result:
+            bw = nbytes / (result[key]["median_us"] * 1e-6)
+            result[f"{key}_bandwidth_Bps"] = bw
+            result[f"{key}_bandwidth_fraction"] = bw / copy_bw
+    result["vs_baseline_hot"] = hot["median_us"] / base_hot["median_us"]
+    if "cold" in result:
+        result["vs_baseline_cold"] = result["cold"]["median_us"] / result["baseline_cold"]["median_us"]
+    return result
+
+
+def _grid(codegen, sym) -> int:
+    return int(expr.evaluate(codegen["grid"][0], sym))
+
+
+def check_thresholds(variants: dict, thresholds: list) -> list[str]:
+    """Each rule applies to the variants its glob matches. Bandwidth is judged on the cold
+    figure when there is one (DRAM, not L2); time limits on the hot figure."""
+    problems = []
+    for rule in thresholds:
+        for name in fnmatch.filter(variants, rule["variants"]):
+            r = variants[name]
+            if "min_bandwidth_fraction" in rule:
+                key = "cold" if "cold_bandwidth_fraction" in r else "hot"
+                got = r[f"{key}_bandwidth_fraction"]
+                if got < rule["min_bandwidth_fraction"]:
+                    problems.append(f"{name}: {key} bandwidth {got:.1%} of copy bandwidth < "
+                                    f"{rule['min_bandwidth_fraction']:.0%}")
+            if "max_time_vs_baseline" in rule and r["vs_baseline_hot"] > rule["max_time_vs_baseline"]:
+                problems.append(f"{name}: {r['hot']['median_us']:.2f} us is {r['vs_baseline_hot']:.2f}x "
+                                f"the baseline's {r['baseline_hot']['median_us']:.2f} us "
+                                f"(limit {rule['max_time_vs_baseline']}x)")
+            if "max_us" in rule and r["hot"]["median_us"] > rule["max_us"]:
+                problems.append(f"{name}: {r['hot']['median_us']:.2f} us > max_us {rule['max_us']}")
+    return problems
+
+
+def main(job: dict) -> dict:
+    torch.cuda.init()
+    facts = device_facts()
+    bw = json.loads(open(job["bandwidth_file"]).read())
+    copy_bw = bw["copy_bandwidth_Bps"]
+    harness = Harness(job["library"], job["kernel"])
+    variants = {}
+    for variant in job["codegen"]["codegen"]["variants"]:
+        variants[variant] = perf_variant(harness, job, variant, copy_bw, facts["l2_bytes"])
+        torch.cuda.empty_cache()
+    problems = check_thresholds(variants, job["perf"]["perf"]["thresholds"])
+    return {"verdict": "fail" if problems else "pass", "device": facts,
+            "copy_bandwidth_Bps": copy_bw, "variants": variants, "problems": problems,
+            "message": "; ".join(problems) if problems else "all thresholds met"}
+
+
+if __name__ == "__main__":
+    run_main(main)

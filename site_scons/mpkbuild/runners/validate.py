@@ -1,0 +1,124 @@
+"""The validate gate, GPU side: every variant against the float64 torch reference.
+
+Per trial: fresh random inputs (seed recorded), outputs poisoned before every step, the
+reference computed in float64 from the same inputs. A step fails on unwritten elements,
+NaN where the reference is finite, cos below / relative error above the spec's limits (or
+any difference in exact mode); the steps run on the same buffers must also agree bit for
+bit (a moving result is a race or leftover state).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from .common import (Harness, bits_equal, call_with_params, device_facts, load_function,
+                     poison_, random_tensor, run_main, tensor_specs, unwritten_mask)
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor, vcfg: dict) -> tuple[dict, str | None]:
+    """Numbers for one output and the first failed check (None when it passes)."""
+    unwritten = int(unwritten_mask(out).sum())
+    if unwritten:
+        idx = int(unwritten_mask(out).flatten().nonzero()[0])
+        return {"unwritten": unwritten}, (f"output not fully written: {unwritten} of {out.numel()} "
+                                          f"elements still hold the poison (first at flat index {idx})")
+    if vcfg["compare"] == "exact":
+        want = ref.to(out.dtype)
+        diff = int((out != want).sum())
+        if diff:
+            idx = int((out != want).flatten().nonzero()[0])
+            return {"mismatches": diff}, (f"exact compare: {diff} of {out.numel()} elements differ "
+                                          f"(first at flat index {idx}: got {out.flatten()[idx].item()}, "
+                                          f"want {want.flatten()[idx].item()})")
+        return {"mismatches": 0}, None
+    o = out.to(torch.float64).flatten()
+    r = ref.to(torch.float64).flatten()
+    nan = int((torch.isnan(o) & ~torch.isnan(r)).sum())
+    if nan or bool(torch.isinf(o).logical_and(~torch.isinf(r)).any()):
+        return {"nan": nan}, f"{nan} NaN/Inf elements where the reference is finite"
+    denom = (o.norm() * r.norm()).item()
+    cos = 1.0 if denom == 0 and o.norm().item() == r.norm().item() else (o @ r).item() / denom if denom else 0.0
+    ref_max = r.abs().max().item()
+    err_max = (o - r).abs().max().item()
+    rel = err_max / ref_max if ref_max else (0.0 if err_max == 0 else math.inf)
+    numbers = {"cos": cos, "rel": rel, "max_abs_err": err_max}
+    if not cos >= vcfg["cos_min"]:
+        return numbers, f"cos {cos:.6f} < cos_min {vcfg['cos_min']}"
+    if not rel <= vcfg["rel_max"]:
+        return numbers, f"rel {rel:.3e} > rel_max {vcfg['rel_max']:.3e} (max |out-ref| / max |ref|)"
+    return numbers, None
+
+
+def validate_variant(harness: Harness, job: dict, variant: str) -> dict:
+    codegen, vcfg = job["codegen"]["codegen"], job["validate"]["validate"]
+    launch = harness.launcher(variant)
+    reference = load_function(job["root"], vcfg["reference"])
+    ins, outs = tensor_specs(codegen, variant)
+    worst = {"cos": 1.0, "rel": 0.0}
+    trials = []
+    for trial in range(vcfg["trials"]):
+        seed = int.from_bytes(os.urandom(6), "little")
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        inputs = [random_tensor(shape, dtype, job["generators"]["generators"].get(name), gen)
+                  for name, shape, dtype in ins]
+        for (name, _, _), t in zip(ins, inputs):
+            if not bool(t.ne(0).any()):
+                return {"verdict": "fail", "check": "inputs", "trial": trial, "seed": seed,
+                        "message": f"generator for input {name!r} produced only zeros"}
+        refs = call_with_params(reference, [t.to(torch.float64) for t in inputs], codegen["params"])
+        if len(refs) != len(outs):
+            return {"verdict": "fail", "check": "reference", "message":
+                    f"reference returned {len(refs)} tensors, the spec declares {len(outs)} outputs"}
+        outputs = [torch.empty(shape, dtype=dtype, device="cuda") for _, shape, dtype in outs]
+        previous = None
+        for step in range(vcfg["steps"]):
+            for o in outputs:
+                poison_(o)
+            launch(inputs, outputs)
+            torch.cuda.synchronize()
+            for (name, shape, _), out, ref in zip(outs, outputs, refs):
+                if list(ref.shape) != list(shape):
+                    return {"verdict": "fail", "check": "reference", "message":
+                            f"reference output {name!r} has shape {list(ref.shape)}, spec says {shape}"}
+                numbers, problem = compare(out, ref, vcfg)
+                if problem:
+                    return {"verdict": "fail", "check": "numeric", "trial": trial, "step": step,
+                            "seed": seed, "output": name, "numbers": numbers,
+                            "message": f"trial {trial} step {step} output {name}: {problem}"}
+                worst["cos"] = min(worst["cos"], numbers.get("cos", 1.0))
+                worst["rel"] = max(worst["rel"], numbers.get("rel", 0.0))
+            current = [o.clone() for o in outputs]
+            if previous is not None:
+                for (name, _, _), a, b in zip(outs, previous, current):
+                    if not bits_equal(a, b):
+                        diff = int((a.view(torch.int8) != b.view(torch.int8)).sum())
+                        return {"verdict": "fail", "check": "determinism", "trial": trial,
+                                "step": step, "seed": seed, "output": name,
+                                "message": f"trial {trial}: output {name} differs bitwise between "
+                                           f"step {step - 1} and step {step} on the same inputs "
+                                           f"({diff} bytes): a race or state left from the previous step"}
+            previous = current
+        trials.append({"seed": seed, "steps": vcfg["steps"]})
+    return {"verdict": "pass", "cos_min_seen": worst["cos"], "rel_max_seen": worst["rel"],
+            "trials": trials}
+
+
+def main(job: dict) -> dict:
+    torch.cuda.init()
+    harness = Harness(job["library"], job["kernel"])
+    variants, failed = {}, []
+    for variant in job["codegen"]["codegen"]["variants"]:
+        res = validate_variant(harness, job, variant)
+        variants[variant] = res
+        if res["verdict"] != "pass":
+            failed.append(f"{variant}: {res['message']}")
+    return {"verdict": "fail" if failed else "pass", "device": device_facts(),
+            "variants": variants, "message": "; ".join(failed) if failed else "all variants pass",
+            "limits": {k: job["validate"]["validate"][k]
+                       for k in ("compare", "cos_min", "rel_max", "trials", "steps")}}
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,318 @@
+"""The spec stage: load specs/<K>.yaml, validate it, normalise it, split it into sections.
+
+A bad spec raises one :class:`SpecError` naming file, line and field path, before anything
+is written. The normalised form drops cosmetic fields (descriptions) and fills defaults, so
+a comment or description edit changes no section and therefore no signature.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import fnmatch
+from dataclasses import dataclass
+from pathlib import Path
+
+import jsonschema
+
+from . import expr, schema
+from .fsutil import sha256_json
+from .yamlpos import YamlPosError, format_path, line_for, load_with_lines
+
+# Section name -> the top-level spec keys it holds. Each stage reads only its sections
+# (see stages.py), so editing one section re-runs only the stages that read it.
+SECTIONS = {
+    "codegen": ("kernel", "op", "family", "codegen"),
+    "generators": ("generators",),
+    "validate": ("validate",),
+    "perf": ("perf",),
+}
+OPTIONAL_SECTIONS = {"wiring": ("wiring",)}
+COSMETIC_KEYS = {"description"}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8}
+
+
+class SpecError(Exception):
+    """A spec that cannot be built: names the file, the line and the field path."""
+
+    def __init__(self, file: str, line: int, path, message: str):
+        self.file, self.line, self.path, self.message = file, line, tuple(path), message
+        super().__init__(f"{file}:{line}: {format_path(self.path)}: {message}")
+
+
+@dataclass(frozen=True)
+class LoadedSpec:
+    """A validated spec: normalised data plus one signature per section."""
+
+    file: str                       # repo-relative path of the YAML
+    data: dict                      # normalised (defaults filled, cosmetic fields dropped)
+    sections: dict                  # section name -> dict
+    signatures: dict                # section name -> sha256 of its canonical JSON
+
+    @property
+    def name(self) -> str:
+        return self.data["kernel"]
+
+
+def _strip_cosmetic(obj):
+    if isinstance(obj, dict):
+        return {k: _strip_cosmetic(v) for k, v in obj.items() if k not in COSMETIC_KEYS}
+    if isinstance(obj, list):
+        return [_strip_cosmetic(v) for v in obj]
+    return obj
+
+
+def _schema_error(err: jsonschema.ValidationError) -> tuple[tuple, str]:
+    """Turn a jsonschema error into (field path, plain message) pointing at the bad field."""
+    path = tuple(err.absolute_path)
+    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+        allowed = set(err.schema.get("properties", {}))
+        extra = sorted(k for k in err.instance if k not in allowed)
+        if extra:
+            hint = f" (allowed: {', '.join(sorted(allowed))})" if allowed else ""
+            return path + (extra[0],), f"unknown field {extra[0]!r}{hint}"
+    if err.validator == "required":
+        missing = [k for k in err.validator_value if k not in err.instance]
+        return path + (missing[0],), f"missing required field {missing[0]!r}"
+    if err.validator == "type":
+        want = err.validator_value
+        want = " or ".join(want) if isinstance(want, list) else want
+        return path, f"expected {want}, got {type(err.instance).__name__} {err.instance!r}"
+    if err.validator == "pattern":
+        what = "a C identifier" if err.validator_value == schema.C_IDENT else \
+            f"a value matching {err.validator_value}"
+        return path, f"{err.instance!r} is not {what}"
+    if err.validator == "enum":
+        return path, f"{err.instance!r} is not one of {err.validator_value}"
+    if err.validator == "propertyNames":
+        bad = next((k for k in err.instance if not _matches(k, err.validator_value)), None)
+        if bad is not None:
+            return path + (bad,), f"name {bad!r} is not a C identifier"
+    return path, err.message
+
+
+def _matches(key, subschema) -> bool:
+    return not list(jsonschema.Draft202012Validator(subschema).iter_errors(key))
+
+
+def _py_function_exists(root: Path, ref: str) -> str | None:
+    """None if `file.py:func` names an existing top-level function, else why not."""
+    rel, func = ref.rsplit(":", 1)
+    target = _inside_repo(root, rel)
+    if target is None:
+        return f"{rel!r} escapes the repository"
+    if not target.is_file():
+        return f"file {rel} does not exist"
+    try:
+        tree = ast.parse(target.read_text(), filename=rel)
+    except SyntaxError as exc:
+        return f"{rel}:{exc.lineno} does not parse: {exc.msg}"
+    defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if func not in defs:
+        return f"{rel} has no top-level function {func!r} (found: {', '.join(sorted(defs)) or 'none'})"
+    return None
+
+
+def _inside_repo(root: Path, rel: str) -> Path | None:
+    if rel.startswith("/") or "\\" in rel:
+        return None
+    target = (root / rel).resolve()
+    try:
+        target.relative_to(root.resolve())
+    except ValueError:
+        return None
+    return target
+
+
+def _semantic_errors(data: dict, root: Path, stem: str):
+    """Checks the schema cannot express. Yields (path, message); the first one is reported."""
+    if data["kernel"] != stem:
+        yield ("kernel",), f"kernel name {data['kernel']!r} must equal the spec file's stem {stem!r}"
+    cg = data["codegen"]
+    body = cg["body"]
+    target = _inside_repo(root, body)
+    if target is None:
+        yield ("codegen", "body"), f"{body!r} escapes the repository"
+    elif not (body.endswith(".cuh") or body.endswith(".cuh.j2")):
+        yield ("codegen", "body"), f"{body!r} must be a .cuh or a .cuh.j2 template"
+    elif not target.is_file():
+        yield ("codegen", "body"), f"file {body} does not exist"
+    if cg["threads"] % 32:
+        yield ("codegen", "threads"), f"threads={cg['threads']} is not a multiple of the warp size 32"
+    consts = {"threads": cg["threads"], **{k: v for k, v in cg["params"].items()
+                                          if not isinstance(v, bool)}}
+    # tensors
+    names = set()
+    for kind in ("inputs", "outputs"):
+        for i, t in enumerate(cg[kind]):
+            if t["name"] in names:
+                yield ("codegen", kind, i, "name"), f"tensor name {t['name']!r} is used twice"
+            names.add(t["name"])
+            if len(t["partition"]) != len(t["shape"]):
+                yield ("codegen", kind, i, "partition"), (
+                    f"partition has {len(t['partition'])} entries but shape has {len(t['shape'])} dims")
+            if t["partition"].count(0) > 1:
+                yield ("codegen", kind, i, "partition"), "at most one dim can be split across grid x"
+    # variants
+    template_params = cg["template_params"]
+    for vname, binding in cg["variants"].items():
+        shadow = sorted(set(binding) & set(consts))
+        if shadow:
+            yield ("codegen", "variants", vname, shadow[0]), (
+                f"variant symbol {shadow[0]!r} shadows a codegen param or 'threads'")
+        symbols = {**consts, **binding}
+        for tp in template_params:
+            if tp not in binding:
+                yield ("codegen", "variants", vname), f"template parameter {tp!r} is not bound"
+        for i, rule in enumerate(cg["tiling"]):
+            if rule["symbol"] not in binding:
+                yield ("codegen", "tiling", i, "symbol"), (
+                    f"symbol {rule['symbol']!r} is not bound by variant {vname!r}")
+                continue
+            try:
+                mult = expr.evaluate(rule["multiple_of"], symbols)
+            except expr.ExprError as exc:
+                yield ("codegen", "tiling", i, "multiple_of"), str(exc)
+                continue
+            value = binding[rule["symbol"]]
+            if not isinstance(mult, int) or mult <= 0 or value % mult:
+                yield ("codegen", "variants", vname, rule["symbol"]), (
+                    f"{rule['symbol']}={value} does not tile: it must be a multiple of "
+                    f"{rule['multiple_of']} = {mult} (codegen.tiling[{i}])")
+        try:
+            grid = expr.evaluate(cg["grid"][0], symbols)
+        except expr.ExprError as exc:
+            yield ("codegen", "grid", 0), f"variant {vname}: {exc}"
+            continue
+        if not isinstance(grid, int) or grid < 1:
+            yield ("codegen", "grid", 0), f"variant {vname}: grid = {grid!r} is not a positive integer"
+            continue
+        for kind in ("inputs", "outputs"):
+            for i, t in enumerate(cg[kind]):
+                for d, extent in enumerate(t["shape"]):
+                    try:
+                        n = expr.evaluate(extent, symbols)
+                    except expr.ExprError as exc:
+                        yield ("codegen", kind, i, "shape", d), f"variant {vname}: {exc}"
+                        continue
+                    if not isinstance(n, int) or n < 1:
+                        yield ("codegen", kind, i, "shape", d), (
+                            f"variant {vname}: extent {extent!r} = {n!r} is not a positive integer")
+                    elif d < len(t["partition"]) and t["partition"][d] == 0 and n % grid:
+                        yield ("codegen", kind, i, "shape", d), (
+                            f"variant {vname}: dim {d} ({extent} = {n}) is split over {grid} tasks "
+                            f"but is not a multiple of it")
+    # smem
+    total = 0
+    for i, region in enumerate(cg["smem"]["regions"]):
+        try:
+            nbytes = expr.evaluate(region["bytes"], consts)
+        except expr.ExprError as exc:
+            yield ("codegen", "smem", "regions", i, "bytes"), str(exc)
+            continue
+        align = region["align"]
+        if align & (align - 1):
+            yield ("codegen", "smem", "regions", i, "align"), f"alignment {align} is not a power of two"
+            continue
+        if not isinstance(nbytes, int) or nbytes <= 0:
+            yield ("codegen", "smem", "regions", i, "bytes"), f"{region['bytes']!r} = {nbytes!r} is not a positive integer"
+            continue
+        total = -(-total // align) * align + nbytes
+        if total > cg["smem"]["budget"]:
+            yield ("codegen", "smem", "regions", i), (
+                f"SMEM over budget: regions up to {region['name']!r} need {total} bytes, "
+                f"budget is {cg['smem']['budget']}")
+    # validate
+    v = data["validate"]
+    why = _py_function_exists(root, v["reference"])
+    if why:
+        yield ("validate", "reference"), f"reference {v['reference']!r}: {why}"
+    input_names = {t["name"]: t for t in cg["inputs"]}
+    for gname, gen in data["generators"].items():
+        if gname not in input_names:
+            yield ("generators", gname), (
+                f"no input named {gname!r} (inputs: {', '.join(input_names)})")
+            continue
+        need = {"normal": ("mean", "std"), "uniform": ("low", "high"), "randint": ("low", "high")}[gen["dist"]]
+        for key in need:
+            if key not in gen:
+                yield ("generators", gname, key), f"dist {gen['dist']} needs {key!r}"
+        if gen["dist"] != "normal" and "low" in gen and "high" in gen and gen["low"] >= gen["high"]:
+            yield ("generators", gname), "low must be below high"
+    for tname, t in input_names.items():
+        if t["dtype"].startswith("int") and tname not in data["generators"]:
+            yield ("generators",), f"integer input {tname!r} needs a generator (randint)"
+    # perf
+    p = data["perf"]
+    why = _py_function_exists(root, p["baseline"])
+    if why:
+        yield ("perf", "baseline"), f"baseline {p['baseline']!r}: {why}"
+    for vname, binding in cg["variants"].items():
+        try:
+            nbytes = expr.evaluate(p["bytes"], {**consts, **binding})
+        except expr.ExprError as exc:
+            yield ("perf", "bytes"), f"variant {vname}: {exc}"
+            break
+        if not isinstance(nbytes, (int, float)) or nbytes <= 0:
+            yield ("perf", "bytes"), f"variant {vname}: bytes = {nbytes!r} is not positive"
+    for i, rule in enumerate(p["thresholds"]):
+        if not fnmatch.filter(cg["variants"], rule["variants"]):
+            yield ("perf", "thresholds", i, "variants"), f"{rule['variants']!r} matches no variant"
+        if len(rule) == 1:
+            yield ("perf", "thresholds", i), "a threshold needs at least one limit"
+    # wiring (owned by the wire stage)
+    if "wiring" in data:
+        from . import wire
+        for path, message in wire.check_section(data):
+            yield tuple(str(path).split(".")), message
+
+
+def load_spec(path: Path | str, root: Path | str) -> LoadedSpec:
+    """Load and validate one spec; raise SpecError (file, line, field) on the first problem."""
+    root = Path(root)
+    path = Path(path)
+    try:
+        rel = str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        rel = str(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(rel, 1, (), f"cannot read spec: {exc.strerror}") from None
+    try:
+        raw, lines = load_with_lines(text)
+    except YamlPosError as exc:
+        raise SpecError(rel, exc.line, exc.path, exc.message) from None
+    if not isinstance(raw, dict):
+        raise SpecError(rel, 1, (), "a spec must be a YAML mapping")
+    sch = schema.full_schema()
+    errors = sorted(jsonschema.Draft202012Validator(sch).iter_errors(raw),
+                    key=lambda e: (line_for(lines, tuple(e.absolute_path)), list(map(str, e.absolute_path))))
+    if errors:
+        fpath, message = _schema_error(errors[0])
+        raise SpecError(rel, line_for(lines, fpath), fpath, message)
+    data = copy.deepcopy(raw)
+    schema.fill_defaults(data, sch)
+    for fpath, message in _semantic_errors(data, root, path.name.rsplit(".", 1)[0]):
+        raise SpecError(rel, line_for(lines, fpath), fpath, message)
+    data = _strip_cosmetic(data)
+    sections = {name: {k: data[k] for k in keys} for name, keys in SECTIONS.items()}
+    for name, keys in OPTIONAL_SECTIONS.items():
+        if all(k in data for k in keys):
+            sections[name] = {k: data[k] for k in keys}
+    signatures = {name: sha256_json(sec) for name, sec in sections.items()}
+    return LoadedSpec(file=rel, data=data, sections=sections, signatures=signatures)
+
+
+def variant_symbols(codegen: dict, variant: str) -> dict:
+    """All symbol values visible to expressions for one variant."""
+    consts = {"threads": codegen["threads"],
+              **{k: v for k, v in codegen["params"].items() if not isinstance(v, bool)}}
+    return {**consts, **codegen["variants"][variant]}
+
+
+def tensor_shape(tensor: dict, symbols: dict) -> list[int]:
+    return [int(expr.evaluate(e, symbols)) for e in tensor["shape"]]
+
+
+def grid_size(codegen: dict, symbols: dict) -> int:
+    return int(expr.evaluate(codegen["grid"][0], symbols))
