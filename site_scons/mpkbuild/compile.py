@@ -123,13 +123,15 @@ def resource_verdict(job: CompileJob, functions: dict[str, dict]) -> dict:
             "toolchain": toolchain_fingerprint()}
 
 
-def run_compile(job: CompileJob, command: list[str]) -> dict:
-    """Run nvcc into a temp file, gate the resources, then publish library + resources.json."""
+def run_compile(job: CompileJob, command: list[str], cwd: Path) -> dict:
+    """Run nvcc (in cwd, paths relative to it) into a temp file, gate the resources, then
+    publish library + resources.json."""
     job.library.parent.mkdir(parents=True, exist_ok=True)
     tmp_lib = job.library.with_name(f".{job.library.name}.{os.getpid()}.tmp")
-    cmd = [tmp_lib.as_posix() if c == str(job.library) else c for c in command]
+    cmd = list(command)
+    cmd[cmd.index("-o") + 1] = str(tmp_lib)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
     except OSError as exc:
         raise CompileError(f"{job.kernel} {job.arch}: cannot run nvcc: {exc}") from exc
     log = f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"

@@ -62,6 +62,7 @@ class LocalExecutor:
     """Subprocess per gate on this machine."""
 
     name = "local"
+    runner_package = "mpkbuild.runners"
 
     def fingerprint(self) -> gpu_mod.GpuFingerprint | None:
         return gpu_mod.detect()
@@ -74,10 +75,14 @@ class LocalExecutor:
         job.result_file.unlink(missing_ok=True)
         write_json_atomic(job.job_file, {**job.payload, "gate": job.gate, "kernel": job.kernel,
                                          "result_file": str(job.result_file)})
-        cmd = [sys.executable, "-u", "-m", f"mpkbuild.runners.{job.gate}", str(job.job_file)]
+        cmd = [sys.executable, "-u", "-m", f"{self.runner_package}.{job.gate}", str(job.job_file)]
+        # the runner must import the same mpkbuild as the build that launched it
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(Path(__file__).resolve().parent.parent)] + [p for p in [env.get("PYTHONPATH")] if p])
         started = time.monotonic()
         with open(job.log_file, "wb") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
             try:
                 code = proc.wait(timeout=job.timeout_s)

@@ -64,6 +64,8 @@ def _strip_cosmetic(obj):
 def _schema_error(err: jsonschema.ValidationError) -> tuple[tuple, str]:
     """Turn a jsonschema error into (field path, plain message) pointing at the bad field."""
     path = tuple(err.absolute_path)
+    if "propertyNames" in err.schema_path and isinstance(err.instance, str):
+        return path + (err.instance,), f"name {err.instance!r} is not a C identifier"
     if err.validator == "additionalProperties" and isinstance(err.instance, dict):
         allowed = set(err.schema.get("properties", {}))
         extra = sorted(k for k in err.instance if k not in allowed)
@@ -83,15 +85,7 @@ def _schema_error(err: jsonschema.ValidationError) -> tuple[tuple, str]:
         return path, f"{err.instance!r} is not {what}"
     if err.validator == "enum":
         return path, f"{err.instance!r} is not one of {err.validator_value}"
-    if err.validator == "propertyNames":
-        bad = next((k for k in err.instance if not _matches(k, err.validator_value)), None)
-        if bad is not None:
-            return path + (bad,), f"name {bad!r} is not a C identifier"
     return path, err.message
-
-
-def _matches(key, subschema) -> bool:
-    return not list(jsonschema.Draft202012Validator(subschema).iter_errors(key))
 
 
 def _py_function_exists(root: Path, ref: str) -> str | None:

@@ -68,7 +68,7 @@ def _compile_action(target, source, env):
                           resources=k.resources(arch), log=k.arch_dir(arch) / "compile.log",
                           smem_total=plan["total"], smem_budget=plan["budget"])
     try:
-        nvcc.run_compile(job, env["MPK_NVCC_CMD"])
+        nvcc.run_compile(job, env["MPK_NVCC_CMD"], k.root)
     except nvcc.CompileError as exc:
         return _fail(str(exc))
     return 0
@@ -159,7 +159,10 @@ def _review_action(target, source, env):
     data = review.kernel_review(
         k.name, k.build_dir, k.archs, key, {a: k.resources(a) for a in k.archs},
         {g: k.gate_result(g, key) for g in stages.GPU_GATES})
-    review.write_kernel_review(data, Path(target[0].abspath), Path(target[1].abspath))
+    try:
+        review.write_kernel_review(data, Path(target[0].abspath), Path(target[1].abspath))
+    except codegen.TemplateError as exc:
+        return _fail(str(exc))
     return 0
 
 
@@ -216,7 +219,9 @@ def _declare_kernel(env, k: Kernel, gpu_key: str, fingerprint_value, nvcc_value)
     out["compile"] = []
     libraries = {}
     for arch in k.archs:
-        cmd = nvcc.nvcc_command(arch, k.generated["harness"], k.gen_dir, k.library(arch))
+        # root-relative paths: the action's signature must not change when the tree moves
+        rel = lambda p: os.path.relpath(p, k.root)
+        cmd = nvcc.nvcc_command(arch, rel(k.generated["harness"]), rel(k.gen_dir), rel(k.library(arch)))
         nodes = e.Command([str(k.library(arch)), str(k.resources(arch))],
                           generated + [nvcc_value, str(PKG / "compile.py")], _COMPILE,
                           MPK_ARCH=arch, MPK_NVCC_CMD=cmd)

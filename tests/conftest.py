@@ -1,0 +1,129 @@
+"""Shared fixtures: a temporary copy of the project and a runner for real `scons` in it."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FAKES = Path(__file__).resolve().parent / "fakes"
+COPIED = ("SConstruct", "site_scons", "specs", "kernels", "wiring", "pyproject.toml")
+ACTION_RE = re.compile(r"^(spec|generate|compile|validate|perf|review|bandwidth|wire)\s{1,9}(\S+)(?: (\S+))?$")
+
+
+def has_nvcc() -> bool:
+    return shutil.which("nvcc") is not None
+
+
+def has_gpu() -> tuple[bool, str]:
+    if shutil.which("nvidia-smi") is None:
+        return False, "no nvidia-smi on this machine"
+    try:
+        import torch
+    except ImportError:
+        return False, "torch is not installed"
+    if not torch.cuda.is_available():
+        return False, "torch sees no CUDA GPU"
+    return True, ""
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_ok, why = has_gpu()
+    for item in items:
+        if "gpu" in item.keywords and not gpu_ok:
+            item.add_marker(pytest.mark.skip(reason=f"GPU test: {why}; run it on the GPU box"))
+        if "nvcc" in item.keywords and not has_nvcc():
+            item.add_marker(pytest.mark.skip(reason="needs nvcc on PATH"))
+
+
+@dataclass
+class SconsRun:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def actions(self) -> list[str]:
+        """The executed (or, with -n, listed) actions, one 'stage kernel [detail]' each."""
+        out = []
+        for line in self.stdout.splitlines():
+            m = ACTION_RE.match(line)
+            if m:
+                out.append(" ".join(g for g in m.groups() if g))
+        return out
+
+
+class Project:
+    """A throwaway copy of the project, with `scons` run in it as a user would."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.runs_file = root / "fake-gpu-runs.txt"
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel
+
+    def edit(self, rel: str, old: str, new: str) -> None:
+        p = self.path(rel)
+        text = p.read_text()
+        assert old in text, f"{old!r} not in {rel}"
+        p.write_text(text.replace(old, new, 1))
+
+    def scons(self, *args: str, fake_gpu: bool = True, env: dict | None = None,
+              check: bool = True, timeout: int = 600) -> SconsRun:
+        cmd = [sys.executable, "-m", "SCons", "-Q", *args]
+        if fake_gpu:
+            cmd.append("executor=fake_gpu:FakeGpuExecutor")
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_GPU")}
+        full_env["PYTHONPATH"] = os.pathsep.join([str(FAKES), str(self.root / "site_scons")])
+        full_env["FAKE_GPU_RUNS"] = str(self.runs_file)
+        full_env.update(env or {})
+        proc = subprocess.run(cmd, cwd=self.root, env=full_env, capture_output=True, text=True,
+                              timeout=timeout)
+        run = SconsRun(proc.returncode, proc.stdout, proc.stderr)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"scons {' '.join(args)} exited {proc.returncode}\n"
+                                 f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+        return run
+
+
+def copy_project(dest: Path) -> Project:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in COPIED:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        elif src.exists():
+            shutil.copy2(src, dest / name)
+    return Project(dest)
+
+
+@pytest.fixture
+def project(tmp_path) -> Project:
+    return copy_project(tmp_path / "proj")
+
+
+@pytest.fixture(scope="module")
+def built_project(tmp_path_factory) -> Project:
+    """A copy already built through review with the stand-in GPU (shared by a module)."""
+    proj = copy_project(tmp_path_factory.mktemp("built") / "proj")
+    proj.scons("-j2", "stage=review")
+    return proj
+
+
+def clone_built(built: Project, dest: Path) -> Project:
+    """Copy an already-built project (build/ and .sconsign included) to a fresh place."""
+    shutil.copytree(built.root, dest, symlinks=True)
+    return Project(dest)
+
+
+@pytest.fixture
+def built(built_project, tmp_path) -> Project:
+    """A private, already-built copy: tests may edit it freely."""
+    return clone_built(built_project, tmp_path / "proj")

@@ -1,0 +1,33 @@
+"""A stand-in GPU executor for tests only (selected with executor=fake_gpu:FakeGpuExecutor).
+
+It never touches a GPU: it reports a fixed fingerprint and answers each gate with a result
+whose verdict the test chooses through FAKE_GPU_VERDICT (default pass). Each run appends
+one line to $FAKE_GPU_RUNS so tests can see which gates were really executed.
+"""
+import json
+import os
+
+from mpkbuild.gpu import GpuFingerprint
+
+
+class FakeGpuExecutor:
+    name = "fake"
+
+    def fingerprint(self):
+        return GpuFingerprint(name=os.environ.get("FAKE_GPU_NAME", "Fake GPU"),
+                              compute_capability="9.0", driver="1.0", torch="0.0", count=1)
+
+    def absence(self):
+        return "fake executor always has a GPU"
+
+    def run(self, job):
+        runs = os.environ.get("FAKE_GPU_RUNS")
+        if runs:
+            with open(runs, "a") as fh:
+                fh.write(f"{job.gate} {job.kernel}\n")
+        job.workdir.mkdir(parents=True, exist_ok=True)
+        job.log_file.write_text(f"fake {job.gate} run\n")
+        if job.gate == "bandwidth":
+            return {"verdict": "pass", "copy_bandwidth_Bps": 4.0e12, "message": "fake copy 4.00 TB/s"}
+        wanted = json.loads(os.environ.get("FAKE_GPU_VERDICT", "{}")).get(job.gate, "pass")
+        return {"verdict": wanted, "message": f"stand-in {job.gate} said {wanted}", "variants": {}}

@@ -1,0 +1,86 @@
+"""The command line as users meet it: bad specs, no GPU, failing gates, help, clean, review."""
+import json
+
+import pytest
+
+K = "rmsnorm_v2"
+GPU = "fake-gpu-sm90"
+
+
+def test_bad_spec_stops_the_build_and_writes_nothing(project):
+    project.edit(f"specs/{K}.yaml", "  threads: 128", "  threads: 128\n  colour: blue")
+    run = project.scons("stage=compile", check=False)
+    assert run.returncode != 0
+    assert f"specs/{K}.yaml:11: codegen.colour: unknown field 'colour'" in run.stderr
+    assert not (project.root / "build").exists()
+
+
+def test_unknown_kernel_and_stage_are_refused(project):
+    run = project.scons("kernel=nope", check=False)
+    assert run.returncode != 0 and "unknown kernel nope" in run.stderr
+    run = project.scons("stage=deploy", check=False)
+    assert run.returncode != 0 and "unknown stage 'deploy'" in run.stderr
+    assert not (project.root / "build").exists()
+
+
+def test_help_lists_stages_kernels_and_options(project):
+    run = project.scons("-h")
+    for word in ("spec", "generate", "compile", "validate", "perf", "review", K, "kernel=", "stage="):
+        assert word in run.stdout
+
+
+@pytest.mark.nvcc
+def test_gpu_stage_without_gpu_fails_and_marks_nothing_passed(project):
+    run = project.scons(f"kernel={K}", "stage=validate", fake_gpu=False, env={"PATH": "/usr/local/bin:/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""}, check=False)
+    if "nvidia-h" in run.stdout:
+        pytest.skip("this machine has a GPU")
+    assert run.returncode != 0
+    assert "need a CUDA GPU" in run.stderr and "GPU box" in run.stderr
+    assert not list((project.root / "build" / K).glob("gpu/*/validate.json"))
+    assert not list((project.root / "build" / K).glob("gpu/*/validate.ok"))
+
+
+@pytest.mark.nvcc
+def test_failing_gate_fails_the_run_is_reviewed_and_reruns(built):
+    verdicts = json.dumps({"validate": "fail"})
+    built.edit(f"specs/{K}.yaml", "rel_max: 3.0e-2", "rel_max: 2.0e-2")
+    run = built.scons("stage=review", env={"FAKE_GPU_VERDICT": verdicts}, check=False)
+    assert run.returncode != 0
+    assert f"validate {K}: fail: stand-in validate said fail" in run.stderr
+    result = json.loads((built.root / "build" / K / "gpu" / GPU / "validate.json").read_text())
+    assert result["verdict"] == "fail"
+    assert not (built.root / "build" / K / "gpu" / GPU / "validate.ok").exists()
+    review = (built.root / "build" / K / "review.md").read_text()
+    assert "## validate: fail" in review and "## perf: blocked" in review
+    assert "validate did not pass" in review
+    assert "verdicts:" in run.stdout and "fail: stand-in validate said fail" in run.stdout
+    # a failure is never cached: the same inputs run the gate again
+    again = built.scons("stage=validate", check=True)
+    assert f"validate {K} {GPU}" in again.actions
+    assert (built.root / "build" / K / "gpu" / GPU / "validate.ok").exists()
+
+
+@pytest.mark.nvcc
+def test_results_record_the_signatures_they_were_made_from(built):
+    result = json.loads((built.root / "build" / K / "gpu" / GPU / "validate.json").read_text())
+    inputs = result["inputs"]
+    assert inputs["gpu"] == result["gpu_signature"] and "Fake GPU" in inputs["gpu"]
+    assert f"build/{K}/spec/validate.json" in inputs and f"build/{K}/sm_90a/lib{K}.so" in inputs
+    assert f"kernels/{K}/reference.py" in inputs
+    assert all(len(v) == 64 for k, v in inputs.items() if not k.startswith(("gpu", "value:")))
+
+
+@pytest.mark.nvcc
+def test_review_pages_show_every_gate(built):
+    review = (built.root / "build" / K / "review.md").read_text()
+    for section in ("## Compile", "sm_90a resources", "sm_100a resources", "## validate: pass", "## perf: pass"):
+        assert section in review
+    summary = (built.root / "build" / "review.md").read_text()
+    assert f"| {K} | **pass** |" in summary
+
+
+@pytest.mark.nvcc
+def test_clean_removes_build_outputs(built):
+    built.scons("-c", "stage=review")
+    assert not (built.root / "build" / K / "sm_90a" / f"lib{K}.so").exists()
+    assert not (built.root / "build" / K / "review.md").exists()

@@ -1,0 +1,90 @@
+"""Code generation: the spec header, both body kinds, the harness, template errors."""
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mpkbuild import codegen
+from mpkbuild.kernel import Kernel
+
+REPO = Path(__file__).resolve().parent.parent
+K = "rmsnorm_v2"
+
+
+@pytest.fixture
+def root(tmp_path):
+    for d in ("specs", "kernels"):
+        shutil.copytree(REPO / d, tmp_path / d)
+    return tmp_path
+
+
+def render(kernel, role):
+    return codegen.render_file(role, kernel.spec.sections["codegen"], kernel.spec.file,
+                               kernel.body_source, kernel.root)
+
+
+def test_spec_header_pins_constants(root):
+    k = Kernel.load(root, K)
+    header = render(k, "spec_header")
+    assert "constexpr int THREADS = 128;" in header
+    assert "constexpr float EPS = 1e-06f;" in header
+    assert "static_assert(SMEM_TOTAL <= SMEM_BUDGET" in header
+    assert "static_assert(SMEM_WARP_SUMS_OFFSET % SMEM_WARP_SUMS_ALIGN == 0" in header
+    assert "static_assert(HIDDEN % (THREADS * VEC_ELEMS) == 0" in header
+    assert header.count("\nnamespace decode_") == 6
+
+
+def test_harness_has_one_launcher_per_variant_and_task_slices(root):
+    k = Kernel.load(root, K)
+    harness = render(k, "harness")
+    for v in k.variants:
+        assert f'extern "C" int {K}_launch_{v}(' in harness
+    # input and output are split by rows: task t starts at t * hidden; weight is replicated
+    assert "input + static_cast<size_t>(task) * 7168ull" in harness
+    assert "weight + static_cast<size_t>(task)" not in harness
+    assert "blockIdx" not in render(k, "body")
+
+
+def test_plain_cuh_body_is_used_verbatim(root):
+    body = root / "kernels" / K / "plain.cuh"
+    body.write_text("// plain body {{ not a template }}\n")
+    spec = root / "specs" / f"{K}.yaml"
+    spec.write_text(spec.read_text().replace(f"body: kernels/{K}/{K}.cuh.j2", f"body: kernels/{K}/plain.cuh"))
+    k = Kernel.load(root, K)
+    assert not k.body_is_template
+    assert render(k, "body") == "// plain body {{ not a template }}\n"
+
+
+def test_undefined_name_in_body_template_names_file_and_line(root):
+    tpl = root / "kernels" / K / f"{K}.cuh.j2"
+    lines = tpl.read_text().splitlines()
+    lines.insert(4, "// {{ params.no_such_param }}")
+    tpl.write_text("\n".join(lines) + "\n")
+    with pytest.raises(codegen.TemplateError) as info:
+        render(Kernel.load(root, K), "body")
+    assert str(info.value).startswith(f"kernels/{K}/{K}.cuh.j2:5: ")
+    assert "no_such_param" in str(info.value)
+
+
+def test_template_syntax_error_names_file_and_line(root):
+    tpl = root / "kernels" / K / f"{K}.cuh.j2"
+    tpl.write_text("line one\n{% if %}\n")
+    with pytest.raises(codegen.TemplateError) as info:
+        render(Kernel.load(root, K), "body")
+    assert str(info.value).startswith(f"kernels/{K}/{K}.cuh.j2:2: template syntax error")
+
+
+def test_unchanged_render_does_not_rewrite(root, tmp_path):
+    k = Kernel.load(root, K)
+    target = tmp_path / "out.h"
+    args = ("spec_header", k.spec.sections["codegen"], k.spec.file, k.body_source, k.root, target)
+    assert codegen.generate_file(*args) is True
+    assert codegen.generate_file(*args) is False
+
+
+def test_smem_plan_respects_alignment():
+    cg = {"threads": 128, "params": {}, "smem": {"budget": 4096, "regions": [
+        {"name": "a", "bytes": 10, "align": 16}, {"name": "b", "bytes": 64, "align": 128}]}}
+    plan = codegen.smem_plan(cg)
+    assert [(r["offset"], r["bytes"]) for r in plan["regions"]] == [(0, 10), (128, 64)]
+    assert plan["total"] == 192

@@ -1,0 +1,54 @@
+"""The local executor's watchdog and crash handling, with tiny stand-in runner modules."""
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mpkbuild.executor import GateJob, LocalExecutor
+
+RUNNERS = {
+    "sleepy": "print('about to spin', flush=True)\nimport time\ntime.sleep(600)\n",
+    "dies": "print('CUDA error: an illegal memory access was encountered', flush=True)\nraise SystemExit(3)\n",
+    "fine": ("import json, sys\njob = json.load(open(sys.argv[1]))\n"
+             "json.dump({'verdict': 'pass', 'message': 'ok'}, open(job['result_file'], 'w'))\n"),
+}
+
+
+@pytest.fixture
+def executor(tmp_path, monkeypatch):
+    pkg = tmp_path / "fake_runners"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for name, body in RUNNERS.items():
+        (pkg / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+
+    class Stub(LocalExecutor):
+        runner_package = "fake_runners"
+    return Stub()
+
+
+def job(tmp_path, gate, timeout=30.0):
+    return GateJob(gate=gate, kernel="k", payload={}, workdir=tmp_path / "work", timeout_s=timeout)
+
+
+def test_hang_is_killed_with_its_group_and_reported(executor, tmp_path):
+    started = time.monotonic()
+    result = executor.run(job(tmp_path, "sleepy", timeout=2.0))
+    assert time.monotonic() - started < 20
+    assert result["verdict"] == "hang"
+    assert "2 s timeout" in result["message"] and "about to spin" in result["message"]
+
+
+def test_death_without_result_is_a_crash_with_the_cuda_text(executor, tmp_path):
+    result = executor.run(job(tmp_path, "dies"))
+    assert result["verdict"] == "crash"
+    assert result["message"].startswith("CUDA error: an illegal memory access was encountered")
+
+
+def test_result_file_is_read_and_removed(executor, tmp_path):
+    j = job(tmp_path, "fine")
+    assert executor.run(j)["verdict"] == "pass"
+    assert not j.result_file.exists()

@@ -1,0 +1,165 @@
+"""Spec loading: normalisation, section signatures, and one precise error per bad spec."""
+import json
+import shutil
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from mpkbuild import schema
+from mpkbuild.spec import SpecError, load_spec
+
+REPO = Path(__file__).resolve().parent.parent
+K = "rmsnorm_v2"
+
+
+@pytest.fixture
+def root(tmp_path):
+    for d in ("specs", "kernels"):
+        shutil.copytree(REPO / d, tmp_path / d)
+    return tmp_path
+
+
+def spec_path(root):
+    return root / "specs" / f"{K}.yaml"
+
+
+def edit(root, old, new):
+    p = spec_path(root)
+    text = p.read_text()
+    assert old in text, old
+    p.write_text(text.replace(old, new, 1))
+
+
+def line_of(root, needle):
+    for i, line in enumerate(spec_path(root).read_text().splitlines(), 1):
+        if needle in line:
+            return i
+    raise AssertionError(needle)
+
+
+def expect_error(root, needle, path, fragment):
+    with pytest.raises(SpecError) as info:
+        load_spec(spec_path(root), root)
+    err = info.value
+    assert err.file == f"specs/{K}.yaml"
+    assert err.line == line_of(root, needle), str(err)
+    assert ".".join(map(str, err.path)) == path, str(err)
+    assert fragment in err.message, str(err)
+    assert str(err).startswith(f"specs/{K}.yaml:{err.line}: {path.split('.')[0]}")
+    return err
+
+
+def test_loads_and_normalises(root):
+    spec = load_spec(spec_path(root), root)
+    assert spec.name == K
+    assert set(spec.sections) >= {"codegen", "generators", "validate", "perf"}
+    assert spec.data["validate"]["cos_min"] == 0.999          # default filled in
+    assert "description" not in spec.data                       # cosmetic, dropped
+    assert all(len(sig) == 64 for sig in spec.signatures.values())
+
+
+def test_comment_and_description_edits_keep_every_signature(root):
+    before = load_spec(spec_path(root), root).signatures
+    edit(root, "description: RMSNorm", "description: Totally different words.")
+    edit(root, "# one fp32 partial per warp", "# a changed comment")
+    assert load_spec(spec_path(root), root).signatures == before
+
+
+def test_each_section_edit_changes_only_its_signature(root):
+    before = load_spec(spec_path(root), root).signatures
+    edit(root, "rel_max: 3.0e-2", "rel_max: 2.0e-2")
+    after = load_spec(spec_path(root), root).signatures
+    assert {k for k in before if before[k] != after[k]} == {"validate"}
+
+
+def test_unknown_field(root):
+    edit(root, "  threads: 128", "  threads: 128\n  thread_count: 3")
+    expect_error(root, "thread_count: 3", "codegen.thread_count", "unknown field 'thread_count'")
+
+
+def test_missing_field(root):
+    edit(root, "  threads: 128\n", "")
+    expect_error(root, "codegen:", "codegen.threads", "missing required field 'threads'")
+
+
+def test_wrong_type(root):
+    edit(root, "  threads: 128", "  threads: lots")
+    expect_error(root, "threads: lots", "codegen.threads", "expected integer")
+
+
+def test_kernel_name_not_c_identifier(root):
+    edit(root, "op: rmsnorm", "op: rms-norm")
+    expect_error(root, "op: rms-norm", "op", "not a C identifier")
+
+
+def test_variant_name_not_c_identifier(root):
+    edit(root, "decode_r1_h4096:   {rows", "1decode:   {rows")
+    expect_error(root, "1decode:", "codegen.variants.1decode", "not a C identifier")
+
+
+def test_body_escaping_the_repository(root):
+    edit(root, "body: kernels/rmsnorm_v2/rmsnorm_v2.cuh.j2", "body: kernels/../../outside.cuh")
+    expect_error(root, "body: kernels/../../outside.cuh", "codegen.body", "escapes the repository")
+
+
+def test_reference_escaping_the_repository(root):
+    edit(root, "reference: kernels/rmsnorm_v2/reference.py:rmsnorm_reference",
+         "reference: kernels/../../x.py:f")
+    expect_error(root, "reference: kernels/../../x.py:f", "validate.reference", "escapes the repository")
+
+
+def test_variant_that_does_not_tile_the_thread_count(root):
+    edit(root, "decode_r8_h4096:   {rows: 8, hidden: 4096}", "decode_r8_h4096:   {rows: 8, hidden: 4000}")
+    err = expect_error(root, "hidden: 4000", "codegen.variants.decode_r8_h4096.hidden", "does not tile")
+    assert "threads * vec_elems = 1024" in err.message
+
+
+def test_smem_over_budget(root):
+    edit(root, "{name: warp_sums, bytes: 16, align: 16}", "{name: warp_sums, bytes: 300000, align: 16}")
+    expect_error(root, "name: warp_sums", "codegen.smem.regions.0", "SMEM over budget")
+
+
+def test_reference_file_missing(root):
+    edit(root, "reference: kernels/rmsnorm_v2/reference.py:", "reference: kernels/rmsnorm_v2/nope.py:")
+    expect_error(root, "nope.py", "validate.reference", "does not exist")
+
+
+def test_reference_function_missing(root):
+    edit(root, "reference.py:rmsnorm_reference", "reference.py:no_such_function")
+    expect_error(root, "no_such_function", "validate.reference", "no top-level function 'no_such_function'")
+
+
+def test_duplicate_key(root):
+    edit(root, "  threads: 128", "  threads: 128\n  threads: 256")
+    expect_error(root, "threads: 256", "codegen.threads", "duplicate key")
+
+
+def test_kernel_name_must_match_file(root):
+    edit(root, "kernel: rmsnorm_v2", "kernel: rmsnorm_v3")
+    expect_error(root, "kernel: rmsnorm_v3", "kernel", "must equal the spec file's stem")
+
+
+def test_split_dim_not_divisible_by_grid(root):
+    edit(root, "grid: [rows]", "grid: [rows * 3]")
+    expect_error(root, "{name: input,", "codegen.inputs.0.shape.0", "not a multiple")
+
+
+def test_threshold_glob_matching_nothing(root):
+    edit(root, '{variants: "large_*"', '{variants: "huge_*"')
+    expect_error(root, "huge_*", "perf.thresholds.0.variants", "matches no variant")
+
+
+def test_yaml_syntax_error(root):
+    edit(root, "  threads: 128", "  threads: [128")
+    with pytest.raises(SpecError) as info:
+        load_spec(spec_path(root), root)
+    assert "YAML syntax error" in info.value.message
+
+
+def test_exported_schema_is_current_and_accepts_the_spec():
+    exported = json.loads((REPO / "specs" / "schema.json").read_text())
+    assert exported == schema.full_schema(), "run: python -m mpkbuild.schema > specs/schema.json"
+    import yaml
+    data = yaml.safe_load((REPO / "specs" / f"{K}.yaml").read_text())
+    jsonschema.Draft202012Validator(exported).validate(data)
