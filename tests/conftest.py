@@ -81,7 +81,8 @@ class Project:
         if fake_gpu:
             cmd.append("executor=fake_gpu:FakeGpuExecutor")
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_GPU")}
-        full_env["PYTHONPATH"] = os.pathsep.join([str(FAKES), str(self.root / "site_scons")])
+        full_env["PYTHONPATH"] = os.pathsep.join([str(FAKES), str(self.root / "site_scons")]
+                                                 + [p for p in [os.environ.get("PYTHONPATH")] if p])
         full_env["FAKE_GPU_RUNS"] = str(self.runs_file)
         full_env.update(env or {})
         proc = subprocess.run(cmd, cwd=self.root, env=full_env, capture_output=True, text=True,

@@ -88,3 +88,11 @@ def test_smem_plan_respects_alignment():
     plan = codegen.smem_plan(cg)
     assert [(r["offset"], r["bytes"]) for r in plan["regions"]] == [(0, 10), (128, 64)]
     assert plan["total"] == 192
+
+
+def test_launch_bounds_follow_min_blocks_per_sm(root):
+    spec = root / "specs" / f"{K}.yaml"
+    spec.write_text(spec.read_text().replace("  grid: [rows]", "  min_blocks_per_sm: 1 + rows // 4096\n  grid: [rows]"))
+    harness = render(Kernel.load(root, K), "harness")
+    assert "__launch_bounds__(rmsnorm_v2_spec::THREADS, 1)\nrmsnorm_v2__decode_r16_h7168(" in harness
+    assert "__launch_bounds__(rmsnorm_v2_spec::THREADS, 5)\nrmsnorm_v2__large_r16384_h7168(" in harness

@@ -94,7 +94,7 @@ def test_kernel_name_not_c_identifier(root):
 
 
 def test_variant_name_not_c_identifier(root):
-    edit(root, "decode_r1_h4096:   {rows", "1decode:   {rows")
+    edit(root, "decode_r1_h4096:    {rows", "1decode:   {rows")
     expect_error(root, "1decode:", "codegen.variants.1decode", "not a C identifier")
 
 
@@ -110,7 +110,7 @@ def test_reference_escaping_the_repository(root):
 
 
 def test_variant_that_does_not_tile_the_thread_count(root):
-    edit(root, "decode_r8_h4096:   {rows: 8, hidden: 4096}", "decode_r8_h4096:   {rows: 8, hidden: 4000}")
+    edit(root, "decode_r8_h4096:    {rows: 8, hidden: 4096}", "decode_r8_h4096:    {rows: 8, hidden: 4000}")
     err = expect_error(root, "hidden: 4000", "codegen.variants.decode_r8_h4096.hidden", "does not tile")
     assert "threads * vec_elems = 1024" in err.message
 
@@ -146,7 +146,7 @@ def test_split_dim_not_divisible_by_grid(root):
 
 
 def test_threshold_glob_matching_nothing(root):
-    edit(root, '{variants: "large_*"', '{variants: "huge_*"')
+    edit(root, '{variants: "large_r16384_*"', '{variants: "huge_*"')
     expect_error(root, "huge_*", "perf.thresholds.0.variants", "matches no variant")
 
 

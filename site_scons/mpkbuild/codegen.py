@@ -98,6 +98,7 @@ def _variant_views(codegen: dict) -> list[dict]:
                                 "task_stride": per_task})
         views.append({
             "name": name, "grid": grid, "binding": codegen["variants"][name],
+            "min_blocks": int(expr.evaluate(codegen["min_blocks_per_sm"], symbols)),
             "template_args": [codegen["variants"][name][p] for p in codegen["template_params"]],
             "tensors": tensors,
             "tiling": [{"symbol": r["symbol"], "SYMBOL": _cpp_name(r["symbol"]),

@@ -91,12 +91,15 @@ SPEC_SCHEMA: dict = {
                              "additionalProperties": {
                                  "type": "object", "minProperties": 1,
                                  "propertyNames": {"pattern": C_IDENT},
-                                 "additionalProperties": {"type": "integer", "minimum": 1}}},
+                                 "additionalProperties": {"type": "integer", "minimum": 0}}},
                 "tiling": {"type": "array", "default": [], "items": {
                     "type": "object", "additionalProperties": False,
                     "required": ["symbol", "multiple_of"],
                     "properties": {"symbol": {"type": "string", "pattern": C_IDENT},
                                    "multiple_of": INT_OR_EXPR}}},
+                "min_blocks_per_sm": {**INT_OR_EXPR, "default": 1,
+                                      "description": "harness __launch_bounds__ minimum blocks per SM "
+                                                     "(caps registers); an expression over variant symbols"},
                 "grid": {"type": "array", "minItems": 1, "maxItems": 1, "items": INT_OR_EXPR,
                          "description": "number of tasks (grid x), an expression over variant symbols"},
                 "inputs": {"type": "array", "minItems": 1, "maxItems": 7, "items": _TENSOR},

@@ -173,6 +173,14 @@ def _semantic_errors(data: dict, root: Path, stem: str):
                     f"{rule['symbol']}={value} does not tile: it must be a multiple of "
                     f"{rule['multiple_of']} = {mult} (codegen.tiling[{i}])")
         try:
+            blocks = expr.evaluate(cg["min_blocks_per_sm"], symbols)
+        except expr.ExprError as exc:
+            yield ("codegen", "min_blocks_per_sm"), f"variant {vname}: {exc}"
+            continue
+        if not isinstance(blocks, int) or not 1 <= blocks <= 32:
+            yield ("codegen", "min_blocks_per_sm"), (
+                f"variant {vname}: min_blocks_per_sm = {blocks!r} is not an integer in 1..32")
+        try:
             grid = expr.evaluate(cg["grid"][0], symbols)
         except expr.ExprError as exc:
             yield ("codegen", "grid", 0), f"variant {vname}: {exc}"

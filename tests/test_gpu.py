@@ -1,0 +1,70 @@
+"""GPU gates on a real GPU: the shipped kernel passes, and broken bodies get the verdict
+they deserve (unwritten output, NaN, state that changes between steps, a CUDA fault, a
+hang). Marked `gpu`: skipped with a reason where there is no CUDA GPU; run on the GPU box."""
+import json
+
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
+
+K = "rmsnorm_v2"
+BODY = f"kernels/{K}/{K}.cuh.j2"
+STORE = "    __stcs(out4 + i * THREADS + tid, scale(x[i], wi, inv_rms));"
+
+
+def only_sm90(project):
+    project.edit(f"specs/{K}.yaml", "archs: [sm_90a, sm_100a]", "archs: [sm_90a]")
+
+
+def validate_result(project):
+    (path,) = list((project.root / "build" / K / "gpu").glob("*/validate.json"))
+    return json.loads(path.read_text())
+
+
+def test_rmsnorm_passes_every_gate_on_this_gpu(project):
+    run = project.scons("stage=review", fake_gpu=False)
+    v = validate_result(project)
+    assert v["verdict"] == "pass", v
+    assert v["gpu"]["name"] == v["device"]["name"]
+    assert set(v["variants"]) == set(v["variants"]) and len(v["variants"]) == 8
+    for res in v["variants"].values():
+        assert res["cos_min_seen"] >= 0.999 and res["rel_max_seen"] <= 3e-2
+        assert len(res["trials"]) == 3
+    (perf_path,) = list((project.root / "build" / K / "gpu").glob("*/perf.json"))
+    perf = json.loads(perf_path.read_text())
+    assert perf["verdict"] == "pass", perf["message"]
+    for res in perf["variants"].values():
+        assert res["hot"]["median_us"] > 0 and res["slowcta"]["slowest_task_us"] > 0
+        assert res["baseline_hot"]["median_us"] > 0
+    assert "verdicts:" in run.stdout
+
+
+@pytest.mark.parametrize("fault, edit, verdict, phrase", [
+    ("unwritten", (STORE, "    if (tid < THREADS / 2) " + STORE.strip()), "fail", "not fully written"),
+    ("nan", ("const float inv_rms = ", "const float inv_rms = (tid == 5) ? __int_as_float(0x7fc00000) : "),
+     "fail", "NaN"),
+    ("state", ("  float ss = 0.f;", "  __shared__ int bump; if (tid == 0) bump = atomicAdd(&mpk_fault_steps, 1);\n"
+                                    "  __syncthreads();\n  float ss = (bump % 2) ? 1.0f : 0.f;"),
+     "fail", "differs bitwise between step"),
+    ("crash", (STORE, "    __stcs(out4 + (1ull << 40) + i * THREADS + tid, scale(x[i], wi, inv_rms));"),
+     "crash", "illegal"),
+    ("hang", ("  float ss = 0.f;", "  while (task_index >= 0) __nanosleep(1000);\n  float ss = 0.f;"),
+     "hang", "timeout"),
+])
+def test_broken_body_gets_the_right_verdict(project, fault, edit, verdict, phrase):
+    only_sm90(project)
+    if fault == "state":
+        project.edit(BODY, "namespace {{ kernel }}_detail {", "__device__ int mpk_fault_steps;\nnamespace {{ kernel }}_detail {")
+    project.edit(BODY, *edit)
+    project.edit(f"specs/{K}.yaml", "timeout_s: 300", "timeout_s: 20")
+    run = project.scons("stage=validate", fake_gpu=False, check=False)
+    assert run.returncode != 0
+    v = validate_result(project)
+    assert v["verdict"] == verdict, v
+    assert phrase in v["message"], v["message"]
+    assert not list((project.root / "build" / K / "gpu").glob("*/validate.ok"))
+    if verdict in ("hang", "crash"):
+        # the GPU is usable by the next gate: restore the body and validate again
+        project.edit(BODY, edit[1], edit[0])
+        project.scons("stage=validate", fake_gpu=False)
+        assert validate_result(project)["verdict"] == "pass"
