@@ -1,0 +1,45 @@
+"""The wire stage: a kernel's MPK registration edits as derived, idempotent marked blocks.
+
+The registration surface (target files per arch, anchors, marker style, templates) is data
+in the project's `wiring/` folder (`wiring/surface.yaml` + `wiring/templates/*.j2`); this
+package only interprets it. Public API (everything else is internal):
+
+- ``WIRING_SCHEMA`` -- JSON Schema (draft 2020-12) of a spec's ``wiring`` section.
+- ``check_section(spec, wiring_root=None) -> list[tuple[str, str]]`` -- semantic errors as
+  (field path such as ``"wiring.task_type.sm_90a"``, message); ``[]`` when fine.
+- ``render(spec, wiring_root, numbers=None) -> dict[str, str]`` -- fragments by file name
+  (``enum.sm_90a.h``, ``register_fn.sm_100a.cc``, ``layer.py``, ...). Pure, deterministic.
+- ``write_fragments(out_dir, fragments) -> list[str]`` -- atomic, only-if-changed writes
+  into the build folder; returns the names that changed.
+- ``plan(mpk_root, specs, wiring_root, kernels) -> Plan`` -- read-only: ``specs`` are all
+  kernels' specs (clashes between kernels are errors), ``kernels`` those to wire.
+  ``Plan.diff()`` is a unified diff, ``Plan.new_contents`` maps path -> new text (None =
+  delete), ``Plan.numbers`` the TaskType numbers, ``Plan.fragments`` numbered fragments.
+- ``apply(plan) -> list[str]`` -- writes the plan (temp file + rename per file, all files
+  checked writable first); refuses if a file changed since planning.
+- ``unwire(mpk_root, kernels, wiring_root) -> Plan`` -- removes every block of the kernels;
+  ``plan_unwire`` is its dry run.
+- ``check_coherence(mpk_root, wiring_root) -> list[str]`` -- problems, ``[]`` if coherent.
+
+Nothing here writes outside the build folder except :func:`apply` and :func:`unwire`.
+Every failure is a :class:`WireError` subclass (see :mod:`.errors`).
+"""
+from __future__ import annotations
+
+from .coherence import check_coherence
+from .errors import (AnchorAmbiguous, AnchorNotFound, DriftError, MarkerError, NameClash,
+                     NoFreeNumber, NotACheckout, NumberClash, NumberOutOfRange, SectionError,
+                     StalePlan, SurfaceError, TargetMissing, TargetReadOnly, TemplateError,
+                     WireError)
+from .fsio import write_fragments
+from .patch import Plan, apply, plan, plan_unwire, unwire
+from .render import render
+from .section import DEFAULT_WIRING_ROOT, WIRING_SCHEMA, check_section
+
+__all__ = [
+    "WIRING_SCHEMA", "DEFAULT_WIRING_ROOT", "check_section", "render", "write_fragments",
+    "plan", "plan_unwire", "apply", "unwire", "check_coherence", "Plan",
+    "WireError", "SurfaceError", "TemplateError", "SectionError", "NotACheckout",
+    "TargetMissing", "TargetReadOnly", "AnchorNotFound", "AnchorAmbiguous", "MarkerError",
+    "DriftError", "NumberClash", "NameClash", "NumberOutOfRange", "NoFreeNumber", "StalePlan",
+]

@@ -1,0 +1,139 @@
+"""Reading an MPK checkout: layout check, file text, marked blocks, anchors, the enum.
+
+Owns everything that looks at an `mpk_root` without changing it: refusing a folder that is
+not a checkout of the expected layout (:class:`NotACheckout`), reading target files (as
+text with their line endings kept), finding marked blocks, locating a site's anchor line
+(scope + regex, ignoring lines inside marked blocks; :class:`AnchorNotFound` and
+:class:`AnchorAmbiguous` name file and pattern), and listing the `enum TaskType` entries
+with the kernel that owns each one (None when not wired by mpkbuild).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import AnchorAmbiguous, AnchorNotFound, NotACheckout, SurfaceError, TargetMissing
+from .markers import Block, Markers, split_key
+from .surface import Site, Surface
+
+
+@dataclass(frozen=True)
+class EnumEntry:
+    name: str
+    number: int
+    line: int              # 1-based
+    owner: str | None      # kernel whose marked block holds it, or None
+    arch: str | None = None  # the arch of that block
+
+
+class Checkout:
+    """A read-only view of one MPK checkout; file reads are cached."""
+
+    def __init__(self, root: Path | str, surface: Surface):
+        self.root = Path(root)
+        self.surface = surface
+        self.markers = Markers(surface.marker_begin, surface.marker_end)
+        self._text: dict[str, str | None] = {}
+        if not self.root.is_dir():
+            raise NotACheckout(f"mpk_root {self.root}: not a folder; pass the root of a "
+                               "mirage checkout (the folder holding include/ and src/)")
+        missing = [p for p in surface.layout if not (self.root / p).is_file()]
+        if missing:
+            raise NotACheckout(f"mpk_root {self.root} is not an MPK checkout of the expected "
+                               f"layout: missing {', '.join(missing)} (check the path, or the "
+                               "`layout` list in wiring/surface.yaml if the runtime moved)")
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel
+
+    def text(self, rel: str) -> str | None:
+        if rel not in self._text:
+            p = self.path(rel)
+            self._text[rel] = p.read_bytes().decode("utf-8") if p.is_file() else None
+        return self._text[rel]
+
+    def need_text(self, rel: str, why: str) -> str:
+        text = self.text(rel)
+        if text is None:
+            raise TargetMissing(f"{rel}: file missing in mpk_root {self.root} ({why}); the "
+                                "checkout is incomplete or the runtime moved it (then update "
+                                "wiring/surface.yaml)")
+        return text
+
+    def blocks(self, rel: str) -> list[Block]:
+        text = self.text(rel)
+        return [] if text is None else self.markers.find(text.splitlines(keepends=True), rel)
+
+    def site(self, site_id: str) -> Site:
+        for s in self.surface.sites:
+            if s.id == site_id:
+                return s
+        raise SurfaceError(f"surface.yaml: no site with id {site_id!r} (the wire stage needs it)")
+
+    def visible_lines(self, rel: str, hide_kernels=None) -> list[tuple[int, str]]:
+        """(1-based line, text) of lines outside marked blocks of hide_kernels (all if None)."""
+        text = self.text(rel) or ""
+        lines = text.splitlines(keepends=True)
+        hidden = set()
+        for b in self.markers.find(lines, rel):
+            if hide_kernels is None or b.kernel in hide_kernels:
+                hidden.update(range(b.start, b.end + 1))
+        return [(i + 1, ln) for i, ln in enumerate(lines) if i not in hidden]
+
+    def enum_entries(self) -> list[EnumEntry]:
+        rel = site_file_plain(self.surface, self.site("enum"))
+        text = self.need_text(rel, "it holds enum TaskType")
+        lines = text.splitlines(keepends=True)
+        owner = {}
+        for b in self.markers.find(lines, rel):
+            for i in range(b.start, b.end + 1):
+                owner[i] = split_key(b.key)[:2]
+        scope = self.surface.scan["enum_scope"]
+        start = next((i for i, ln in enumerate(lines) if scope.search(ln)), None)
+        if start is None:
+            raise AnchorNotFound(f"{rel}: no line matching {scope.pattern!r} (enum TaskType); "
+                                 "update scan.enum_scope in wiring/surface.yaml")
+        out = []
+        for i in range(start, len(lines)):
+            if i > start and re.match(r"^\s*\};", lines[i]):
+                break
+            m = self.surface.scan["enum_entry"].search(lines[i])
+            if m:
+                k, a = owner.get(i, (None, None))
+                out.append(EnumEntry(m.group(1), int(m.group(2)), i + 1, k, a))
+        return out
+
+    def find_anchor(self, rel: str, lines: list[str], site: Site, anchor: str, scope: str | None) -> int:
+        """Index of the anchor line in lines (outside every marked block)."""
+        blocks = self.markers.find(lines, rel)
+        hidden = {i for b in blocks for i in range(b.start, b.end + 1)}
+        first = 0
+        if scope:
+            sc = re.compile(scope)
+            first = next((i for i, ln in enumerate(lines) if i not in hidden and sc.search(ln)), None)
+            if first is None:
+                raise AnchorNotFound(f"{rel}: anchor scope for site {site.id} not found: no line "
+                                     f"matches {scope!r}. The runtime's layout changed? Update the "
+                                     "site in wiring/surface.yaml")
+        rx = re.compile(anchor)
+        hits = [i for i in range(first, len(lines)) if i not in hidden and rx.search(lines[i])]
+        if not hits:
+            where = f" after the line matching {scope!r}" if scope else ""
+            raise AnchorNotFound(f"{rel}: anchor for site {site.id} not found: no line matches "
+                                 f"{anchor!r}{where}. The runtime's layout changed? Update the "
+                                 "site in wiring/surface.yaml")
+        if len(hits) > 1 and not scope:
+            raise AnchorAmbiguous(f"{rel}: anchor for site {site.id} matches lines "
+                                  f"{', '.join(str(h + 1) for h in hits)} ({anchor!r}); tighten "
+                                  "it or add a scope in wiring/surface.yaml")
+        return hits[0]
+
+
+def site_file_plain(surface: Surface, site: Site) -> str:
+    """A site's file when it depends on neither arch nor kernel (the enum header)."""
+    return surface.text(site.file, f"site {site.id} file", arch={}, kernel="")
+
+
+def kernels_in(blocks: list[Block]) -> set[str]:
+    return {split_key(b.key)[0] for b in blocks}

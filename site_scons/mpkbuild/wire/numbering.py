@@ -1,0 +1,147 @@
+"""TaskType numbers and name claims: uniqueness across the checkout and across specs.
+
+Owns :func:`check_names` (a task type, task name, register function or layer that another
+kernel's spec or an existing checkout entry already uses is a :class:`NameClash` naming
+both claimants) and :func:`assign_numbers`: explicit numbers are checked against the arch
+range read from the checkout's enum placeholders (:class:`NumberOutOfRange`), every existing
+entry and every other spec (:class:`NumberClash`); "auto" keeps the number this kernel
+already holds in the checkout when it is still free, else takes the lowest free number in
+the range (:class:`NoFreeNumber` when none is left). Entries inside the planned kernels' own
+marked blocks do not count as taken: they are about to be replaced.
+"""
+from __future__ import annotations
+
+from .checkout import Checkout, EnumEntry
+from .errors import AnchorNotFound, NameClash, NoFreeNumber, NumberClash, NumberOutOfRange
+from .render import site_file
+from .section import Wiring
+
+
+def _value(w: Wiring, name: str, arch: str | None) -> str:
+    if name == "layer":
+        return w.layer
+    return getattr(w, name)[arch]
+
+
+def check_names(checkout: Checkout, wirings: dict[str, Wiring], planned: list[str]) -> None:
+    """Refuse any name two kernels, or a kernel and the checkout, both claim."""
+    seen: dict[tuple, tuple] = {}
+    for k in sorted(wirings):
+        for kind, value, arch in wirings[k].claims():
+            prev = seen.get((kind, value))
+            if prev and prev[0] != k:
+                raise NameClash(f"{kind} {value!r} is claimed by two kernels: {prev[0]} "
+                                f"({prev[1] or 'all archs'}) and {k} ({arch or 'all archs'}); "
+                                "rename one in its spec's wiring section")
+            seen.setdefault((kind, value), (k, arch))
+    for site in checkout.surface.sites:
+        if not site.claim:
+            continue
+        scan_key, value_name = site.claim
+        rx = checkout.surface.scan[scan_key]
+        for k in planned:
+            w = wirings[k]
+            for arch in (w.archs if site.per_arch else (None,)):
+                rel = site_file(checkout.surface, site, arch, k)
+                want = _value(w, value_name, arch)
+                for lineno, line in checkout.visible_lines(rel, hide_kernels=set(planned)):
+                    m = rx.search(line)
+                    if m and m.group(1) == want:
+                        owner = _owner(checkout, rel, lineno)
+                        raise NameClash(
+                            f"{rel}:{lineno}: {value_name} {want!r} wanted by kernel {k} "
+                            f"({arch or 'all archs'}) is already defined there "
+                            f"({'by kernel ' + owner if owner else 'not wired by mpkbuild'}); "
+                            f"choose another wiring.{value_name} in specs/{k}.yaml")
+
+
+def _owner(checkout: Checkout, rel: str, lineno: int) -> str | None:
+    for b in checkout.blocks(rel):
+        if b.start < lineno - 1 < b.end:
+            return b.kernel
+    return None
+
+
+def arch_range(checkout: Checkout, entries: list[EnumEntry], arch: str) -> tuple[int, int]:
+    a = checkout.surface.archs[arch]
+    by_name = {e.name: e.number for e in entries}
+    for ph in (a.range_begin, a.range_end):
+        if ph not in by_name:
+            rel = site_file(checkout.surface, checkout.site("enum"), None, "")
+            raise AnchorNotFound(f"{rel}: range placeholder {ph} for {arch} not found in enum "
+                                 "TaskType; update archs in wiring/surface.yaml")
+    return by_name[a.range_begin], by_name[a.range_end]
+
+
+def assign_numbers(checkout: Checkout, wirings: dict[str, Wiring],
+                   planned: list[str]) -> dict[str, dict[str, int]]:
+    """{kernel: {arch: number}} for the planned kernels; raise on any clash."""
+    entries = checkout.enum_entries()
+    rel = site_file(checkout.surface, checkout.site("enum"), None, "")
+    planned_set = set(planned)
+    taken = {e.number: e for e in entries if e.owner not in planned_set}
+    # (kernel, arch) -> the number that kernel's own block holds now ("auto" keeps it)
+    held = {(e.owner, e.arch): e.number for e in entries if e.owner in planned_set}
+    # explicit numbers from every spec, planned or not
+    explicit: dict[int, tuple[str, str]] = {}
+    for k in sorted(wirings):
+        for a, n in wirings[k].number.items():
+            if n == "auto":
+                continue
+            if n in explicit and explicit[n][0] != k:
+                o = explicit[n]
+                raise NumberClash(f"TaskType number {n} is claimed by two kernels: {o[0]} "
+                                  f"({o[1]}, {wirings[o[0]].task_type[o[1]]}) and {k} ({a}, "
+                                  f"{wirings[k].task_type[a]}); give one of them another number "
+                                  "or \"auto\"")
+            if n in explicit:
+                raise NumberClash(f"TaskType number {n} is claimed twice by kernel {k} "
+                                  f"({explicit[n][1]} and {a}); each arch needs its own")
+            explicit[n] = (k, a)
+    out: dict[str, dict[str, int]] = {k: {} for k in planned}
+    used: dict[int, tuple[str, str]] = {}
+    for k in sorted(planned):
+        w = wirings[k]
+        for a in w.archs:
+            n = w.number[a]
+            if n == "auto":
+                continue
+            lo, hi = arch_range(checkout, entries, a)
+            if not lo < n < hi:
+                ar = checkout.surface.archs[a]
+                raise NumberOutOfRange(
+                    f"specs/{k}.yaml: wiring.number.{a} = {n} is outside the {a} range: "
+                    f"strictly between {ar.range_begin} = {lo} and {ar.range_end} = {hi} in "
+                    f"{rel}; pick a number in range or \"auto\"")
+            if n in taken:
+                e = taken[n]
+                raise NumberClash(
+                    f"TaskType number {n} wanted by kernel {k} ({a}, {w.task_type[a]}) is "
+                    f"already taken by {e.name} at {rel}:{e.line} "
+                    f"({'wired by kernel ' + e.owner if e.owner else 'not wired by mpkbuild'}); "
+                    "pick a free number or \"auto\"")
+            out[k][a] = n
+            used[n] = (k, a)
+    autos = [(k, a) for k in sorted(planned) for a in wirings[k].archs
+             if wirings[k].number[a] == "auto"]
+    # first pass: an auto entry keeps the number its own block holds, if still free
+    for k, a in autos:
+        lo, hi = arch_range(checkout, entries, a)
+        prev = held.get((k, a))
+        if prev is not None and lo < prev < hi and prev not in set(taken) | set(explicit) | set(used):
+            out[k][a] = prev
+            used[prev] = (k, a)
+    # second pass: the rest take the lowest free number of their arch's range
+    for k, a in autos:
+        if a in out[k]:
+            continue
+        lo, hi = arch_range(checkout, entries, a)
+        busy = set(taken) | set(explicit) | set(used)
+        n = next((i for i in range(lo + 1, hi) if i not in busy), None)
+        if n is None:
+            raise NoFreeNumber(f"{rel}: no free TaskType number left between "
+                               f"{lo} and {hi} for kernel {k} ({a}); free one or extend "
+                               "the range")
+        out[k][a] = n
+        used[n] = (k, a)
+    return out

@@ -1,0 +1,222 @@
+"""Plans and applies marked-block edits to an MPK checkout; unwires them again.
+
+Owns :class:`Plan` (the new text of every file that would change, the TaskType numbers,
+the numbered fragments, and :meth:`Plan.diff`), :func:`plan` (read-only: resolve all specs,
+check names and numbers across them, render the planned kernels' blocks, replace existing
+blocks in place, insert new ones at their anchors, drop blocks the spec no longer wants),
+:func:`apply` (refuses if a file changed since planning, then commits all files through
+:mod:`.fsio`) and :func:`plan_unwire`/:func:`unwire`. A block whose text no longer matches
+the sha in its begin marker was edited by hand: :class:`DriftError` with the diff, and no
+file is written.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .checkout import Checkout
+from .errors import DriftError, NameClash, StalePlan, TargetMissing, WireError
+from .fsio import commit
+from .markers import Block, split_key
+from .numbering import assign_numbers, check_names
+from .render import RenderedBlock, render_blocks, site_file
+from .section import resolve
+from .surface import load_surface
+
+
+@dataclass(frozen=True)
+class FileChange:
+    path: str                 # relative to mpk_root
+    old: str | None           # None: the file does not exist yet
+    new: str | None           # None: the file is deleted
+
+
+@dataclass
+class Plan:
+    mpk_root: Path
+    kernels: tuple[str, ...]
+    numbers: dict = field(default_factory=dict)      # kernel -> {arch: number}
+    changes: dict = field(default_factory=dict)      # path -> FileChange (changed files only)
+    fragments: dict = field(default_factory=dict)    # kernel -> {fragment name: text}
+
+    @property
+    def new_contents(self) -> dict[str, str | None]:
+        return {p: c.new for p, c in sorted(self.changes.items())}
+
+    @property
+    def empty(self) -> bool:
+        return not self.changes
+
+    def diff(self) -> str:
+        """Unified diff of every change, files in path order ('' when nothing changes)."""
+        return "".join(_udiff(c.old, c.new, c.path) for _, c in sorted(self.changes.items()))
+
+
+def _udiff(old: str | None, new: str | None, rel: str, a: str = "a/", b: str = "b/") -> str:
+    return "".join(difflib.unified_diff(
+        (old or "").splitlines(keepends=True), (new or "").splitlines(keepends=True),
+        fromfile=f"{a}{rel}" if old is not None else "/dev/null",
+        tofile=f"{b}{rel}" if new is not None else "/dev/null"))
+
+
+def _candidate_files(co: Checkout, kernels) -> set[str]:
+    """Every file a block of these kernels could be in (all archs, all sites)."""
+    out = set()
+    for site in co.surface.sites:
+        for arch in (co.surface.archs if site.per_arch else (None,)):
+            for k in kernels:
+                out.add(site_file(co.surface, site, arch, k))
+    return out
+
+
+class _Editor:
+    """Edits one file's text in memory; collects drift instead of raising at once."""
+
+    def __init__(self, co: Checkout, rel: str, kernels: set[str], drift: list):
+        self.co, self.rel, self.kernels, self.drift = co, rel, kernels, drift
+        self.old = co.text(rel)
+
+    def _drifted(self, block: Block, new_body: str | None) -> bool:
+        if not block.drifted or block.body == new_body:
+            return False
+        self.drift.append(
+            f"{self.rel}:{block.start + 1}: block {block.key} was edited by hand (its text no "
+            f"longer matches sha={block.sha})\n" + _udiff(block.body, new_body or "", self.rel,
+                                                         "current/", "rendered/"))
+        return True
+
+    def edit(self, wanted: list[RenderedBlock]) -> str | None:
+        if any(b.site.kind == "new_file" for b in wanted) or self._is_own_file():
+            return self._new_file(wanted)
+        if self.old is None:
+            if wanted:
+                raise TargetMissing(f"{self.rel}: file missing in mpk_root {self.co.root} (site "
+                                    f"{wanted[0].site.id} of {wanted[0].key} goes there); the "
+                                    "checkout is incomplete, or update wiring/surface.yaml")
+            return None
+        lines = self.old.splitlines(keepends=True)
+        keys = {b.key for b in wanted}
+        find = self.co.markers.find
+        stale = [b for b in find(lines, self.rel) if b.kernel in self.kernels and b.key not in keys]
+        for b in sorted(stale, key=lambda b: -b.start):
+            if not self._drifted(b, None):
+                del lines[b.start:b.end + 1]
+        for rb in wanted:
+            current = {b.key: b for b in find(lines, self.rel)}
+            new = rb.text.splitlines(keepends=True)
+            if rb.key in current:
+                b = current[rb.key]
+                if not self._drifted(b, rb.body):
+                    lines[b.start:b.end + 1] = new
+                continue
+            ctx = {"arch": self.co.surface.archs[rb.arch].as_dict() if rb.arch else {},
+                   "kernel": split_key(rb.key)[0]}
+            anchor = self.co.surface.text(rb.site.anchor, f"site {rb.site.id} anchor", **ctx)
+            scope = self.co.surface.text(rb.site.scope, f"site {rb.site.id} scope", **ctx) \
+                if rb.site.scope else None
+            i = self.co.find_anchor(self.rel, lines, rb.site, anchor, scope)
+            if rb.site.where == "after":
+                if not lines[i].endswith("\n"):
+                    raise WireError(f"{self.rel}:{i + 1}: anchor line for site {rb.site.id} is "
+                                    "the last line and has no newline; add one, then re-run")
+                i += 1
+            lines[i:i] = new
+        return "".join(lines)
+
+    def _is_own_file(self) -> bool:
+        """True when the whole file is one block of a planned kernel (a new_file site)."""
+        if self.old is None:
+            return False
+        lines = self.old.splitlines(keepends=True)
+        blocks = self.co.markers.find(lines, self.rel)
+        return (len(blocks) == 1 and blocks[0].start == 0 and blocks[0].end == len(lines) - 1
+                and blocks[0].kernel in self.kernels)
+
+    def _new_file(self, wanted: list[RenderedBlock]) -> str | None:
+        rb = wanted[0] if wanted else None
+        if self.old is None:
+            return rb.text if rb else None
+        if not self._is_own_file():
+            raise NameClash(f"{self.rel}: already exists and was not written by mpkbuild "
+                            f"(wanted for {rb.key}); move it away or rename the layer")
+        b = self.co.markers.find(self.old.splitlines(keepends=True), self.rel)[0]
+        if self._drifted(b, rb.body if rb else None):
+            return self.old
+        return rb.text if rb else None
+
+
+def _build(co: Checkout, kernels: list[str], blocks: list[RenderedBlock]) -> dict[str, FileChange]:
+    by_file: dict[str, list[RenderedBlock]] = {}
+    for b in blocks:
+        by_file.setdefault(b.file, []).append(b)
+    drift: list[str] = []
+    changes = {}
+    for rel in sorted(set(by_file) | _candidate_files(co, kernels)):
+        ed = _Editor(co, rel, set(kernels), drift)
+        new = ed.edit(by_file.get(rel, []))
+        if new != ed.old:
+            changes[rel] = FileChange(rel, ed.old, new)
+    if drift:
+        raise DriftError(f"refusing to touch {co.root}: {len(drift)} marked block(s) were "
+                         "edited by hand. Move the change into the spec or wiring/templates, or "
+                         "delete the block (both marker lines too) to let apply re-create it. "
+                         "Nothing was changed.", "\n".join(drift))
+    return changes
+
+
+def plan(mpk_root, specs: list[dict], wiring_root, kernels: list[str]) -> Plan:
+    """What applying these kernels' wiring would change; reads, never writes.
+
+    `specs` are ALL kernels' normalized specs (names and explicit numbers of the others
+    are reserved); `kernels` are the ones to wire.
+    """
+    surface = load_surface(wiring_root)
+    co = Checkout(mpk_root, surface)
+    wirings = {}
+    for spec in specs:
+        k = spec.get("kernel")
+        if k in wirings:
+            raise NameClash(f"two specs name kernel {k!r}; kernel names must be unique")
+        wirings[k] = resolve(spec, surface)
+    missing = [k for k in kernels if k not in wirings]
+    if missing:
+        raise WireError(f"no spec for kernel(s) {', '.join(missing)} among "
+                        f"{', '.join(sorted(wirings)) or 'none'}")
+    kernels = sorted(set(kernels))
+    check_names(co, wirings, kernels)
+    numbers = assign_numbers(co, wirings, kernels)
+    blocks, fragments = [], {}
+    for k in kernels:
+        kb = render_blocks(wirings[k], surface, numbers[k])
+        blocks += kb
+        fragments[k] = {b.fragment_name: b.body for b in kb}
+    return Plan(Path(mpk_root), tuple(kernels), numbers, _build(co, kernels, blocks), fragments)
+
+
+def plan_unwire(mpk_root, kernels: list[str], wiring_root) -> Plan:
+    """What removing every block of these kernels would change; reads, never writes."""
+    co = Checkout(mpk_root, load_surface(wiring_root))
+    kernels = sorted(set(kernels))
+    return Plan(Path(mpk_root), tuple(kernels), {}, _build(co, kernels, []), {})
+
+
+def apply(plan: Plan) -> list[str]:
+    """Write the plan's files (all or nothing); returns the changed paths."""
+    root = Path(plan.mpk_root)
+    for rel, c in plan.changes.items():
+        p = root / rel
+        now = p.read_bytes().decode("utf-8") if p.is_file() else None
+        if now != c.old:
+            raise StalePlan(f"{rel}: changed since the plan was made; plan again. Nothing "
+                            "was changed")
+    commit(root, {r: c.new for r, c in plan.changes.items() if c.new is not None},
+           [r for r, c in plan.changes.items() if c.new is None])
+    return sorted(plan.changes)
+
+
+def unwire(mpk_root, kernels: list[str], wiring_root) -> Plan:
+    """Remove every marked block of these kernels; each file returns to its unwired bytes."""
+    p = plan_unwire(mpk_root, kernels, wiring_root)
+    apply(p)
+    return p

@@ -1,0 +1,95 @@
+"""Rendering a kernel's wiring into marked blocks and build-folder fragments.
+
+Owns the template context (one flat dict per site and arch, built from a resolved
+:class:`Wiring`), the `when` rules (a tma.cuh case only for numbers inside a TMA range, a
+task_offset line only for tile-indexed tasks), block keys and target paths, and the pure
+:func:`render` used for build/<K>/wiring/. Rendering reads no checkout: "auto" numbers stay
+unnumbered here and are filled in by :mod:`.patch` once the checkout's enum is known.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from .markers import Markers, block_key, indent_body
+from .section import Wiring, resolve
+from .surface import Site, Surface, load_surface
+
+
+@dataclass(frozen=True)
+class RenderedBlock:
+    key: str
+    site: Site
+    arch: str | None
+    file: str            # path relative to the MPK checkout
+    body: str            # indented body lines
+    text: str            # body wrapped in its marker lines
+
+    @property
+    def fragment_name(self) -> str:
+        suffix = PurePosixPath(self.file).suffix
+        return f"{self.site.id}.{self.arch}{suffix}" if self.arch else f"{self.site.id}{suffix}"
+
+
+def site_file(surface: Surface, site: Site, arch: str | None, kernel: str) -> str:
+    ctx = {"kernel": kernel, "arch": surface.archs[arch].as_dict() if arch else {}}
+    return surface.text(site.file, f"site {site.id} file", **ctx)
+
+
+def context(w: Wiring, surface: Surface, arch: str | None, numbers: dict) -> dict:
+    """Everything a template may use; StrictUndefined makes any other name an error."""
+    ctx = {
+        "kernel": w.kernel, "op": w.op, "layer": w.layer,
+        "num_inputs": w.num_inputs, "num_outputs": w.num_outputs,
+        "tensors": [dict(t) for t in w.tensors], "params": [dict(p) for p in w.params],
+        "dims": list(w.dims), "call_lines": list(w.call_lines),
+        "tile_indexed": w.tile_indexed, "tma_descriptors": w.tma_descriptors,
+        "test": dict(w.test),
+        "archs": [{**surface.archs[a].as_dict(), "task_type": w.task_type[a],
+                   "task_name": w.task_name[a], "number": numbers.get(a)} for a in w.archs],
+    }
+    if arch:
+        ctx.update(arch=surface.archs[arch].as_dict(), task_type=w.task_type[arch],
+                   task_name=w.task_name[arch], register_fn=w.register_fn(arch),
+                   number=numbers.get(arch))
+    return ctx
+
+
+def _wanted(site: Site, w: Wiring, surface: Surface, arch: str | None, numbers: dict) -> bool:
+    if site.when == "tile_indexed":
+        return w.tile_indexed
+    if site.when == "tma":
+        n = numbers.get(arch)
+        return isinstance(n, int) and surface.archs[arch].in_tma(n)
+    return True
+
+
+def render_blocks(w: Wiring, surface: Surface, numbers: dict | None = None) -> list[RenderedBlock]:
+    """The kernel's blocks in surface order (sites, then archs in spec order)."""
+    numbers = {a: n for a, n in (numbers or {}).items() if isinstance(n, int)}
+    markers = Markers(surface.marker_begin, surface.marker_end)
+    out = []
+    for site in surface.sites:
+        for arch in (w.archs if site.per_arch else (None,)):
+            if not _wanted(site, w, surface, arch, numbers):
+                continue
+            indent = 0 if site.kind == "new_file" else site.indent
+            body = indent_body(surface.render(site.template, context(w, surface, arch, numbers)), indent)
+            key = block_key(w.kernel, arch, site.id)
+            out.append(RenderedBlock(key=key, site=site, arch=arch,
+                                     file=site_file(surface, site, arch, w.kernel), body=body,
+                                     text=markers.make(key, body, indent, site.comment)))
+    return out
+
+
+def render(spec: dict, wiring_root, numbers: dict | None = None) -> dict[str, str]:
+    """Fragments by file name (`enum.sm_90a.h`, `layer.py`, ...): pure and deterministic.
+
+    `numbers` ({arch: int}) fills "auto" TaskType numbers; without it an auto entry renders
+    with a placeholder comment and no tma.cuh case (the number decides whether one is due).
+    """
+    surface = load_surface(wiring_root)
+    w = resolve(spec, surface)
+    fixed = {a: n for a, n in w.number.items() if isinstance(n, int)}
+    fixed.update(numbers or {})
+    return {b.fragment_name: b.body for b in render_blocks(w, surface, fixed)}

@@ -1,0 +1,383 @@
+"""The spec's `wiring` section: its JSON Schema, its semantic check, and its resolution.
+
+Owns :data:`WIRING_SCHEMA` (embedded by the core under the spec's `wiring` property),
+:func:`check_section` (semantic errors as (field path, message) pairs) and
+:func:`resolve`, which turns a normalized spec plus the surface into one plain
+:class:`Wiring` object with every default filled: names per arch, TaskType number or
+"auto" per arch, the tensors in task order with MPK partitions, the dims the register
+function reads, the CodeKeeper call lines and the values the test-mode test uses. Every
+other module reads only a :class:`Wiring`, never the raw section.
+"""
+from __future__ import annotations
+
+import keyword
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import expr
+from .errors import SectionError
+from .surface import Surface, load_surface
+
+DEFAULT_WIRING_ROOT = Path(__file__).resolve().parents[3] / "wiring"
+MAX_INPUTS, MAX_OUTPUTS = 7, 3          # task_desc->input_ptrs / output_ptrs capacity
+ARCH_NAMES = ("sm_90a", "sm_100a")
+C_IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"
+TASK_TYPE = r"^TASK_[A-Z0-9_]+$"
+_C_RESERVED = {"bgraph", "params", "num_inputs", "num_outputs", "input_ops", "output_ops",
+               "op", "code"}
+_PY_RESERVED = {"self", "grid_dim", "block_dim", "task_names", "tb_graph", "mi", "mpk"}
+
+
+def _per_arch(item: dict, doc: str) -> dict:
+    return {"type": "object", "additionalProperties": False, "description": doc,
+            "properties": {a: item for a in ARCH_NAMES}}
+
+
+WIRING_SCHEMA: dict = {
+    "type": "object",
+    "additionalProperties": False,
+    "description": "How the kernel is registered in an MPK checkout (the wire stage). "
+                   "Every field is optional; defaults are derived from the spec.",
+    "properties": {
+        "layer": {"type": "string", "pattern": C_IDENT,
+                  "description": "Python method <layer>_layer on PersistentKernel. "
+                                 "Default: the spec's op (name it for the op, not a model)."},
+        "task_type": _per_arch({"type": "string", "pattern": TASK_TYPE},
+                               "enum TaskType name per arch. Default: TASK_<KERNEL>_<TAG>, "
+                               "TAG from wiring/surface.yaml (HOPPER, SM100)."),
+        "task_name": _per_arch({"type": "string", "pattern": C_IDENT},
+                               "name passed to register_task and matched in graph.cc; the "
+                               "register function is register_<task_name>_task. "
+                               "Default: <kernel>_<tag lower-cased> (rmsnorm_v2_hopper, rmsnorm_v2_sm100)."),
+        "number": _per_arch({"anyOf": [{"const": "auto"},
+                                       {"type": "integer", "minimum": 1}]},
+                            "TaskType number per arch, or \"auto\" (default): the lowest "
+                            "free number in the arch's range (a number already wired for "
+                            "this kernel is kept)."),
+        "num_inputs": {"type": "integer", "minimum": 0, "maximum": MAX_INPUTS,
+                       "description": "Default: len(codegen.inputs); must agree with it."},
+        "num_outputs": {"type": "integer", "minimum": 1, "maximum": MAX_OUTPUTS,
+                        "description": "Default: len(codegen.outputs); must agree with it."},
+        "tensors": {
+            "type": "object",
+            "description": "Per-tensor overrides, keyed by codegen tensor name.",
+            "additionalProperties": {
+                "type": "object", "additionalProperties": False,
+                "properties": {
+                    "partition": {"type": "array", "minItems": 1, "maxItems": 3,
+                                  "items": {"type": "integer", "minimum": -1, "maximum": 3},
+                                  "description": "MPK input_map: entry g is the tensor dim "
+                                                 "split across grid axis g, -1 none. "
+                                                 "Default: from codegen partition."},
+                    "forloop_dim": {"type": "integer", "minimum": -1, "maximum": 3,
+                                    "description": "Default: -1."},
+                },
+            },
+        },
+        "params": {
+            "type": "array", "default": [],
+            "description": "ints the layer passes to the register function, in order",
+            "items": {"type": "object", "additionalProperties": False, "required": ["name"],
+                      "properties": {"name": {"type": "string", "pattern": C_IDENT},
+                                     "test_value": {"type": "integer", "default": 1}}},
+        },
+        "tile_indexed": {"type": "boolean", "default": True,
+                         "description": "the runtime sets task_offset = bid.x for this type"},
+        "tma_descriptors": {"type": "integer", "minimum": 0, "default": 0,
+                            "description": "what the tma.cuh case returns (TMA ranges only)"},
+        "call": {
+            "type": "object", "additionalProperties": False,
+            "description": "the call the register function emits with a CodeKeeper",
+            "properties": {
+                "function": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_:]*$",
+                             "description": "Default: <kernel>_task (the generated body)."},
+                "template_args": {
+                    "type": "array",
+                    "description": "Default: codegen.template_params. A symbol is read from "
+                                   "the first tensor dim (outputs first) that has it.",
+                    "items": {"anyOf": [
+                        {"type": "string", "pattern": C_IDENT},
+                        {"type": "object", "additionalProperties": False,
+                         "required": ["literal"], "properties": {"literal": {"type": "string"}}},
+                        {"type": "object", "additionalProperties": False,
+                         "required": ["symbol", "tensor", "dim"],
+                         "properties": {"symbol": {"type": "string", "pattern": C_IDENT},
+                                        "tensor": {"type": "string", "pattern": C_IDENT},
+                                        "dim": {"type": "integer", "minimum": 0},
+                                        "of": {"enum": ["tile", "whole"], "default": "whole"}}},
+                    ]},
+                },
+                "tail_args": {"type": "array", "items": {"type": "string"},
+                              "description": "C++ arguments after the tensors. Default: "
+                                             "surface.yaml call.tail_args."},
+            },
+        },
+        "test_variant": {"type": "string",
+                         "description": "variant the test-mode test uses. Default: the "
+                                        "first variant name in sorted order."},
+    },
+}
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """A kernel's wiring with every default resolved (plain data for templates)."""
+
+    kernel: str
+    op: str
+    layer: str
+    archs: tuple[str, ...]
+    task_type: dict          # arch -> TASK_X
+    task_name: dict          # arch -> graph.cc name
+    number: dict             # arch -> int | "auto"
+    num_inputs: int
+    num_outputs: int
+    tensors: tuple           # dicts, inputs then outputs
+    params: tuple            # dicts {name, test_value}
+    dims: tuple              # dicts {symbol, source, note}
+    call_lines: tuple        # dicts {fmt, args}
+    tile_indexed: bool
+    tma_descriptors: int
+    test: dict               # {variant, grid, threads}
+
+    def register_fn(self, arch: str) -> str:
+        return f"register_{self.task_name[arch]}_task"
+
+    def claims(self):
+        """(kind, value, arch) for every name this kernel claims in the checkout."""
+        for a in self.archs:
+            yield "task type", self.task_type[a], a
+            yield "task name", self.task_name[a], a
+        yield "layer", f"{self.layer}_layer", None
+
+
+def check_section(spec: dict, wiring_root: Path | None = None) -> list[tuple[str, str]]:
+    """Semantic errors of spec['wiring'] as (field path, message); [] when it is fine."""
+    try:
+        surface = load_surface(wiring_root or DEFAULT_WIRING_ROOT)
+    except Exception as exc:  # a broken surface is not the spec's fault, but say so
+        return [("wiring", f"cannot load the wiring surface: {exc}")]
+    problems: list[tuple[str, str]] = []
+    _resolve(spec, surface, problems)
+    return problems
+
+
+def resolve(spec: dict, surface: Surface) -> Wiring:
+    """The spec's wiring with defaults filled; raise SectionError listing every problem."""
+    problems: list[tuple[str, str]] = []
+    wiring = _resolve(spec, surface, problems)
+    if problems:
+        raise SectionError(spec.get("kernel", "?"), problems)
+    return wiring
+
+
+def _ident(value, path, problems, pattern=C_IDENT, what="a C identifier") -> bool:
+    if not isinstance(value, str) or not re.match(pattern, value):
+        problems.append((path, f"{value!r} is not {what}"))
+        return False
+    return True
+
+
+def _mpk_partition(part, ndims: int) -> tuple:
+    """codegen partition (per tensor dim: grid axis or -1) -> MPK input_map (per grid axis)."""
+    out = [-1, -1, -1]
+    for d, g in enumerate(part):
+        if isinstance(g, int) and 0 <= g < 3:
+            out[g] = d
+    return tuple(out)
+
+
+def _resolve(spec: dict, surface: Surface, problems: list) -> Wiring | None:
+    kernel = spec.get("kernel", "")
+    w = spec.get("wiring") or {}
+    cg = spec.get("codegen") or {}
+    _ident(kernel, "kernel", problems)
+    archs = tuple(spec.get("archs") or ())
+    for a in archs:
+        if a not in surface.archs:
+            problems.append(("archs", f"arch {a!r} has no entry in wiring/surface.yaml "
+                                      f"(known: {', '.join(surface.archs)})"))
+    archs = tuple(a for a in archs if a in surface.archs)
+    for key in ("task_type", "task_name", "number"):
+        for a in (w.get(key) or {}):
+            if a not in archs:
+                problems.append((f"wiring.{key}.{a}", f"arch {a} is not in the spec's archs "
+                                                     f"{list(archs)}; drop it or add the arch"))
+    up = kernel.upper() if isinstance(kernel, str) else "?"
+    task_type = {a: (w.get("task_type") or {}).get(a, f"TASK_{up}_{surface.archs[a].tag}")
+                 for a in archs}
+    task_name = {a: (w.get("task_name") or {}).get(a, f"{kernel}_{surface.archs[a].tag.lower()}")
+                 for a in archs}
+    number = {a: (w.get("number") or {}).get(a, "auto") for a in archs}
+    for a in archs:
+        _ident(task_type[a], f"wiring.task_type.{a}", problems, TASK_TYPE,
+               "a TaskType name (TASK_ + upper-case C identifier)")
+        _ident(task_name[a], f"wiring.task_name.{a}", problems)
+        n = number[a]
+        if n != "auto" and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+            problems.append((f"wiring.number.{a}", f"{n!r} is neither \"auto\" nor a positive integer"))
+    for key, table in (("task_type", task_type), ("task_name", task_name)):
+        seen = {}
+        for a, v in table.items():
+            if v in seen:
+                problems.append((f"wiring.{key}.{a}", f"{v!r} is also used for {seen[v]}; "
+                                                     "each arch needs its own"))
+            seen.setdefault(v, a)
+    layer = w.get("layer", spec.get("op", ""))
+    lpath = "wiring.layer" if "layer" in w else "op"
+    if _ident(layer, lpath, problems) and keyword.iskeyword(layer):
+        problems.append((lpath, f"{layer!r} is a Python keyword"))
+
+    # tensors, in task order: inputs then outputs
+    ins, outs = list(cg.get("inputs") or []), list(cg.get("outputs") or [])
+    for key, have, limit in (("num_inputs", len(ins), MAX_INPUTS),
+                             ("num_outputs", len(outs), MAX_OUTPUTS)):
+        given = w.get(key, have)
+        if given != have:
+            problems.append((f"wiring.{key}", f"{given} disagrees with codegen "
+                                              f"({have} tensors); drop it or fix codegen"))
+        if have > limit:
+            side = "inputs" if key == "num_inputs" else "outputs"
+            problems.append((f"codegen.{side}", f"{have} {side}: an MPK task takes at most "
+                                                f"{limit} (task_desc->{side[:-1]}_ptrs); split the op"))
+    overrides = w.get("tensors") or {}
+    names = [t.get("name") for t in ins + outs]
+    for n in overrides:
+        if n not in names:
+            problems.append((f"wiring.tensors.{n}", f"no codegen tensor named {n!r} "
+                                                    f"(have: {', '.join(map(str, names))})"))
+    params = [{"name": p.get("name"), "test_value": p.get("test_value", 1)}
+              for p in (w.get("params") or [])]
+    pnames = [p["name"] for p in params]
+    for i, p in enumerate(pnames):
+        if _ident(p, f"wiring.params.{i}.name", problems):
+            if p in _C_RESERVED or p in _PY_RESERVED or keyword.iskeyword(p):
+                problems.append((f"wiring.params.{i}.name", f"{p!r} is reserved in the generated code"))
+            if pnames.index(p) != i or p in names:
+                problems.append((f"wiring.params.{i}.name", f"{p!r} is used twice"))
+    tensors = []
+    for role, group, ops in (("input", ins, "input_ops"), ("output", outs, "output_ops")):
+        for i, t in enumerate(group):
+            name = t.get("name", "")
+            path = f"codegen.{role}s.{i}.name"
+            if _ident(name, path, problems) and (keyword.iskeyword(name) or name in _PY_RESERVED):
+                problems.append((path, f"{name!r} is reserved in the generated Python layer"))
+            if names.count(name) > 1 and names.index(name) != len(tensors):
+                problems.append((path, f"tensor name {name!r} is used twice"))
+            ndims = len(t.get("shape") or [])
+            ov = overrides.get(name) or {}
+            part = ov.get("partition")
+            if part is None:
+                part = _mpk_partition(t.get("partition") or [], ndims)
+            else:
+                part = tuple(list(part) + [-1] * (3 - len(part)))
+                used = [d for d in part if d != -1]
+                bad = [d for d in used if not 0 <= d < ndims]
+                if bad or len(set(used)) != len(used):
+                    problems.append((f"wiring.tensors.{name}.partition",
+                                     f"{list(part)} must hold distinct dims of {name} "
+                                     f"(0..{ndims - 1}) or -1"))
+            fl = ov.get("forloop_dim", -1)
+            if not -1 <= fl < ndims:
+                problems.append((f"wiring.tensors.{name}.forloop_dim",
+                                 f"{fl} is not -1 or a dim of {name} (0..{ndims - 1})"))
+            tensors.append({"name": name, "role": role, "ops": ops, "index": i,
+                            "dtype": t.get("dtype"), "shape": list(t.get("shape") or []),
+                            "ndims": ndims, "partition": part, "forloop_dim": fl,
+                            "ctype": surface.call["ctypes"].get(t.get("dtype")),
+                            "pytype": surface.python["dtypes"].get(t.get("dtype"))})
+            if tensors[-1]["ctype"] is None or tensors[-1]["pytype"] is None:
+                problems.append((f"codegen.{role}s.{i}.dtype", f"dtype {t.get('dtype')!r} has no "
+                                 "C++/Python type in wiring/surface.yaml (call.ctypes, python.dtypes)"))
+    dims, call_lines = _call(spec, w, tensors, pnames, problems, surface.call.get("tail_args", []))
+    test = _test(spec, w, tensors, problems)
+    if problems:
+        return None
+    return Wiring(kernel=kernel, op=spec.get("op", ""), layer=layer, archs=archs,
+                  task_type=task_type, task_name=task_name, number=number,
+                  num_inputs=len(ins), num_outputs=len(outs), tensors=tuple(tensors),
+                  params=tuple(params), dims=tuple(dims), call_lines=tuple(call_lines),
+                  tile_indexed=bool(w.get("tile_indexed", True)),
+                  tma_descriptors=int(w.get("tma_descriptors", 0)), test=test)
+
+
+def _call(spec, w, tensors, pnames, problems, tail_default):
+    """The dims the register function reads and the CodeKeeper lines of the emitted call."""
+    kernel, cg, call = spec.get("kernel", ""), spec.get("codegen") or {}, w.get("call") or {}
+    targs = call.get("template_args", cg.get("template_params") or [])
+    tpath = "wiring.call.template_args" if "template_args" in call else "codegen.template_params"
+    by_name = {t["name"]: t for t in tensors}
+    dims, fmt, args = [], [], []
+    order = [t for t in tensors if t["role"] == "output"] + [t for t in tensors if t["role"] == "input"]
+    for i, ta in enumerate(targs):
+        if isinstance(ta, dict) and "literal" in ta:
+            fmt.append(ta["literal"])
+            continue
+        if isinstance(ta, dict):
+            sym, t, d, of = ta.get("symbol"), by_name.get(ta.get("tensor")), ta.get("dim"), ta.get("of", "whole")
+            if t is None or not isinstance(d, int) or not 0 <= d < t["ndims"]:
+                problems.append((f"{tpath}.{i}", f"{ta!r}: no such tensor/dim"))
+                continue
+        else:
+            sym = ta
+            if sym in pnames:
+                fmt.append("$")
+                args.append(sym)
+                continue
+            hit = [(t, d) for t in order for d, s in enumerate(t["shape"]) if s == sym]
+            if not hit:
+                problems.append((f"{tpath}.{i}", f"symbol {sym!r} is not a dim of any tensor nor "
+                                 "a wiring param: add it to wiring.params (the layer passes it), "
+                                 "or give {literal: ...} or {symbol, tensor, dim} in "
+                                 "wiring.call.template_args"))
+                continue
+            t, d = hit[0]
+            of = "whole" if d in t["partition"] else "tile"
+        if not _ident(sym, f"{tpath}.{i}", problems):
+            continue
+        if sym in _C_RESERVED:
+            problems.append((f"{tpath}.{i}", f"{sym!r} is reserved in the register function"))
+            continue
+        ref = f"{t['ops']}[{t['index']}]"
+        source = f"{ref}->dtensor.dim[{d}]" if of == "whole" else f"{ref}->output_tensors[0].dim[{d}]"
+        if sym not in [x["symbol"] for x in dims]:
+            dims.append({"symbol": sym, "source": source,
+                         "note": f"{t['name']} dim {d} ({'whole tensor' if of == 'whole' else 'task tile'})"})
+        fmt.append("$")
+        args.append(sym)
+    function = call.get("function", f"{kernel}_task")
+    head = function + (f"<{', '.join(fmt)}>(" if fmt else "(")
+    lines = [{"fmt": head, "args": args}]
+    items = []
+    for t in tensors:
+        const = " const" if t["role"] == "input" else ""
+        items.append(f"static_cast<{t['ctype']}{const} *>(task_desc->{t['role']}_ptrs[{t['index']}])")
+    items += list(call.get("tail_args", tail_default))
+    for j, item in enumerate(items):
+        lines.append({"fmt": f"    {item}{');' if j == len(items) - 1 else ','}", "args": []})
+    if not items:
+        lines[0]["fmt"] += ");"
+    return dims, lines
+
+
+def _test(spec, w, tensors, problems) -> dict:
+    """Variant, grid and threads for the test-mode test, evaluated from codegen."""
+    cg = spec.get("codegen") or {}
+    variants = cg.get("variants") or {}
+    name = w.get("test_variant", min(variants) if variants else None)
+    if name not in variants:
+        problems.append(("wiring.test_variant" if "test_variant" in w else "codegen.variants",
+                         f"variant {name!r} not in codegen.variants ({', '.join(sorted(variants))})"))
+        return {}
+    consts = {k: v for k, v in (cg.get("params") or {}).items() if isinstance(v, (int, float))}
+    syms = {**consts, **variants[name]}
+    try:
+        grid = [int(expr.evaluate(g, syms)) for g in (cg.get("grid") or [1])]
+        for t in tensors:
+            t["test_shape"] = tuple(int(expr.evaluate(s, syms)) for s in t["shape"])
+    except expr.ExprError as exc:
+        problems.append(("codegen", f"variant {name}: {exc}"))
+        return {}
+    return {"variant": name, "grid": tuple(grid + [1] * (3 - len(grid))),
+            "threads": int(cg.get("threads", 128))}

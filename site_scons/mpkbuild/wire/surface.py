@@ -1,0 +1,195 @@
+"""Loading wiring/surface.yaml: the registration surface as data.
+
+Owns the :class:`Surface` object (archs with their enum ranges and TMA sub-ranges, the
+layout files that identify a checkout, the marker format, one :class:`Site` per edit, and
+the scan regexes) and the jinja2 environment over wiring/templates with StrictUndefined.
+Every template or pattern problem surfaces as a :class:`TemplateError` or
+:class:`SurfaceError` naming the file and line, never as a bare jinja2 or re exception.
+"""
+from __future__ import annotations
+
+import re
+import traceback
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+import yaml
+
+from .errors import SurfaceError, TemplateError
+
+SURFACE_FILE = "surface.yaml"
+TEMPLATE_DIR = "templates"
+_SITE_KEYS = {"id", "file", "per_arch", "anchor", "where", "indent", "comment", "template",
+              "when", "scope", "kind", "claim"}
+_WHEN = {None, "tma", "tile_indexed"}
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str                  # sm_90a
+    dir: str                   # hopper
+    tag: str                   # HOPPER (default task type suffix)
+    title: str                 # Hopper (task_header group comment)
+    cc: int                    # 90 (what the Python layer switches on)
+    range_begin: str           # enum placeholder names; numbers lie strictly between
+    range_end: str
+    tma_ranges: tuple[tuple[int, int], ...]
+
+    def in_tma(self, number: int) -> bool:
+        return any(lo <= number <= hi for lo, hi in self.tma_ranges)
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "dir": self.dir, "tag": self.tag, "title": self.title,
+                "cc": self.cc, "range_begin": self.range_begin, "range_end": self.range_end}
+
+
+@dataclass(frozen=True)
+class Site:
+    id: str
+    file: str                  # jinja2 text: may use {{ arch.* }} and {{ kernel }}
+    template: str
+    comment: str
+    per_arch: bool = True
+    kind: str = "insert"       # insert | new_file
+    anchor: str | None = None  # jinja2 text rendering to a regex
+    scope: str | None = None
+    where: str = "before"
+    indent: int = 0
+    when: str | None = None
+    claim: tuple | None = None  # (scan key, wiring value name) checked for clashes
+
+
+@dataclass(frozen=True)
+class Surface:
+    root: Path
+    archs: dict                # name -> Arch
+    layout: tuple[str, ...]
+    marker_begin: str
+    marker_end: str
+    sites: tuple[Site, ...]
+    scan: dict                 # name -> compiled regex
+    call: dict
+    python: dict
+
+    def env(self) -> jinja2.Environment:
+        return _env(str(self.root / TEMPLATE_DIR))
+
+    def text(self, source: str, where: str, **ctx) -> str:
+        """Render a short jinja2 string from surface.yaml (a path or an anchor pattern)."""
+        try:
+            return self.env().from_string(source).render(**ctx)
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"{self.root.name}/{SURFACE_FILE}", None,
+                                f"{where}: {source!r}: {exc}") from exc
+
+    def render(self, template: str, ctx: dict) -> str:
+        """Render wiring/templates/<template>; errors name the template file and line."""
+        rel = f"{self.root.name}/{TEMPLATE_DIR}/{template}"
+        try:
+            tmpl = self.env().get_template(template)
+        except jinja2.TemplateSyntaxError as exc:
+            raise TemplateError(rel, exc.lineno, f"syntax error: {exc.message}") from exc
+        except jinja2.TemplateNotFound:
+            raise TemplateError(rel, None, "template file not found (fix the site's "
+                                "`template` in surface.yaml)") from None
+        try:
+            return tmpl.render(**ctx)
+        except jinja2.TemplateError as exc:
+            raise TemplateError(rel, _template_line(exc, template), str(exc)) from exc
+
+
+def _template_line(exc: BaseException, template: str) -> int | None:
+    """The template line an error was raised at, from jinja2's rewritten traceback."""
+    line = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename and frame.filename.replace("\\", "/").endswith("/" + template):
+            line = frame.lineno
+    return line
+
+
+def _cstr(text: str) -> str:
+    """A C++ string literal for text."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@lru_cache(maxsize=8)
+def _env(template_dir: str) -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(template_dir),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    env.filters["cstr"] = _cstr
+    return env
+
+
+def _need(data: dict, key: str, where: str):
+    if key not in data:
+        raise SurfaceError(f"{SURFACE_FILE}: {where}: missing key {key!r}")
+    return data[key]
+
+
+def load_surface(wiring_root: Path | str) -> Surface:
+    """Read and check wiring/surface.yaml; raise SurfaceError naming the bad entry."""
+    root = Path(wiring_root)
+    path = root / SURFACE_FILE
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise SurfaceError(f"{path}: cannot read the wiring surface: {exc.strerror} "
+                           "(pass the project's wiring/ folder)") from None
+    except yaml.YAMLError as exc:
+        raise SurfaceError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SurfaceError(f"{path}: must be a mapping")
+    archs = {}
+    for name, a in _need(data, "archs", "top level").items():
+        try:
+            archs[name] = Arch(name=name, dir=a["dir"], tag=a["tag"], title=a["title"],
+                               cc=int(a["cc"]), range_begin=a["range_begin"],
+                               range_end=a["range_end"],
+                               tma_ranges=tuple((int(lo), int(hi)) for lo, hi in a["tma_ranges"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SurfaceError(f"{SURFACE_FILE}: archs.{name}: bad or missing field {exc}") from None
+    sites, seen = [], set()
+    for i, s in enumerate(_need(data, "sites", "top level")):
+        where = f"sites[{i}]"
+        extra = set(s) - _SITE_KEYS
+        if extra:
+            raise SurfaceError(f"{SURFACE_FILE}: {where}: unknown keys {sorted(extra)}")
+        for key in ("id", "file", "template", "comment"):
+            _need(s, key, where)
+        if s["id"] in seen:
+            raise SurfaceError(f"{SURFACE_FILE}: {where}: duplicate site id {s['id']!r}")
+        seen.add(s["id"])
+        kind = s.get("kind", "insert")
+        if kind not in ("insert", "new_file"):
+            raise SurfaceError(f"{SURFACE_FILE}: {where}: kind must be insert or new_file")
+        if kind == "insert" and "anchor" not in s:
+            raise SurfaceError(f"{SURFACE_FILE}: {where}: an insert site needs an anchor")
+        if s.get("where", "before") not in ("before", "after"):
+            raise SurfaceError(f"{SURFACE_FILE}: {where}: where must be before or after")
+        if s.get("when") not in _WHEN:
+            raise SurfaceError(f"{SURFACE_FILE}: {where}: when must be one of tma, tile_indexed")
+        sites.append(Site(id=s["id"], file=s["file"], template=s["template"],
+                          comment=s["comment"], per_arch=bool(s.get("per_arch", True)),
+                          kind=kind, anchor=s.get("anchor"), scope=s.get("scope"),
+                          where=s.get("where", "before"), indent=int(s.get("indent", 0)),
+                          when=s.get("when"),
+                          claim=(s["claim"]["scan"], s["claim"]["value"]) if s.get("claim") else None))
+    scan = {}
+    for key, pattern in _need(data, "scan", "top level").items():
+        try:
+            scan[key] = re.compile(pattern, re.M)
+        except re.error as exc:
+            raise SurfaceError(f"{SURFACE_FILE}: scan.{key}: bad regex {pattern!r}: {exc}") from None
+    for site in sites:
+        if site.claim and (site.claim[0] not in scan
+                           or site.claim[1] not in ("task_type", "task_name", "layer")):
+            raise SurfaceError(f"{SURFACE_FILE}: site {site.id}: claim {site.claim} needs a "
+                               "scan key and one of task_type, task_name, layer")
+    marker = _need(data, "marker", "top level")
+    return Surface(root=root, archs=archs, layout=tuple(_need(data, "layout", "top level")),
+                   marker_begin=_need(marker, "begin", "marker"),
+                   marker_end=_need(marker, "end", "marker"), sites=tuple(sites), scan=scan,
+                   call=_need(data, "call", "top level"), python=_need(data, "python", "top level"))
