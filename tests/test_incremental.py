@@ -53,8 +53,9 @@ def test_codegen_param_regenerates_changed_files_then_everything_below(built):
     built.edit(SPEC, "eps: 1.0e-6", "eps: 1.0e-5")
     run = built.scons("stage=review")
     # eps lives in the spec header only: the body and harness renders are unchanged
+    # wire reads the codegen section too (tensors, template params): it re-renders
     assert sorted(run.actions) == sorted([f"spec {K}", f"generate {K} {K}_spec.h", f"generate {K} {K}.cuh",
-                                          f"generate {K} harness.cu"] + DOWNSTREAM_OF_COMPILE)
+                                          f"generate {K} harness.cu", f"wire {K}"] + DOWNSTREAM_OF_COMPILE)
     header = (built.root / "build" / K / "gen" / f"{K}_spec.h").read_text()
     assert "constexpr float EPS = 1e-05f;" in header
 
@@ -117,3 +118,10 @@ def test_dry_run_executes_nothing(built):
     assert f"spec {K}" in run.actions
     assert built.runs_file.read_text() == before
     assert '"rel_max": 0.03' in (built.root / "build" / K / "spec" / "validate.json").read_text()
+
+
+def test_wiring_edit_reruns_wire_and_review_only(built):
+    built.edit(SPEC, "test_variant: decode_r8_h4096", "test_variant: decode_r16_h4096")
+    run = built.scons("stage=review")
+    # the review's data (wire verdict, fragment names) is unchanged: the summary stays
+    assert sorted(run.actions) == sorted([f"spec {K}", f"wire {K}", f"review {K}"]), run.stdout

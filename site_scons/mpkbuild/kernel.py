@@ -103,6 +103,18 @@ class Kernel:
         return self.gpu_dir(gpu_key) / f"{gate}.ok"
 
     @property
+    def wiring_dir(self) -> Path:
+        return self.build_dir / "wiring"
+
+    @property
+    def wire_result(self) -> Path:
+        return self.wiring_dir / "wire.json"
+
+    @property
+    def has_wiring(self) -> bool:
+        return "wiring" in self.spec.sections
+
+    @property
     def review(self) -> Path:
         return self.build_dir / "review.md"
 

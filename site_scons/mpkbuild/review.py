@@ -21,7 +21,8 @@ def _rel(path: Path, start: Path) -> str:
 
 
 def kernel_review(name: str, build_dir: Path, archs, gpu_key: str | None,
-                  resources: dict[str, Path], results: dict[str, Path]) -> dict:
+                  resources: dict[str, Path], results: dict[str, Path],
+                  wire_result: Path | None = None) -> dict:
     """Everything review.md shows for one kernel."""
     compile_rows = []
     for arch in archs:
@@ -40,11 +41,18 @@ def kernel_review(name: str, build_dir: Path, archs, gpu_key: str | None,
             "result": res or {},
             "log": _rel(path.with_suffix(".log"), build_dir),
             "json": _rel(path, build_dir)}
+    wire = None
+    if wire_result is not None:
+        res = read_result(wire_result)
+        wire = {"verdict": res["verdict"] if res else "not run",
+                "message": (res or {}).get("message", "the wire stage has not run"),
+                "numbers": (res or {}).get("numbers", {}), "fragments": sorted((res or {}).get("fragments", {})),
+                "json": _rel(wire_result, build_dir)}
     verdicts = [r["verdict"] for r in compile_rows] + [g["verdict"] for g in gates.values()]
     overall = "pass" if verdicts and all(v == "pass" for v in verdicts) else \
         ("fail" if any(v in ("fail", "hang", "crash") for v in verdicts) else "incomplete")
     return {"kernel": name, "gpu_key": gpu_key, "compile": compile_rows, "gates": gates,
-            "overall": overall}
+            "wire": wire, "overall": overall}
 
 
 def _fmt_us(x) -> str:

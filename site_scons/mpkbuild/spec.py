@@ -26,7 +26,8 @@ SECTIONS = {
     "validate": ("validate",),
     "perf": ("perf",),
 }
-OPTIONAL_SECTIONS = {"wiring": ("wiring",)}
+# present only when the spec has the last key; archs ride along (the wire stage renders per arch)
+OPTIONAL_SECTIONS = {"wiring": ("archs", "wiring")}
 COSMETIC_KEYS = {"description"}
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8}
 
@@ -299,7 +300,7 @@ def load_spec(path: Path | str, root: Path | str) -> LoadedSpec:
     data = _strip_cosmetic(data)
     sections = {name: {k: data[k] for k in keys} for name, keys in SECTIONS.items()}
     for name, keys in OPTIONAL_SECTIONS.items():
-        if all(k in data for k in keys):
+        if keys[-1] in data:
             sections[name] = {k: data[k] for k in keys}
     signatures = {name: sha256_json(sec) for name, sec in sections.items()}
     return LoadedSpec(file=rel, data=data, sections=sections, signatures=signatures)

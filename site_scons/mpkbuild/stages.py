@@ -2,8 +2,8 @@
 
 Each row says which spec sections the stage reads (its only spec inputs), what it runs
 after, whether it produces one node per kernel, per target arch or per GPU, and whether it
-needs a GPU. The wire stage (registration edits into an MPK checkout) belongs between
-compile and validate in this table; it arrives with its own issue.
+needs a GPU. Stages a kernel's spec does not call for (wire without a `wiring` section)
+are simply not declared for it.
 """
 from __future__ import annotations
 
@@ -28,11 +28,14 @@ STAGES: tuple[Stage, ...] = (
           "render K_spec.h, the task body and the harness with jinja2"),
     Stage("compile", (), ("generate",), "arch", False, True,
           "nvcc per target arch to a shared library; resource gate (spills, SMEM)"),
+    Stage("wire", ("codegen", "wiring"), ("spec",), "kernel", False, True,
+          "registration edits for an MPK checkout: fragments; with mpk_root= a diff, "
+          "apply=1 applies them, unwire=1 removes them"),
     Stage("validate", ("codegen", "generators", "validate"), ("compile",), "gpu", True, True,
           "run every variant against the float64 torch reference (GPU)"),
     Stage("perf", ("codegen", "generators", "perf"), ("compile", "validate"), "gpu", True, True,
           "CUDA-graph timing, cold/hot, slowCTA, torch baseline, bandwidth (GPU)"),
-    Stage("review", (), ("compile", "validate", "perf"), "kernel", False, False,
+    Stage("review", (), ("compile", "wire", "validate", "perf"), "kernel", False, False,
           "build/K/review.md and build/review.md: every verdict and key number"),
 )
 

@@ -17,7 +17,7 @@ import SCons.Node
 import SCons.Script
 from SCons.Script import ARGUMENTS, GetOption
 
-from mpkbuild import codegen, config, gates, review, stages
+from mpkbuild import codegen, config, gates, review, stages, wirestage
 from mpkbuild import compile as nvcc
 from mpkbuild import executor as executor_mod
 from mpkbuild import spec as spec_mod
@@ -153,12 +153,35 @@ def _check_action(target, source, env):
                  f"{os.path.relpath(log, env['MPK_ROOT'])}")
 
 
+def _wire_action(target, source, env):
+    k = _KERNELS[env["MPK_KERNEL"]]
+    request = _STATE["wire_request"]
+    specs = [x.spec.data for x in _all_wired_kernels(k.root)] if request.mpk_root else []
+    try:
+        manifest = wirestage.run_wire(k, specs, request, k.root / "wiring")
+    except wirestage.WireGateFailed as exc:
+        return _fail(str(exc))
+    print(f"          wire {k.name}: {manifest['message']}")
+    return 0
+
+
+def _all_wired_kernels(root: Path) -> list[Kernel]:
+    """Every kernel with a wiring section: TaskType numbers and names must not clash."""
+    out = []
+    for name in discover(root):
+        k = _KERNELS.get(name) or Kernel.load(root, name)
+        if k.has_wiring:
+            out.append(k)
+    return out
+
+
 def _review_action(target, source, env):
     k = _KERNELS[env["MPK_KERNEL"]]
     key = env["MPK_GPU_KEY"]
     data = review.kernel_review(
         k.name, k.build_dir, k.archs, key, {a: k.resources(a) for a in k.archs},
-        {g: k.gate_result(g, key) for g in stages.GPU_GATES})
+        {g: k.gate_result(g, key) for g in stages.GPU_GATES},
+        k.wire_result if k.has_wiring else None)
     try:
         review.write_kernel_review(data, Path(target[0].abspath), Path(target[1].abspath))
     except codegen.TemplateError as exc:
@@ -186,6 +209,7 @@ _BANDWIDTH = _action(_bandwidth_action, lambda t, s, e: _label("bandwidth", e["M
                      ["MPK_GPU_KEY"])
 _GATE = _action(_gate_action, lambda t, s, e: _label(e["MPK_GATE"], e["MPK_KERNEL"], e["MPK_GPU_KEY"]),
                 ["MPK_KERNEL", "MPK_GATE", "MPK_GPU_KEY"])
+_WIRE = _action(_wire_action, lambda t, s, e: _label("wire", e["MPK_KERNEL"]), ["MPK_KERNEL"])
 _CHECK = _action(_check_action, lambda t, s, e: None, ["MPK_KERNEL", "MPK_GATE"])
 _REVIEW = _action(_review_action, lambda t, s, e: _label("review", e["MPK_KERNEL"]),
                   ["MPK_KERNEL", "MPK_GPU_KEY"])
@@ -229,9 +253,23 @@ def _declare_kernel(env, k: Kernel, gpu_key: str, fingerprint_value, nvcc_value)
         libraries[arch] = nodes[0]
         out["compile"] += nodes
 
+    out["wire"] = []
+    if k.has_wiring:
+        request = _STATE["wire_request"]
+        wiring_files = sorted(str(p) for p in (k.root / "wiring").rglob("*") if p.is_file())
+        wire_pkg = sorted(str(p) for p in (PKG / "wire").glob("*.py"))
+        nodes = e.Command(str(k.wire_result),
+                          [section_node["wiring"], section_node["codegen"], e.Value(request.describe()),
+                           str(PKG / "wirestage.py")] + wiring_files + wire_pkg, _WIRE)
+        # one kernel at a time edits a checkout; the checkout lives outside this tree and
+        # can change under us, so with mpk_root= the stage always re-plans (it is cheap)
+        e.SideEffect(str(k.root / config.BUILD_DIRNAME / ".wire-in-use"), nodes)
+        if request.mpk_root is not None:
+            e.AlwaysBuild(nodes)
+        out["wire"] = nodes
+
     fp = _STATE["fingerprint"]
-    from mpkbuild.config import ARCH_FOR_CC
-    run_arch = ARCH_FOR_CC.get(fp.cc) if fp else None
+    run_arch = config.ARCH_FOR_CC.get(fp.cc) if fp else None
     library = libraries.get(run_arch) or libraries[k.archs[0]]
     gpu_lock = str(k.root / config.BUILD_DIRNAME / "gpu" / gpu_key / ".gpu-in-use")
     results = {}
@@ -255,6 +293,7 @@ def _declare_kernel(env, k: Kernel, gpu_key: str, fingerprint_value, nvcc_value)
         out[gate] = check
     review_nodes = e.Command([str(k.review), str(k.review.with_suffix(".json"))],
                              [str(k.resources(a)) for a in k.archs] + [str(p) for p in results.values()]
+                             + [str(k.wire_result)] * k.has_wiring
                              + [str(PKG / "review.py"), str(PKG / "templates" / "review.md.j2")],
                              _REVIEW)
     out["review"] = review_nodes + out["validate"] + out["perf"]
@@ -288,10 +327,25 @@ def _parse_request(root: Path) -> tuple[list[str], str]:
     return names, stage
 
 
+def _wire_request() -> wirestage.WireRequest:
+    flag = lambda name: ARGUMENTS.get(name, "0") not in ("0", "", "no", "false")
+    root = ARGUMENTS.get("mpk_root")
+    if root is None:
+        if flag("apply") or flag("unwire"):
+            _fail_early("apply=1 and unwire=1 need mpk_root=PATH (an MPK checkout)")
+        return wirestage.WireRequest(None, False, False)
+    path = Path(SCons.Script.GetLaunchDir(), root).resolve()
+    if not path.is_dir():
+        _fail_early(f"mpk_root={root}: {path} is not a folder")
+    return wirestage.WireRequest(path, flag("apply"), flag("unwire"))
+
+
 def _help_text(root: Path) -> str:
     lines = ["mpk kernel build graph", "", "usage: scons [kernel=NAME[,NAME]|all] [stage=STAGE] "
-             "[executor=local|module:Class] [-n] [-c] [-jN]", "", "stages (stage= builds the stage "
-             "and everything it needs; default: review with a GPU, compile without):"]
+             "[executor=local|module:Class] [-n] [-c] [-jN]",
+             "       scons stage=wire mpk_root=PATH [apply=1] [unwire=1]   registration edits",
+             "", "stages (stage= builds the stage and everything it needs; default: review "
+             "with a GPU, compile without):"]
     for s in stages.STAGES:
         lines.append(f"  {s.name:<9} {s.doc}{'  [GPU]' if s.needs_gpu else ''}")
     lines += ["", "kernels: " + (", ".join(discover(root)) or "none"), ""]
@@ -333,6 +387,7 @@ def declare(env) -> list:
         _fail_early(f"executor: {exc}")
     _STATE["fingerprint"] = _STATE["executor"].fingerprint()
     names, stage = _parse_request(root)
+    _STATE["wire_request"] = _wire_request()
     if GetOption("help"):
         return []
     for name in names:
@@ -367,6 +422,10 @@ def declare(env) -> list:
         targets += env.Command(str(summary_file(root)), review_jsons
                                + [str(PKG / "review.py"), str(PKG / "templates" / "summary.md.j2")],
                                _SUMMARY)
+    if not targets:
+        print(f"mpk: nothing to build for stage={stage} (no requested kernel has a "
+              f"{'wiring section' if stage == 'wire' else 'node for it'})")
+        targets = [env.Alias("mpk-nothing-to-do")]
     if _STATE.get("default_stage_note") and not SCons.Script.COMMAND_LINE_TARGETS:
         print(f"mpk: no CUDA GPU here ({_STATE['executor'].absence()}): default stage is compile; "
               "validate/perf run on the GPU box (stage=validate here fails by design)")

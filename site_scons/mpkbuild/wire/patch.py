@@ -78,12 +78,17 @@ class _Editor:
         self.old = co.text(rel)
 
     def _drifted(self, block: Block, new_body: str | None) -> bool:
-        if not block.drifted or block.body == new_body:
+        # any text that no longer matches the marker's sha is a hand edit, even when it
+        # happens to equal the new render (auto numbering would otherwise adopt a
+        # hand-edited number as the kernel's own)
+        if not block.drifted:
             return False
+        shown = _udiff(block.body, new_body or "", self.rel, "current/", "rendered/") or (
+            "the hand-edited text (it equals the new render, but the marker's sha does not "
+            "vouch for it):\n" + "".join(f"  {line}" for line in block.body.splitlines(keepends=True)))
         self.drift.append(
             f"{self.rel}:{block.start + 1}: block {block.key} was edited by hand (its text no "
-            f"longer matches sha={block.sha})\n" + _udiff(block.body, new_body or "", self.rel,
-                                                         "current/", "rendered/"))
+            f"longer matches sha={block.sha})\n" + shown)
         return True
 
     def edit(self, wanted: list[RenderedBlock]) -> str | None:

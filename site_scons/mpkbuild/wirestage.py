@@ -1,0 +1,78 @@
+"""The wire stage as the build runs it: fragments always, a checkout diff on request, and
+edits to the checkout only with apply=1.
+
+Writes build/<K>/wiring/ (fragments/, mpk.diff, wire.json). Only :func:`run_wire` with
+``apply=True`` touches anything outside build/, through :func:`mpkbuild.wire.apply` /
+:func:`mpkbuild.wire.unwire`, which write each file via a temp file and a rename.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import wire
+from .fsutil import sha256_bytes, write_atomic, write_json_atomic
+from .kernel import Kernel
+
+
+@dataclass(frozen=True)
+class WireRequest:
+    mpk_root: Path | None     # an MPK checkout, or None: render fragments only
+    apply: bool               # write the edits into the checkout
+    unwire: bool              # remove this kernel's blocks instead of adding them
+
+    def describe(self) -> str:
+        """The request as a fact the wire node depends on (changing it re-runs wire)."""
+        if self.mpk_root is None:
+            return "render"
+        return f"mpk_root={self.mpk_root}; apply={int(self.apply)}; unwire={int(self.unwire)}"
+
+
+class WireGateFailed(Exception):
+    """Applied edits left the checkout incoherent, or the wiring could not be made."""
+
+
+def run_wire(k: Kernel, all_specs: list[dict], request: WireRequest, wiring_root: Path) -> dict:
+    """Run the stage for one kernel; returns the manifest written to build/<K>/wiring/wire.json."""
+    frag_dir = k.wiring_dir / "fragments"
+    diff_path = k.wiring_dir / "mpk.diff"
+    k.wire_result.unlink(missing_ok=True)
+    try:
+        if request.mpk_root is None:
+            fragments = wire.render(k.spec.data, wiring_root)
+            wire.write_fragments(frag_dir, fragments)
+            manifest = {"mode": "render", "verdict": "pass",
+                        "message": f"{len(fragments)} fragments rendered; give mpk_root= for "
+                                   "TaskType numbers and a diff against a checkout"}
+        else:
+            root = request.mpk_root
+            if request.unwire:
+                plan = wire.plan_unwire(root, [k.name], wiring_root)
+                fragments = {}
+            else:
+                plan = wire.plan(root, all_specs, wiring_root, [k.name])
+                fragments = plan.fragments.get(k.name, {})
+                wire.write_fragments(frag_dir, fragments)
+            write_atomic(diff_path, plan.diff())
+            changed = sorted(c for c in plan.new_contents)
+            problems: list[str] = []
+            if request.apply:
+                wire.apply(plan)
+                problems = wire.check_coherence(root, wiring_root)
+                if problems:
+                    raise WireGateFailed(f"{k.name}: the checkout is incoherent after wiring:\n  "
+                                         + "\n  ".join(problems))
+            verb = ("unwired from" if request.unwire else "applied to") if request.apply else \
+                ("would unwire from" if request.unwire else "would change")
+            manifest = {"mode": "unwire" if request.unwire else ("apply" if request.apply else "diff"),
+                        "verdict": "pass", "mpk_root": str(root),
+                        "numbers": plan.numbers.get(k.name, {}), "files": changed,
+                        "coherence": problems, "diff": str(diff_path.relative_to(k.build_dir)),
+                        "message": f"{verb} {len(changed)} files in {root}"
+                                   + ("" if request.apply else " (apply=1 writes them)")}
+    except wire.WireError as exc:     # drift errors carry their diff in the message
+        raise WireGateFailed(f"{k.name}: {exc}") from exc
+    manifest.update(kernel=k.name, request=request.describe(),
+                    fragments={n: sha256_bytes(t.encode()) for n, t in sorted(fragments.items())})
+    write_json_atomic(k.wire_result, manifest)
+    return manifest
