@@ -94,11 +94,21 @@ class Project:
         return run
 
 
-def copy_project(dest: Path) -> Project:
+def copy_project(dest: Path, kernels: tuple[str, ...] | None = ("rmsnorm_v2",)) -> Project:
+    """Copy the project; only the named kernels' specs and sources (None: every kernel)."""
     dest.mkdir(parents=True, exist_ok=True)
     for name in COPIED:
         src = REPO / name
-        if src.is_dir():
+        if name in ("specs", "kernels") and kernels is not None:
+            (dest / name).mkdir()
+            for k in kernels:
+                if name == "specs":
+                    shutil.copy2(src / f"{k}.yaml", dest / name / f"{k}.yaml")
+                else:
+                    shutil.copytree(src / k, dest / name / k, ignore=shutil.ignore_patterns("__pycache__"))
+            if name == "specs" and (src / "schema.json").exists():
+                shutil.copy2(src / "schema.json", dest / name / "schema.json")
+        elif src.is_dir():
             shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         elif src.exists():
             shutil.copy2(src, dest / name)
@@ -107,7 +117,14 @@ def copy_project(dest: Path) -> Project:
 
 @pytest.fixture
 def project(tmp_path) -> Project:
+    """A copy holding rmsnorm_v2 only: the contract tests count its actions exactly."""
     return copy_project(tmp_path / "proj")
+
+
+@pytest.fixture
+def project_all(tmp_path) -> Project:
+    """A copy holding every kernel of the catalog."""
+    return copy_project(tmp_path / "proj", kernels=None)
 
 
 @pytest.fixture(scope="module")

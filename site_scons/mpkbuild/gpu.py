@@ -92,3 +92,53 @@ def describe_absence() -> str:
     if shutil.which("nvidia-smi") is None:
         return "nvidia-smi not found"
     return "nvidia-smi lists no GPU"
+
+
+PROFILE_DIR = "gpu_profiles"
+
+
+class ProfileError(Exception):
+    """gpu=<profile> names no known GPU profile."""
+
+
+def load_profile(root, key: str) -> GpuFingerprint:
+    """A GPU profile by key: gpu_profiles/<key>.json (committed), else the fingerprint a
+    run on that GPU recorded under build/ (bandwidth or any gate result)."""
+    from pathlib import Path
+    import json
+    root = Path(root)
+    candidates = [root / PROFILE_DIR / f"{key}.json", root / "build" / "gpu" / key / "bandwidth.json"]
+    candidates += sorted(root.glob(f"build/*/gpu/{key}/*.json"))
+    for path in candidates:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        data = data.get("gpu", data)
+        try:
+            fp = GpuFingerprint(**{k: data[k] for k in ("name", "compute_capability", "driver", "torch", "count")})
+        except (KeyError, TypeError):
+            continue
+        if fp.key == key:
+            return fp
+    known = sorted({p.stem for p in (root / PROFILE_DIR).glob("*.json")}
+                   | {p.parent.name for p in root.glob("build/gpu/*/bandwidth.json")})
+    raise ProfileError(f"gpu={key}: no such GPU profile (known: {', '.join(known) or 'none'}; "
+                       f"save one on the GPU box with `python -m mpkbuild.gpu > {PROFILE_DIR}/<key>.json`)")
+
+
+def known_profiles(root) -> list[str]:
+    from pathlib import Path
+    root = Path(root)
+    return sorted({p.stem for p in (root / PROFILE_DIR).glob("*.json")}
+                  | {p.parent.name for p in root.glob("build/*/gpu/*/validate.json")})
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+    fp = detect()
+    if fp is None:
+        sys.exit(f"no GPU here ({describe_absence()})")
+    json.dump(fp.to_json(), sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")

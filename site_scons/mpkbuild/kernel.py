@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import config
-from .spec import LoadedSpec, load_spec
+from .spec import LoadedSpec, load_spec_cached
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,8 @@ class Kernel:
     @classmethod
     def load(cls, root: Path | str, name: str) -> "Kernel":
         root = Path(root)
-        return cls(root=root, spec=load_spec(root / config.SPEC_DIRNAME / f"{name}.yaml", root))
+        return cls(root=root, spec=load_spec_cached(root / config.SPEC_DIRNAME / f"{name}.yaml", root,
+                                                    root / config.BUILD_DIRNAME / name / "spec.json"))
 
     @property
     def name(self) -> str:

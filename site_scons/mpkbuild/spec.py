@@ -9,13 +9,15 @@ from __future__ import annotations
 import ast
 import copy
 import fnmatch
+import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import jsonschema
 
 from . import expr, schema
-from .fsutil import sha256_json
+from .fsutil import sha256_bytes, sha256_json
 from .yamlpos import YamlPosError, format_path, line_for, load_with_lines
 
 # Section name -> the top-level spec keys it holds. Each stage reads only its sections
@@ -48,6 +50,13 @@ class LoadedSpec:
     data: dict                      # normalised (defaults filled, cosmetic fields dropped)
     sections: dict                  # section name -> dict
     signatures: dict                # section name -> sha256 of its canonical JSON
+    source_sha: str = ""            # sha256 of the YAML bytes it was loaded from
+
+    def cache_record(self) -> dict:
+        """What the spec stage writes to build/K/spec.json (and load_spec_cached reads)."""
+        return {"file": self.file, "spec": self.data, "sections": self.sections,
+                "signatures": self.signatures, "source_sha": self.source_sha,
+                "loader": loader_version()}
 
     @property
     def name(self) -> str:
@@ -269,6 +278,34 @@ def _semantic_errors(data: dict, root: Path, stem: str):
             yield tuple(str(path).split(".")), message
 
 
+@functools.lru_cache(maxsize=None)
+def loader_version() -> str:
+    """Changes whenever the code that validates and normalises specs changes."""
+    here = Path(__file__).resolve().parent
+    files = [here / "spec.py", here / "schema.py", here / "yamlpos.py", here / "wire" / "section.py"]
+    return sha256_bytes(b"".join(f.read_bytes() for f in files if f.exists()))
+
+
+def load_spec_cached(path: Path | str, root: Path | str, cache: Path) -> LoadedSpec:
+    """Like load_spec, but reuse the normalised spec the spec stage last wrote when the
+    YAML's bytes and the loader are unchanged (parsing and schema-checking hundreds of
+    specs would dominate a no-op build). Files the spec names are still checked."""
+    root, path = Path(root), Path(path)
+    try:
+        raw = path.read_bytes()
+        cached = json.loads(Path(cache).read_text())
+    except (OSError, ValueError):
+        return load_spec(path, root)
+    if cached.get("source_sha") != sha256_bytes(raw) or cached.get("loader") != loader_version():
+        return load_spec(path, root)
+    data = cached["spec"]
+    refs = (data["validate"]["reference"], data["perf"]["baseline"])
+    if not (root / data["codegen"]["body"]).is_file() or any(_py_function_exists(root, r) for r in refs):
+        return load_spec(path, root)        # the full load reports it with file and line
+    return LoadedSpec(file=cached["file"], data=data, sections=cached["sections"],
+                      signatures=cached["signatures"], source_sha=cached["source_sha"])
+
+
 def load_spec(path: Path | str, root: Path | str) -> LoadedSpec:
     """Load and validate one spec; raise SpecError (file, line, field) on the first problem."""
     root = Path(root)
@@ -303,7 +340,8 @@ def load_spec(path: Path | str, root: Path | str) -> LoadedSpec:
         if keys[-1] in data:
             sections[name] = {k: data[k] for k in keys}
     signatures = {name: sha256_json(sec) for name, sec in sections.items()}
-    return LoadedSpec(file=rel, data=data, sections=sections, signatures=signatures)
+    return LoadedSpec(file=rel, data=data, sections=sections, signatures=signatures,
+                      source_sha=sha256_bytes(text.encode()))
 
 
 def variant_symbols(codegen: dict, variant: str) -> dict:

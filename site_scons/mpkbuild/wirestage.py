@@ -32,6 +32,21 @@ class WireGateFailed(Exception):
     """Applied edits left the checkout incoherent, or the wiring could not be made."""
 
 
+def render_manifest(k: Kernel, request: WireRequest, wiring_root: Path) -> tuple[dict, dict]:
+    """Render mode (no checkout): (manifest, fragments), computed without writing anything."""
+    fragments = wire.render(k.spec.data, wiring_root)
+    manifest = {"mode": "render", "verdict": "pass",
+                "message": f"{len(fragments)} fragments rendered; give mpk_root= for "
+                           "TaskType numbers and a diff against a checkout"}
+    return _finish(manifest, k, request, fragments), fragments
+
+
+def _finish(manifest: dict, k: Kernel, request: WireRequest, fragments: dict) -> dict:
+    manifest.update(kernel=k.name, request=request.describe(),
+                    fragments={n: sha256_bytes(t.encode()) for n, t in sorted(fragments.items())})
+    return manifest
+
+
 def run_wire(k: Kernel, all_specs: list[dict], request: WireRequest, wiring_root: Path) -> dict:
     """Run the stage for one kernel; returns the manifest written to build/<K>/wiring/wire.json."""
     frag_dir = k.wiring_dir / "fragments"
@@ -39,11 +54,8 @@ def run_wire(k: Kernel, all_specs: list[dict], request: WireRequest, wiring_root
     k.wire_result.unlink(missing_ok=True)
     try:
         if request.mpk_root is None:
-            fragments = wire.render(k.spec.data, wiring_root)
+            manifest, fragments = render_manifest(k, request, wiring_root)
             wire.write_fragments(frag_dir, fragments)
-            manifest = {"mode": "render", "verdict": "pass",
-                        "message": f"{len(fragments)} fragments rendered; give mpk_root= for "
-                                   "TaskType numbers and a diff against a checkout"}
         else:
             root = request.mpk_root
             if request.unwire:
@@ -72,7 +84,7 @@ def run_wire(k: Kernel, all_specs: list[dict], request: WireRequest, wiring_root
                                    + ("" if request.apply else " (apply=1 writes them)")}
     except wire.WireError as exc:     # drift errors carry their diff in the message
         raise WireGateFailed(f"{k.name}: {exc}") from exc
-    manifest.update(kernel=k.name, request=request.describe(),
-                    fragments={n: sha256_bytes(t.encode()) for n, t in sorted(fragments.items())})
+    if request.mpk_root is not None:
+        manifest = _finish(manifest, k, request, fragments)
     write_json_atomic(k.wire_result, manifest)
     return manifest

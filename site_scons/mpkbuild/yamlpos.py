@@ -9,6 +9,10 @@ from __future__ import annotations
 import yaml
 
 
+# libyaml's parser when available: ten times faster, same nodes and marks
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 class YamlPosError(ValueError):
     def __init__(self, line: int, path: tuple, message: str):
         super().__init__(message)
@@ -18,7 +22,7 @@ class YamlPosError(ValueError):
 def load_with_lines(text: str) -> tuple[object, dict[tuple, int]]:
     """Parse YAML text; return (data, {path tuple: 1-based line})."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark else 1

@@ -1,0 +1,335 @@
+"""Status: which nodes a build would run and why, computed without running anything.
+
+Plain `scons -n` lists only actions whose direct inputs already changed. Here every node
+of the graph model (mpkbuild.graph) is judged in order against what SCons recorded for it
+(.sconsign: the signature of each input at its last successful build). The outputs of
+cheap deterministic nodes (spec normalisation, rendering, the wire fragments) are computed
+in memory, so a node downstream of them is stale only when their bytes would really
+change; the outputs of every other node that would run (nvcc, GPU gates, review) are taken
+as changing. A gate is assumed to keep its verdict. The result is the exact set of actions
+a build would execute, each with concrete reasons.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import codegen, stages
+from .fsutil import dump_json
+from .graph import Graph, Node
+
+CHANGED = object()          # a predicted output whose new bytes cannot be known in advance
+
+
+@dataclass
+class NodeStatus:
+    label: str
+    kind: str
+    stage: str
+    kernel: str | None
+    state: str                      # fresh | stale | failed | never run | pending
+    reasons: list[str] = field(default_factory=list)
+    will_run: bool = False
+    verdict: str | None = None      # a gate's stored verdict, when it has one
+
+
+class Sconsign:
+    """Read-only view of what SCons recorded for each target (.sconsign.dblite)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._db = None
+        self._dirs: dict[str, dict] = {}
+        path = root / ".sconsign.dblite"
+        if path.exists():
+            import SCons.dblite          # the format is SCons's own; read it with SCons
+            import SCons.SConsign  # noqa: F401  (registers the pickled classes)
+            self._db = SCons.dblite.open(str(root / ".sconsign"), "r")
+
+    def entry(self, rel: str):
+        if self._db is None:
+            return None
+        d, name = os.path.split(rel)
+        d = d or "."
+        if d not in self._dirs:
+            import pickle
+            try:
+                self._dirs[d] = pickle.loads(self._db[d])
+            except KeyError:
+                self._dirs[d] = {}
+        return self._dirs[d].get(name)
+
+
+def _hash(data: bytes) -> str:
+    try:
+        import SCons.Util
+        return SCons.Util.hash_signature(data)
+    except ImportError:          # outside SCons (unit tests): SCons's default, MD5
+        import hashlib
+        return hashlib.md5(data).hexdigest()
+
+
+def _disk_csig(root: Path, rel: str, recorded) -> str | None:
+    """The file's content signature; trusts the recorded one when mtime and size match."""
+    path = root / rel
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    if recorded is not None and getattr(recorded, "timestamp", None) == int(st.st_mtime) \
+            and getattr(recorded, "size", None) == st.st_size and getattr(recorded, "csig", None):
+        return recorded.csig
+    return _hash(path.read_bytes())
+
+
+def _flatten(obj, prefix=""):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(obj, list) and obj and all(isinstance(v, dict) for v in obj):
+        for i, v in enumerate(obj):
+            yield from _flatten(v, f"{prefix}[{i}]")
+    else:
+        yield prefix, obj
+
+
+def section_changes(old_text: str | None, new: dict, limit: int = 4) -> list[str]:
+    """'spec field `validate.rel_max` changed 0.03 -> 0.02' for each changed leaf."""
+    if old_text is None:
+        return ["spec section is new"]
+    try:
+        old = dict(_flatten(json.loads(old_text)))
+    except ValueError:
+        return ["spec section file is unreadable"]
+    cur = dict(_flatten(new))
+    out = []
+    for key in sorted(set(old) | set(cur)):
+        if old.get(key, "<absent>") != cur.get(key, "<absent>"):
+            out.append(f"spec field `{key}` changed {_short(old.get(key, '<absent>'))} -> "
+                       f"{_short(cur.get(key, '<absent>'))}")
+    if len(out) > limit:
+        out = out[:limit] + [f"... and {len(out) - limit} more spec fields"]
+    return out or ["spec section rewritten (same fields)"]
+
+
+def _short(value) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _fact_kind(fact: str) -> str:
+    return fact.split(":", 1)[0]
+
+
+def _fact_change(old: str, new: str) -> str:
+    kind = _fact_kind(new)
+    strip = lambda f: f.split(":", 1)[1].strip()
+    if kind == "toolchain":
+        return f"{strip(old).split(';')[0]} -> {strip(new).split(';')[0]}" \
+            if strip(old).split(";")[0] != strip(new).split(";")[0] else \
+            f"nvcc flags {strip(old).split('flags:')[-1].strip()} -> {strip(new).split('flags:')[-1].strip()}"
+    if kind == "gpu":
+        return f"GPU {strip(old)} -> {strip(new)}"
+    if kind == "spec":
+        return "the normalised spec changed"
+    return f"{kind} {strip(old)} -> {strip(new)}"
+
+
+class Predictor:
+    """Computes the new bytes of deterministic outputs in memory (no files written)."""
+
+    def __init__(self, root: Path, kernels: dict, wire_request, wiring_root: Path):
+        self.root, self.kernels = root, kernels
+        self.wire_request, self.wiring_root = wire_request, wiring_root
+
+    def outputs(self, node: Node) -> dict[str, object]:
+        k = self.kernels.get(node.kernel)
+        if node.kind == "spec":
+            out = {node.targets[0]: dump_json(k.spec.cache_record()).encode()}
+            for name, sec in k.spec.sections.items():
+                out[os.path.relpath(k.section_file(name), self.root)] = dump_json(sec).encode()
+            return out
+        if node.kind == "generate":
+            role = dict(node.opts)["MPK_ROLE"]
+            text = codegen.render_file(role, k.spec.sections["codegen"], k.spec.file,
+                                       k.body_source, k.root)
+            return {node.targets[0]: text.encode()}
+        if node.kind == "wire" and self.wire_request.mpk_root is None:
+            from .wirestage import render_manifest
+            manifest, _ = render_manifest(k, self.wire_request, self.wiring_root)
+            return {node.targets[0]: dump_json(manifest).encode()}
+        if node.kind in ("gate", "check"):
+            # assume the gate keeps its verdict: the verdict word and the stamp stay put
+            keep = [t for t in node.targets if t.endswith((".verdict", ".ok"))]
+            return {t: CHANGED for t in node.targets if t not in keep}
+        return {t: CHANGED for t in node.targets}
+
+
+def compute(g: Graph, sconsign: Sconsign, predictor: Predictor, gpu_here: bool,
+            only: set[str] | None = None) -> list[NodeStatus]:
+    """Judge every node (or those labelled in `only`) in graph order."""
+    producers = g.producers()
+    predicted: dict[str, object] = {}        # target -> new bytes or CHANGED (nodes that run)
+    out = []
+    for node in g.nodes:
+        reasons, never = _judge(node, g.root, sconsign, producers, predicted)
+        will_run = bool(reasons)
+        if will_run:
+            try:
+                for target, data in predictor.outputs(node).items():
+                    predicted[target] = data
+            except Exception as exc:      # a render error: the build would fail right there
+                reasons.append(f"would fail: {exc}")
+                for t in node.targets:
+                    predicted[t] = CHANGED
+        if will_run and node.kind == "spec":
+            reasons = _spec_field_changes(node, g.root, predicted) or reasons
+        if only is not None and node.label not in only:
+            continue
+        verdict = _stored_verdict(g.root, node)
+        if not will_run:
+            state = "fresh"
+        elif node.kind in ("gate", "bandwidth") and not gpu_here:
+            state = "pending"
+            reasons.insert(0, "no GPU of this profile here")
+        elif verdict not in (None, "pass"):
+            state = "failed"
+        elif never:
+            state = "never run"
+        else:
+            state = "stale"
+        out.append(NodeStatus(node.label, node.kind, node.stage, node.kernel, state, reasons,
+                              will_run, verdict))
+    return out
+
+
+def _spec_field_changes(node: Node, root: Path, predicted) -> list[str]:
+    """For the spec node: which fields of which sections the edit changed."""
+    out = []
+    for target in node.targets[1:]:
+        new = predicted.get(target)
+        if isinstance(new, bytes):
+            old = _read(root / target)
+            if old is None or old.encode() != new:
+                out.extend(section_changes(old, json.loads(new)))
+    return out
+
+
+def _stored_verdict(root: Path, node: Node) -> str | None:
+    if node.kind not in ("gate", "compile", "wire"):
+        return None
+    try:
+        return json.loads((root / node.targets[0 if node.kind != "compile" else 1]).read_text()).get("verdict")
+    except (OSError, ValueError):
+        return None
+
+
+def _judge(node: Node, root: Path, sconsign: Sconsign, producers, predicted) -> tuple[list[str], bool]:
+    reasons = []
+    if node.always:
+        reasons.append(node.always)
+    entry = sconsign.entry(node.targets[0])
+    binfo = getattr(entry, "binfo", None)
+    if binfo is None or not hasattr(binfo, "bsources"):
+        return reasons + ["never run"], True
+    for t in node.targets:
+        if not (root / t).exists():
+            reasons.append(f"output {t} is missing")
+    recorded = dict(zip(binfo.bsources, binfo.bsourcesigs))
+    wanted = list(node.sources) + list(node.facts)
+    for fact in node.facts:
+        if fact not in recorded:
+            old = next((r for r in recorded if _fact_kind(r) == _fact_kind(fact) and r not in wanted), None)
+            reasons.append(_fact_change(old, fact) if old else f"new input {_fact_kind(fact)}")
+    for src in node.sources:
+        rec = recorded.get(src)
+        if rec is None:
+            reasons.append(f"new input {src}")
+            continue
+        if src in predicted:
+            new = predicted[src]
+            producer = producers[src]
+            if new is CHANGED:
+                reasons.append(f"upstream {producer.label} will run")
+                continue
+            if _hash(new) == getattr(rec, "csig", None):
+                continue
+            if producer.kind == "spec" and "/spec/" in src:
+                reasons.extend(section_changes(_read(root / src), json.loads(new)))
+            else:
+                reasons.append(f"upstream {producer.label} changes {src}")
+            continue
+        cur = _disk_csig(root, src, rec)
+        if cur != getattr(rec, "csig", None):
+            reasons.append(f"{src} {'is missing' if cur is None else 'changed'}")
+    removed = [r for r in recorded if r not in wanted and not any(
+        _fact_kind(r) == _fact_kind(f) for f in node.facts)]
+    if removed:
+        reasons.append(f"inputs removed: {', '.join(removed[:3])}")
+    return _dedupe(reasons), False
+
+
+def _dedupe(items: list[str]) -> list[str]:
+    seen, out = set(), []
+    for item in items:
+        if item not in seen:
+            seen.add(item)
+            out.append(item)
+    return out
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------- rendering
+GATE_COLUMNS = ("spec", "generate", "compile", "wire", "validate", "perf", "review")
+
+
+def table(statuses: list[NodeStatus], gpu_key: str) -> str:
+    """kernel x gate: one cell per stage (worst state of its nodes), then every reason."""
+    order = {"failed": 0, "pending": 1, "never run": 2, "stale": 3, "fresh": 4}
+    cells: dict[str, dict[str, str]] = {}
+    for st in statuses:
+        if st.kernel is None or st.kind == "check":
+            continue
+        col = st.label.split()[0] if st.kind != "compile" else f"compile {st.label.split()[-1]}"
+        row = cells.setdefault(st.kernel, {})
+        prev = row.get(col)
+        if prev is None or order[st.state] < order[prev]:
+            row[col] = st.state
+    cols = []
+    for st in statuses:
+        if st.kernel is None or st.kind == "check":
+            continue
+        col = st.label.split()[0] if st.kind != "compile" else f"compile {st.label.split()[-1]}"
+        if col not in cols:
+            cols.append(col)
+    width = max([len(k) for k in cells] + [6])
+    names = [c if c not in stages.GPU_GATES else f"{c}@gpu" for c in cols]
+    widths = [max(len(n), 9) for n in names]
+    head = f"{'kernel':<{width}}  " + "  ".join(f"{n:<{w}}" for n, w in zip(names, widths))
+    lines = [f"GPU profile: {gpu_key}", head]
+    for kname in sorted(cells):
+        lines.append(f"{kname:<{width}}  " + "  ".join(f"{cells[kname].get(c, '-'):<{w}}"
+                                                     for c, w in zip(cols, widths)))
+    shared = [st for st in statuses if st.kernel is None and st.state != "fresh"]
+    detail = [st for st in statuses if st.state != "fresh" and st.kind != "check"]
+    if detail:
+        lines.append("")
+        for st in detail:
+            lines.append(f"{st.label}: {st.state}")
+            for reason in st.reasons:
+                lines.append(f"    {reason}")
+    elif not shared:
+        lines.append("\neverything is fresh")
+    return "\n".join(lines)
+
+
+def to_json(statuses: list[NodeStatus], gpu_key: str) -> str:
+    return json.dumps({"gpu_profile": gpu_key, "nodes": [asdict(s) for s in statuses]}, indent=2)

@@ -1,0 +1,169 @@
+"""Status and the exact dry run: for every edit in a corpus, the actions `scons -n` lists,
+the nodes status calls stale and the actions the real build executes are the same set."""
+import json
+import os
+import stat
+import time
+
+import pytest
+
+pytestmark = pytest.mark.nvcc
+
+K = "rmsnorm_v2"
+SPEC = f"specs/{K}.yaml"
+GPU = "fake-gpu-sm90"
+
+
+def status_json(p, *args, **kw):
+    run = p.scons("status", "--json", *args, **kw)
+    return json.loads(run.stdout)
+
+
+def stale_set(p, *args, **kw):
+    return {n["label"] for n in status_json(p, *args, **kw)["nodes"] if n["will_run"]}
+
+
+def dry_run_set(p, *args, **kw):
+    return set(p.scons("-n", *args, **kw).stdout.split("\n")) - {""}
+
+
+def edit_spec(old, new):
+    return lambda p: p.edit(SPEC, old, new)
+
+
+def touch_all(p):
+    future = time.time() + 100
+    for rel in (SPEC, f"kernels/{K}/{K}.cuh.j2", f"kernels/{K}/reference.py"):
+        os.utime(p.root / rel, (future, future))
+
+
+def fake_nvcc(p):
+    """A newer nvcc on PATH: same compiler, another version string."""
+    tool = p.root / "fake-bin" / "nvcc"
+    tool.parent.mkdir()
+    real = os.popen("command -v nvcc").read().strip()
+    tool.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then "{real}" --version | sed s/V13/V99/; '
+                    f'else exec "{real}" "$@"; fi\n')
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    return {"PATH": f"{tool.parent}:{os.environ['PATH']}"}
+
+
+CORPUS = {
+    "codegen param": edit_spec("eps: 1.0e-6", "eps: 1.0e-5"),
+    "codegen variant": edit_spec("decode_r8_h4096:    {rows: 8,", "decode_r8_h4096:    {rows: 4,"),
+    "generators": edit_spec("weight: {dist: uniform, low: 0.5", "weight: {dist: uniform, low: 0.25"),
+    "validate": edit_spec("rel_max: 3.0e-2", "rel_max: 2.0e-2"),
+    "perf": edit_spec("repeats: 7", "repeats: 9"),
+    "wiring": edit_spec("test_variant: decode_r8_h4096", "test_variant: decode_r16_h4096"),
+    "comment only": edit_spec("# one fp32 partial per warp", "# reworded"),
+    "body": lambda p: p.edit(f"kernels/{K}/{K}.cuh.j2", "// One task = one row.", "// One task, one row."),
+    "body comment at end": lambda p: p.path(f"kernels/{K}/{K}.cuh.j2").write_text(
+        p.path(f"kernels/{K}/{K}.cuh.j2").read_text() + "// trailing note\n"),
+    "reference": lambda p: p.edit(f"kernels/{K}/reference.py", '"""Called with float64', '"""Called (edited) with float64'),
+    "wiring template": lambda p: p.edit("wiring/templates/layer.py.j2", "{{", "{{ "),
+    "harness template": lambda p: p.edit("site_scons/mpkbuild/templates/harness.cu.j2", "// harness.cu:", "// harness.cu (edited):"),
+    "touch": touch_all,
+}
+
+
+@pytest.mark.parametrize("case", list(CORPUS) + ["toolchain"])
+def test_dry_run_status_and_build_agree(built, case):
+    env = {}
+    if case == "toolchain":
+        env = fake_nvcc(built)
+    else:
+        CORPUS[case](built)
+    predicted = dry_run_set(built, "stage=review", env=env)
+    assert predicted == stale_set(built, "stage=review", env=env)
+    executed = set(built.scons("stage=review", env=env).actions)
+    assert predicted == executed, f"dry run {sorted(predicted)} != executed {sorted(executed)}"
+    assert stale_set(built, "stage=review", env=env) == set()
+    if case in ("comment only", "touch"):
+        assert executed == set()
+    if case == "toolchain":
+        assert f"compile {K} sm_90a" in executed and f"validate {K} {GPU}" in executed
+
+
+def test_reasons_are_concrete(built):
+    built.edit(SPEC, "rel_max: 3.0e-2", "rel_max: 2.0e-2")
+    built.edit(f"kernels/{K}/{K}.cuh.j2", "// One task = one row.", "// One task, one row.")
+    nodes = {n["label"]: n for n in status_json(built)["nodes"]}
+    assert "spec field `validate.rel_max` changed 0.03 -> 0.02" in nodes[f"validate {K} {GPU}"]["reasons"]
+    assert f"kernels/{K}/{K}.cuh.j2 changed" in nodes[f"generate {K} {K}.cuh"]["reasons"]
+    assert f"upstream compile {K} sm_90a will run" in nodes[f"validate {K} {GPU}"]["reasons"]
+    assert nodes[f"validate {K} {GPU}"]["state"] == "stale"
+    text = built.scons("status").stdout
+    assert "validate@gpu" in text and "spec field `validate.rel_max` changed 0.03 -> 0.02" in text
+
+
+def test_toolchain_change_is_named(built):
+    env = fake_nvcc(built)
+    nodes = {n["label"]: n for n in status_json(built, env=env)["nodes"]}
+    reason = nodes[f"compile {K} sm_90a"]["reasons"][0]
+    assert reason.startswith("nvcc 13.") and "-> nvcc 99." in reason
+
+
+def test_other_gpu_profile_gates_never_run_and_stale_only_there(built):
+    nodes = {n["label"]: n for n in status_json(built, env={"FAKE_GPU_NAME": "Fake GPU Two"})["nodes"]}
+    other = "fake-gpu-two-sm90"
+    assert nodes[f"validate {K} {other}"]["state"] == "never run"
+    assert nodes[f"compile {K} sm_90a"]["state"] == "fresh"
+
+
+def test_status_without_gpu_says_pending_and_exits_zero(built):
+    run = built.scons("status", "kernel=rmsnorm_v2", fake_gpu=False)
+    assert run.returncode == 0
+    assert "pending" in run.stdout and "no GPU of this profile here" in run.stdout
+    assert GPU in run.stdout   # points at the profile that has results
+
+
+def test_status_filters_by_stage(built):
+    built.edit(SPEC, "rel_max: 3.0e-2", "rel_max: 2.0e-2")
+    labels = {n["label"] for n in status_json(built, "stage=compile")["nodes"]}
+    assert f"validate {K} {GPU}" not in labels and f"compile {K} sm_90a" in labels
+
+
+def test_check_passes_when_fresh_and_fails_listing_stale_gates(built):
+    (built.root / "gpu_profiles").mkdir()
+    profile = json.loads((built.root / "build" / "gpu" / GPU / "bandwidth.json").read_text())["gpu"]
+    (built.root / "gpu_profiles" / f"{GPU}.json").write_text(json.dumps(profile))
+    ok = built.scons("check", f"gpu={GPU}", fake_gpu=False)
+    assert "is fresh" in ok.stdout
+    built.edit(SPEC, "rel_max: 3.0e-2", "rel_max: 2.0e-2")
+    bad = built.scons("check", f"gpu={GPU}", fake_gpu=False, check=False)
+    assert bad.returncode == 1
+    assert f"validate {K} {GPU}: pending" in bad.stderr and "validate.rel_max" in bad.stderr
+
+
+def test_check_refuses_unknown_profile(built):
+    run = built.scons("check", "gpu=nvidia-b200-sm100", fake_gpu=False, check=False)
+    assert run.returncode != 0 and "no such GPU profile" in run.stderr
+
+
+def test_why_lists_what_a_field_or_file_would_touch(built):
+    run = built.scons("why=validate.rel_max")
+    assert run.stdout.splitlines()[1:] == [f"  validate {K} {GPU}", f"  review {K}", "  review summary"]
+    run = built.scons(f"why=kernels/{K}/{K}.cuh.j2")
+    assert f"  compile {K} sm_100a" in run.stdout and f"  perf {K} {GPU}" in run.stdout
+    assert f"  spec {K}" not in run.stdout
+    bad = built.scons("why=not a thing!", check=False)
+    assert bad.returncode != 0 and "not a file in the graph nor a spec field" in bad.stderr
+    bad = built.scons("why=nosection.x", check=False)
+    assert bad.returncode != 0 and "is not a spec section" in bad.stderr
+
+
+def test_dag_writes_dot_and_mermaid_coloured_by_status(built):
+    built.edit(SPEC, "rel_max: 3.0e-2", "rel_max: 2.0e-2")
+    run = built.scons("dag", f"kernel={K}", "stage=validate")
+    dot = (built.root / "build" / "dag" / f"{K}-validate.dot").read_text()
+    mmd = (built.root / "build" / "dag" / f"{K}-validate.mmd").read_text()
+    assert f'"compile {K} sm_90a" -> "validate {K} {GPU}"' in dot
+    assert "perf" not in dot                                   # not needed for validate
+    assert "stale" in dot and "#ffd28a" in dot and "(pass)" in dot
+    assert mmd.startswith("flowchart LR") and "classDef stale" in mmd
+    assert "wrote build/dag/" in run.stdout
+
+
+def test_unknown_names_are_refused_before_anything(built):
+    run = built.scons("status", "kernel=nope", check=False)
+    assert run.returncode != 0 and "unknown kernel nope" in run.stderr
