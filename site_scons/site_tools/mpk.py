@@ -285,6 +285,7 @@ def _help_text(root: Path) -> str:
              "       scons check gpu=PROFILE      exit 1 if any gate for that GPU is stale/failed/missing",
              "       scons dag [kernel=..] [stage=..]   build/dag/<name>.dot/.mmd/.svg",
              "       scons why=FILE|[KERNEL:]SECTION.FIELD   what a change there would make stale",
+             "       scons new=NAME family=A|B|C|D|E   scaffold a kernel (spec, body, reference)",
              "       options: cache=DIR (or MPK_CACHE) shares results; gpu=PROFILE judges/uses that GPU's results",
              "", "stages (stage= builds the stage and everything it needs; default: review "
              "with a GPU, compile without):"]
@@ -428,6 +429,15 @@ def declare(env) -> list:
         _STATE["executor"] = executor_mod.load(ARGUMENTS.get("executor"))
     except (ValueError, ImportError, AttributeError) as exc:
         _fail_early(f"executor: {exc}")
+    if "new" in ARGUMENTS:
+        from mpkbuild import scaffold
+        try:
+            made = scaffold.create(root, ARGUMENTS["new"], ARGUMENTS.get("family", ""))
+        except scaffold.ScaffoldError as exc:
+            _fail_early(str(exc))
+        print("created " + ", ".join(os.path.relpath(p, root) for p in made))
+        print(f"next: scons kernel={ARGUMENTS['new']} stage=compile   (see docs/adding-a-kernel.md)")
+        SCons.Script.Exit(0)
     _resolve_gpu(root)
     command = next((c for c in COMMANDS if c in SCons.Script.COMMAND_LINE_TARGETS), None)
     if command is None and "why" in ARGUMENTS:
