@@ -1,0 +1,154 @@
+"""The kernel catalog on a CPU machine: every spec loads, every kernel (and every family's
+scaffold) generates and compiles for both archs through real scons with a clean resource
+gate, and the torch references say what the specs promise (ties, out-of-range ids).
+
+The compile check is ONE `scons -j2 stage=compile` over every kernel in a module-scoped
+copy (CI has 2 cores), with the five scaffold starters added to the same build."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import REPO, copy_project
+from mpkbuild import scaffold
+from mpkbuild.kernel import discover
+from mpkbuild.spec import load_spec
+
+CATALOG = ("silu_mul_v2", "embedding_v2", "argmax_v2", "linear_v2")
+STARTERS = {f"starter_{f.lower()}": f for f in "ABCDE"}
+ARCHS = ("sm_90a", "sm_100a")
+
+
+def _module(kernel: str):
+    path = REPO / "kernels" / kernel / "reference.py"
+    spec = importlib.util.spec_from_file_location(f"catalog_ref_{kernel}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ---------------------------------------------------------------- specs
+def test_catalog_is_discovered():
+    assert set(CATALOG) <= set(discover(REPO))
+
+
+@pytest.mark.parametrize("kernel", discover(REPO))
+def test_every_spec_loads(kernel):
+    spec = load_spec(REPO / "specs" / f"{kernel}.yaml", REPO)
+    assert spec.name == kernel
+    assert set(spec.data["archs"]) == set(ARCHS)
+    names = spec.data["codegen"]["variants"]
+    assert any(n.startswith("large_") for n in names) and any(n.startswith("decode_") for n in names)
+    assert spec.data["perf"]["thresholds"], "a catalog kernel states its perf targets"
+
+
+def test_argmax_compares_exactly():
+    spec = load_spec(REPO / "specs" / "argmax_v2.yaml", REPO)
+    assert spec.data["validate"]["compare"] == "exact"
+    assert [r["name"] for r in spec.data["codegen"]["smem"]["regions"]] == ["ring", "warp_best"]
+
+
+def test_embedding_generator_draws_out_of_range_ids_on_both_sides():
+    data = load_spec(REPO / "specs" / "embedding_v2.yaml", REPO).data
+    gen, vocab = data["generators"]["ids"], data["codegen"]["params"]["vocab"]
+    assert gen["dist"] == "randint" and gen["low"] < 0 and gen["high"] > vocab
+    # enough of them that a 16-row variant meets one in practice (P(miss) < 3% per trial)
+    out_frac = (-gen["low"] + gen["high"] - vocab) / (gen["high"] - gen["low"])
+    assert (1 - out_frac) ** 16 < 0.03
+
+
+# ---------------------------------------------------------------- one real build
+@pytest.fixture(scope="module")
+def catalog_build(tmp_path_factory):
+    proj = copy_project(tmp_path_factory.mktemp("catalog") / "proj", kernels=None)
+    for name, family in STARTERS.items():
+        scaffold.create(proj.root, name, family)
+    run = proj.scons("-j2", "stage=compile", check=False, timeout=1800)
+    return proj, run
+
+
+@pytest.mark.nvcc
+def test_one_build_compiles_everything(catalog_build):
+    proj, run = catalog_build
+    assert run.returncode == 0, f"stdout:\n{run.stdout}\nstderr:\n{run.stderr}"
+    for kernel in (*discover(REPO), *STARTERS):
+        for arch in ARCHS:
+            assert f"compile {kernel} {arch}" in run.actions, (kernel, arch)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("kernel", CATALOG + tuple(STARTERS))
+@pytest.mark.parametrize("arch", ARCHS)
+def test_resources_pass_without_spills(catalog_build, kernel, arch):
+    proj, _ = catalog_build
+    res_file = proj.root / "build" / kernel / arch / "resources.json"
+    assert res_file.is_file(), f"{kernel} {arch} did not compile (see {res_file.parent}/compile.log)"
+    res = json.loads(res_file.read_text())
+    variants = load_spec(proj.root / "specs" / f"{kernel}.yaml", proj.root).data["codegen"]["variants"]
+    assert res["verdict"] == "pass" and res["arch"] == arch, res["problems"]
+    assert set(res["variants"]) == set(variants)
+    for name, v in res["variants"].items():
+        assert v["spill_stores"] == v["spill_loads"] == 0, (name, v)
+        assert 0 < v["registers"] <= 255 and v["stack"] == 0, (name, v)
+        assert v["smem_total"] <= 224256
+    assert (proj.root / "build" / kernel / arch / f"lib{kernel}.so").stat().st_size > 0
+
+
+@pytest.mark.nvcc
+def test_scaffolded_kernels_are_ordinary_kernels(catalog_build):
+    proj, _ = catalog_build
+    for name in STARTERS:
+        header = (proj.root / "build" / name / "gen" / f"{name}_spec.h").read_text()
+        assert "constexpr float SCALE = 0.5f;" in header
+    assert "SMEM_STAGE_OFFSET" in (proj.root / "build" / "starter_a" / "gen" / "starter_a_spec.h").read_text()
+    assert "SMEM_TILE_OFFSET" in (proj.root / "build" / "starter_b" / "gen" / "starter_b_spec.h").read_text()
+
+
+# ---------------------------------------------------------------- references (CPU)
+def test_silu_mul_reference_matches_torch():
+    mod = _module("silu_mul_v2")
+    x = torch.randn(4, 2, 256, dtype=torch.bfloat16)
+    ref = mod.silu_mul_reference(x.double())
+    base = mod.torch_silu_mul(x)
+    assert ref.shape == (4, 256) and base.shape == (4, 256)
+    assert torch.allclose(base.double(), ref, rtol=2e-2, atol=2e-2)
+    flat = x.reshape(4, 512)   # the [rows, 2*inter] tensor it really is
+    assert torch.allclose(ref, (F.silu(flat[:, :256].double()) * flat[:, 256:].double()))
+
+
+def test_embedding_reference_writes_zero_rows_for_out_of_range_ids():
+    mod = _module("embedding_v2")
+    table = torch.randn(100, 64, dtype=torch.bfloat16)
+    ids = torch.tensor([0, 99, -1, 100, 5, -2147483648, 2147483647, 42], dtype=torch.int32)
+    ref = mod.embedding_reference(ids.double(), table.double())
+    valid = (ids >= 0) & (ids < 100)
+    assert torch.equal(ref[valid], table.double()[ids[valid].long()])
+    assert bool((ref[~valid] == 0).all()) and int((~valid).sum()) == 4
+    base = mod.torch_embedding(ids, table)   # clamps, so it survives the bad ids
+    assert torch.equal(base[valid], table[ids[valid].long()])
+
+
+def test_argmax_reference_ties_go_to_the_lowest_index_and_nan_is_max():
+    mod = _module("argmax_v2")
+    x = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0],
+                      [-0.0, 0.0, -1.0, -2.0, -3.0],
+                      [1.0, float("nan"), 5.0, float("nan"), 0.0],
+                      [float("-inf")] * 5], dtype=torch.bfloat16)
+    want = torch.tensor([1, 0, 1, 0])
+    assert torch.equal(mod.argmax_reference(x.double()), want)
+    assert torch.equal(mod.torch_argmax(x), want)
+    # random bf16 rows tie often; upcasting to float64 keeps every tie
+    r = torch.randn(64, 32000).to(torch.bfloat16)
+    assert torch.equal(mod.argmax_reference(r.double()), torch.argmax(r.float(), dim=-1))
+
+
+def test_linear_reference_matches_torch():
+    mod = _module("linear_v2")
+    x = torch.randn(3, 512, dtype=torch.bfloat16)
+    w = (torch.randn(64, 512) * 0.02).to(torch.bfloat16)
+    ref = mod.linear_reference(x.double(), w.double())
+    assert ref.shape == (3, 64)
+    assert torch.allclose(mod.torch_linear(x.float(), w.float()).double(), ref, rtol=1e-4, atol=1e-5)
