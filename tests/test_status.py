@@ -167,3 +167,33 @@ def test_dag_writes_dot_and_mermaid_coloured_by_status(built):
 def test_unknown_names_are_refused_before_anything(built):
     run = built.scons("status", "kernel=nope", check=False)
     assert run.returncode != 0 and "unknown kernel nope" in run.stderr
+
+
+def test_shared_cache_second_clone_rebuilds_nothing_and_checks_without_gpu(tmp_path):
+    from conftest import copy_project
+    cache = tmp_path / "cache"
+    first = copy_project(tmp_path / "one")
+    first.scons("stage=review", f"cache={cache}")
+    # the first clone's GPU profile travels with the project (as a committed file would)
+    profile = json.loads((first.root / "build" / "gpu" / GPU / "bandwidth.json").read_text())["gpu"]
+    second = copy_project(tmp_path / "two")
+    (second.root / "gpu_profiles").mkdir()
+    (second.root / "gpu_profiles" / f"{GPU}.json").write_text(json.dumps(profile))
+    # no GPU at all here: every result must come from the cache or the build fails
+    run = second.scons("stage=review", f"cache={cache}", f"gpu={GPU}", fake_gpu=False)
+    assert run.actions == [], run.stdout
+    assert "Retrieved" in run.stdout
+    assert not second.runs_file.exists()
+    second.scons("check", f"gpu={GPU}", fake_gpu=False)
+    # another GPU never takes those results: its gates run
+    third = copy_project(tmp_path / "three")
+    run = third.scons("stage=review", f"cache={cache}", env={"FAKE_GPU_NAME": "Fake GPU Two"})
+    assert f"validate {K} fake-gpu-two-sm90" in run.actions
+
+
+def test_unusable_cache_folder_is_one_clear_error(project, tmp_path):
+    blocker = tmp_path / "file-not-dir"
+    blocker.write_text("x")
+    run = project.scons("stage=spec", f"cache={blocker}/sub", check=False)
+    assert run.returncode != 0 and f"cache={blocker}/sub" in run.stderr
+    assert not (project.root / "build" / K).exists()

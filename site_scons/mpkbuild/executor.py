@@ -70,7 +70,7 @@ class LocalExecutor:
     def absence(self) -> str:
         return gpu_mod.describe_absence()
 
-    def run(self, job: GateJob) -> dict:
+    def run(self, job: GateJob, should_stop=lambda: False) -> dict:
         job.workdir.mkdir(parents=True, exist_ok=True)
         job.result_file.unlink(missing_ok=True)
         write_json_atomic(job.job_file, {**job.payload, "gate": job.gate, "kernel": job.kernel,
@@ -85,7 +85,7 @@ class LocalExecutor:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
             try:
-                code = proc.wait(timeout=job.timeout_s)
+                code = _wait(proc, started + job.timeout_s, should_stop)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
                 return {"verdict": "hang", "message":
@@ -106,6 +106,21 @@ class LocalExecutor:
         return {"verdict": "crash", "elapsed_s": elapsed,
                 "message": (cuda or f"runner exited with status {code} without a result")
                 + f"\nlast output:\n{tail}"}
+
+
+class GateInterrupted(Exception):
+    """The build was interrupted (SIGINT/SIGTERM) while a gate ran: it was killed, nothing recorded."""
+
+
+def _wait(proc: subprocess.Popen, deadline: float, should_stop) -> int:
+    while True:
+        try:
+            return proc.wait(timeout=max(0.0, min(0.25, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                raise
+            if should_stop():
+                raise GateInterrupted("the build was interrupted; the gate was stopped") from None
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -83,6 +83,25 @@ def _lock_for(source, root: Path, fingerprint) -> dict:
     return gates.input_lock(root, items)
 
 
+def _interrupted() -> bool:
+    """Whether SCons caught SIGINT/SIGTERM: SCons lets running actions finish, but a GPU gate
+    can run for minutes, so the executor polls this and stops the gate's process group.
+    SCons keeps the flag on the Jobs object bound as a default of its signal handler."""
+    import signal
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        return bool(handler.__defaults__[0].job.interrupted())
+    except (AttributeError, IndexError, TypeError):
+        return False
+
+
+def _run_gate(job):
+    try:
+        return _STATE["executor"].run(job, should_stop=_interrupted)
+    except executor_mod.GateInterrupted as exc:
+        raise gates.GateCannotRun(f"{job.gate} {job.kernel}: {exc}; nothing was recorded") from None
+
+
 def _ready_gpu(kernel_name: str, stage: str):
     ex = _STATE["executor"]
     if _STATE["fingerprint"] is not None and not _STATE["gpu_here"]:
@@ -103,7 +122,10 @@ def _bandwidth_action(target, source, env):
         return _fail(str(exc))
     job = executor_mod.GateJob("bandwidth", "-", {"root": str(root)},
                                Path(target[0].abspath).parent, timeout_s=300)
-    result = _STATE["executor"].run(job)
+    try:
+        result = _run_gate(job)
+    except gates.GateCannotRun as exc:
+        return _fail(str(exc))
     full = gates.record(result, gate="bandwidth", kernel="-", fingerprint=fp,
                         lock=_lock_for(source, root, fp), result_path=Path(target[0].abspath),
                         verdict_path=None)
@@ -136,7 +158,10 @@ def _gate_action(target, source, env):
             return 0
     timeout = payload[gate][gate]["timeout_s"]
     job = executor_mod.GateJob(gate, k.name, payload, Path(target[0].abspath).parent, timeout)
-    result = _STATE["executor"].run(job)
+    try:
+        result = _run_gate(job)
+    except gates.GateCannotRun as exc:
+        return _fail(str(exc))
     full = gates.record(result, gate=gate, kernel=k.name, fingerprint=fp,
                         lock=_lock_for(source, k.root, fp), result_path=Path(target[0].abspath),
                         verdict_path=Path(target[1].abspath))
@@ -461,9 +486,9 @@ def declare(env) -> list:
         command = "dry-run"                # plain `scons -n` under-reports; ours is exact
     if command is not None:
         SCons.Script.Exit(_report(command, env, g, root, names, stage, with_summary))
+    _use_cache(env, root)
     if not GetOption("clean"):
         _take_build_lock(root)
-    _use_cache(env, root)
     _declare(env, g)
     closure = stages.closure(stage)
     targets = g.request(names, stage, with_summary)

@@ -1,11 +1,13 @@
 """A stand-in GPU executor for tests only (selected with executor=fake_gpu:FakeGpuExecutor).
 
 It never touches a GPU: it reports a fixed fingerprint and answers each gate with a result
-whose verdict the test chooses through FAKE_GPU_VERDICT (default pass). Each run appends
-one line to $FAKE_GPU_RUNS so tests can see which gates were really executed.
+whose verdict the test chooses through FAKE_GPU_VERDICT (default pass), after sleeping
+FAKE_GPU_SLEEP seconds. Each run appends one line to $FAKE_GPU_RUNS (when it starts) so
+tests can see which gates were really executed.
 """
 import json
 import os
+import time
 
 from mpkbuild.gpu import GpuFingerprint
 
@@ -20,13 +22,19 @@ class FakeGpuExecutor:
     def absence(self):
         return "fake executor always has a GPU"
 
-    def run(self, job):
+    def run(self, job, should_stop=lambda: False):
         runs = os.environ.get("FAKE_GPU_RUNS")
         if runs:
             with open(runs, "a") as fh:
                 fh.write(f"{job.gate} {job.kernel}\n")
         job.workdir.mkdir(parents=True, exist_ok=True)
         job.log_file.write_text(f"fake {job.gate} run\n")
+        deadline = time.monotonic() + float(os.environ.get("FAKE_GPU_SLEEP", "0"))
+        while time.monotonic() < deadline:       # a slow gate, to interrupt
+            if should_stop():
+                from mpkbuild.executor import GateInterrupted
+                raise GateInterrupted("the build was interrupted; the stand-in gate stopped")
+            time.sleep(0.1)
         if job.gate == "bandwidth":
             return {"verdict": "pass", "copy_bandwidth_Bps": 4.0e12, "message": "fake copy 4.00 TB/s"}
         wanted = json.loads(os.environ.get("FAKE_GPU_VERDICT", "{}")).get(job.gate, "pass")
