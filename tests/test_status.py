@@ -197,3 +197,17 @@ def test_unusable_cache_folder_is_one_clear_error(project, tmp_path):
     run = project.scons("stage=spec", f"cache={blocker}/sub", check=False)
     assert run.returncode != 0 and f"cache={blocker}/sub" in run.stderr
     assert not (project.root / "build" / K).exists()
+
+
+def test_tampered_result_is_named_not_trusted_and_redone(built):
+    result = built.root / "build" / K / "gpu" / GPU / "validate.json"
+    data = json.loads(result.read_text())
+    data["message"] = "all variants pass (edited by hand)"
+    result.write_text(json.dumps(data))
+    check = built.scons("check", f"gpu={GPU}", check=False)
+    assert check.returncode == 1 and "modified after its gate wrote it" in check.stderr
+    assert json.loads(result.read_text())["message"].endswith("(edited by hand)")   # changed nothing
+    run = built.scons("stage=validate")
+    assert f"validate {K} {GPU}" in run.actions
+    assert "modified after its gate wrote it" in run.stdout
+    assert stale_set(built, "stage=validate") == set()

@@ -87,8 +87,10 @@ def spec_fact(k: Kernel) -> str:
     return f"spec: {sha256_json(k.spec.data)}"
 
 
-def add_kernel(g: Graph, k: Kernel, fingerprint, wire_request, previous_verdict) -> None:
-    """Append one kernel's nodes. previous_verdict(path) -> verdict of a stored result or None."""
+def add_kernel(g: Graph, k: Kernel, fingerprint, wire_request, previous_verdict,
+               tampered=lambda rel: False) -> None:
+    """Append one kernel's nodes. previous_verdict(path) -> verdict of a stored result or
+    None; tampered(rel) -> whether a result no longer has the bytes its gate wrote."""
     r = lambda p: rel(g.root, p)
     name, key = k.name, g.gpu_key
     pkg = lambda *parts: r(PKG.joinpath(*parts))
@@ -150,12 +152,17 @@ def add_kernel(g: Graph, k: Kernel, fingerprint, wire_request, previous_verdict)
         if gate == "perf":
             sources += [r(bandwidth_file(g.root, key)), r(k.gpu_dir(key) / "validate.verdict")]
         verdict = previous_verdict(result)
+        always = None
+        if verdict not in (None, "pass"):
+            always = f"its last verdict was {verdict}: failures are never cached"
+        elif verdict is not None and tampered(r(result)):
+            always = (f"{r(result)} was modified after its gate wrote it (signature mismatch): "
+                      "it is not trusted, the gate runs again")
         node = g.add(Node(f"{gate} {name} {key}", "gate", gate, name,
                           (r(result), r(result.with_suffix(".verdict")), r(k.gate_log(gate, key))),
                           tuple(sources), (gpu, toolchain), opts=(("MPK_GATE", gate),),
                           side_effects=(r(g.root / config.BUILD_DIRNAME / "gpu" / key / ".gpu-in-use"),),
-                          always=f"its last verdict was {verdict}: failures are never cached"
-                          if verdict not in (None, "pass") else None))
+                          always=always))
         check = g.add(Node(f"check {gate} {name}", "check", gate, name,
                            (r(k.gate_stamp(gate, key)),), (node.targets[0],),
                            opts=(("MPK_GATE", gate),), silent=True))
@@ -187,7 +194,8 @@ def add_summary(g: Graph, kernels: list[Kernel]) -> None:
     g.summary_targets = list(node.targets)
 
 
-def build(root: Path, kernels: list[Kernel], fingerprint, wire_request, with_summary: bool) -> Graph:
+def build(root: Path, kernels: list[Kernel], fingerprint, wire_request, with_summary: bool,
+          tampered=lambda rel: False) -> Graph:
     """The whole graph for these kernels on this GPU (fingerprint None: no GPU)."""
     g = Graph(root=root, gpu_key=fingerprint.key if fingerprint else "no-gpu")
     add_shared(g, fingerprint)
@@ -197,7 +205,7 @@ def build(root: Path, kernels: list[Kernel], fingerprint, wire_request, with_sum
         return res.get("verdict") if res else None
 
     for k in kernels:
-        add_kernel(g, k, fingerprint, wire_request, previous_verdict)
+        add_kernel(g, k, fingerprint, wire_request, previous_verdict, tampered)
     if with_summary:
         add_summary(g, kernels)
     return g

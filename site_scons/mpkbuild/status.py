@@ -62,6 +62,14 @@ class Sconsign:
         return self._dirs[d].get(name)
 
 
+def tampered(root: Path, sconsign: Sconsign, rel: str) -> bool:
+    """A target whose bytes differ from those SCons recorded when its action wrote them."""
+    entry = sconsign.entry(rel)
+    recorded = getattr(getattr(entry, "ninfo", None), "csig", None)
+    path = root / rel
+    return bool(recorded) and path.exists() and _hash(path.read_bytes()) != recorded
+
+
 def _hash(data: bytes) -> str:
     try:
         import SCons.Util

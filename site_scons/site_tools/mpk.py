@@ -398,10 +398,9 @@ def _take_build_lock(root: Path) -> None:
     _STATE["lock"] = fh
 
 
-def _report(command: str, env, g: graph_mod.Graph, root: Path, names: list[str], stage: str,
+def _report(command: str, g: graph_mod.Graph, sconsign, root: Path, names: list[str], stage: str,
             with_summary: bool) -> int:
     """status / check / dag / why= / the exact dry run: computed, printed, no build."""
-    sconsign = status_mod.Sconsign(root)
     predictor = status_mod.Predictor(root, _KERNELS, _STATE["wire_request"], root / "wiring")
     targets = g.request(names, stage, with_summary)
     if command == "why":
@@ -481,11 +480,16 @@ def declare(env) -> list:
     fp = _STATE["fingerprint"]
     with_summary = stage == "review" and ARGUMENTS.get("kernel", "all") == "all"
     kernels = [_KERNELS[n] for n in names]
-    g = graph_mod.build(root, kernels, fp, _STATE["wire_request"], with_summary)
+    sconsign = status_mod.Sconsign(root)
+    g = graph_mod.build(root, kernels, fp, _STATE["wire_request"], with_summary,
+                        tampered=lambda rel: status_mod.tampered(root, sconsign, rel))
+    for node in g.nodes:
+        if node.always and "modified after its gate wrote it" in node.always:
+            print(f"mpk: {node.always}")
     if command is None and GetOption("no_exec") and not GetOption("clean"):
         command = "dry-run"                # plain `scons -n` under-reports; ours is exact
     if command is not None:
-        SCons.Script.Exit(_report(command, env, g, root, names, stage, with_summary))
+        SCons.Script.Exit(_report(command, g, sconsign, root, names, stage, with_summary))
     _use_cache(env, root)
     if not GetOption("clean"):
         _take_build_lock(root)
