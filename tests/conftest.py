@@ -116,6 +116,12 @@ def copy_project(dest: Path, kernels: tuple[str, ...] | None = ("rmsnorm_v2",)) 
 
 
 @pytest.fixture
+def root(tmp_path) -> Path:
+    """A bare copy of specs/ and kernels/ (rmsnorm_v2 only) for library-level tests."""
+    return copy_project(tmp_path / "specs-only", kernels=("rmsnorm_v2",)).root
+
+
+@pytest.fixture
 def project(tmp_path) -> Project:
     """A copy holding rmsnorm_v2 only: the contract tests count its actions exactly."""
     return copy_project(tmp_path / "proj")

@@ -1,5 +1,4 @@
 """Code generation: the spec header, both body kinds, the harness, template errors."""
-import shutil
 from pathlib import Path
 
 import pytest
@@ -7,15 +6,7 @@ import pytest
 from mpkbuild import codegen
 from mpkbuild.kernel import Kernel
 
-REPO = Path(__file__).resolve().parent.parent
 K = "rmsnorm_v2"
-
-
-@pytest.fixture
-def root(tmp_path):
-    for d in ("specs", "kernels"):
-        shutil.copytree(REPO / d, tmp_path / d)
-    return tmp_path
 
 
 def render(kernel, role):

@@ -1,6 +1,5 @@
 """Spec loading: normalisation, section signatures, and one precise error per bad spec."""
 import json
-import shutil
 from pathlib import Path
 
 import jsonschema
@@ -11,13 +10,6 @@ from mpkbuild.spec import SpecError, load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 K = "rmsnorm_v2"
-
-
-@pytest.fixture
-def root(tmp_path):
-    for d in ("specs", "kernels"):
-        shutil.copytree(REPO / d, tmp_path / d)
-    return tmp_path
 
 
 def spec_path(root):
