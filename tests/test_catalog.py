@@ -6,7 +6,6 @@ The compile check is ONE `scons -j2 stage=compile` over every kernel in a module
 copy (CI has 2 cores), with the five scaffold starters added to the same build."""
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch

@@ -1,5 +1,4 @@
 """Code generation: the spec header, both body kinds, the harness, template errors."""
-from pathlib import Path
 
 import pytest
 

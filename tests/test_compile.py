@@ -1,6 +1,5 @@
 """The compile stage: ptxas parsing and the resource gate, plus real nvcc for both archs."""
 import json
-from pathlib import Path
 
 import pytest
 

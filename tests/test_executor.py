@@ -1,7 +1,5 @@
 """The local executor's watchdog and crash handling, with tiny stand-in runner modules."""
-import sys
 import time
-from pathlib import Path
 
 import pytest
 

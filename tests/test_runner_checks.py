@@ -1,7 +1,6 @@
 """The validate runner's checks, on CPU tensors: poison, NaN, tolerances, exact mode."""
 import math
 
-import pytest
 import torch
 
 from mpkbuild.runners.common import bits_equal, poison_, unwritten_mask

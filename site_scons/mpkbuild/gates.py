@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from . import config
-from .fsutil import sha256_file, write_atomic, write_json_atomic  # noqa: F401 (sha256_file re-used by the tool)
+from .fsutil import sha256_file, write_atomic, write_json_atomic
 from .gpu import NO_GPU_HELP, GpuFingerprint
 
 RUNNER_DIR = config.PACKAGE_DIR / "runners"

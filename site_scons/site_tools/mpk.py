@@ -24,7 +24,8 @@ from mpkbuild import status as status_mod
 from mpkbuild import compile as nvcc
 from mpkbuild import executor as executor_mod
 from mpkbuild import spec as spec_mod
-from mpkbuild.kernel import Kernel, bandwidth_file, discover, summary_file
+from mpkbuild.fsutil import sha256_file, write_json_atomic
+from mpkbuild.kernel import Kernel, bandwidth_file, discover
 
 PKG = config.PACKAGE_DIR
 _KERNELS: dict[str, Kernel] = {}
@@ -39,7 +40,6 @@ def _fail(message: str) -> int:
 # ---------------------------------------------------------------- actions
 def _spec_action(target, source, env):
     k = _KERNELS[env["MPK_KERNEL"]]
-    from mpkbuild.fsutil import write_json_atomic
     for name, section in k.spec.sections.items():
         write_json_atomic(k.section_file(name), section)
     write_json_atomic(k.spec_json, k.spec.cache_record())
@@ -214,7 +214,7 @@ def _review_action(target, source, env):
         k.wire_result if k.has_wiring else None)
     # the inputs' signatures: the data changes whenever an input did, so the summary that
     # reads it re-runs exactly when a review ran (the exact dry run relies on that)
-    data["inputs"] = {os.path.relpath(n.abspath, k.root): (gates.sha256_file(n.abspath) if os.path.exists(n.abspath) else "missing")
+    data["inputs"] = {os.path.relpath(n.abspath, k.root): (sha256_file(n.abspath) if os.path.exists(n.abspath) else "missing")
                       for n in source if isinstance(n, SCons.Node.FS.File)}
     try:
         review.write_kernel_review(data, Path(target[0].abspath), Path(target[1].abspath))
