@@ -72,6 +72,13 @@ class Graph:
 
 
 def rel(root: Path, path: Path | str) -> str:
+    # hot (~60 calls per kernel): a plain prefix cut when path lies under root and has no
+    # "." / ".." segments to normalise; os.path.relpath otherwise (same result, ~5x slower)
+    p, r = os.fspath(path), os.fspath(root)
+    if p.startswith(r) and p[len(r):len(r) + 1] == os.sep:
+        rest = p[len(r) + 1:]
+        if "/." not in "/" + rest and "//" not in f"/{rest}/":
+            return rest
     return os.path.relpath(path, root)
 
 

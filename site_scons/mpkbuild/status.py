@@ -79,17 +79,33 @@ def _hash(data: bytes) -> str:
         return hashlib.md5(data).hexdigest()
 
 
-def _disk_csig(root: Path, rel: str, recorded) -> str | None:
-    """The file's content signature; trusts the recorded one when mtime and size match."""
-    path = root / rel
+def _stat(root: Path, rel: str, disk: dict):
+    """os.stat of root/rel, None when absent; once per file per status run (disk: the memo)."""
     try:
-        st = path.stat()
-    except OSError:
+        return disk[rel]
+    except KeyError:
+        try:
+            st = os.stat(os.path.join(root, rel))
+        except OSError:
+            st = None
+        disk[rel] = st
+        return st
+
+
+def _disk_csig(root: Path, rel: str, recorded, disk: dict | None = None) -> str | None:
+    """The file's content signature; trusts the recorded one when mtime and size match."""
+    disk = {} if disk is None else disk
+    st = _stat(root, rel, disk)
+    if st is None:
         return None
     if recorded is not None and getattr(recorded, "timestamp", None) == int(st.st_mtime) \
             and getattr(recorded, "size", None) == st.st_size and getattr(recorded, "csig", None):
         return recorded.csig
-    return _hash(path.read_bytes())
+    key = ("hash", rel)
+    if key not in disk:
+        with open(os.path.join(root, rel), "rb") as fh:
+            disk[key] = _hash(fh.read())
+    return disk[key]
 
 
 def _flatten(obj, prefix=""):
@@ -181,8 +197,9 @@ def compute(g: Graph, sconsign: Sconsign, predictor: Predictor, gpu_here: bool,
     producers = g.producers()
     predicted: dict[str, object] = {}        # target -> new bytes or CHANGED (nodes that run)
     out = []
+    disk: dict = {}                          # rel -> os.stat result (files are read once)
     for node in g.nodes:
-        reasons, never = _judge(node, g.root, sconsign, producers, predicted)
+        reasons, never = _judge(node, g.root, sconsign, producers, predicted, disk)
         will_run = bool(reasons)
         if will_run:
             try:
@@ -234,7 +251,9 @@ def _stored_verdict(root: Path, node: Node) -> str | None:
         return None
 
 
-def _judge(node: Node, root: Path, sconsign: Sconsign, producers, predicted) -> tuple[list[str], bool]:
+def _judge(node: Node, root: Path, sconsign: Sconsign, producers, predicted,
+           disk: dict | None = None) -> tuple[list[str], bool]:
+    disk = {} if disk is None else disk
     reasons = []
     if node.always:
         reasons.append(node.always)
@@ -243,7 +262,7 @@ def _judge(node: Node, root: Path, sconsign: Sconsign, producers, predicted) -> 
     if binfo is None or not hasattr(binfo, "bsources"):
         return reasons + ["never run"], True
     for t in node.targets:
-        if not (root / t).exists():
+        if _stat(root, t, disk) is None:
             reasons.append(f"output {t} is missing")
     recorded = dict(zip(binfo.bsources, binfo.bsourcesigs))
     wanted = list(node.sources) + list(node.facts)
@@ -269,7 +288,7 @@ def _judge(node: Node, root: Path, sconsign: Sconsign, producers, predicted) -> 
             else:
                 reasons.append(f"upstream {producer.label} changes {src}")
             continue
-        cur = _disk_csig(root, src, rec)
+        cur = _disk_csig(root, src, rec, disk)
         if cur != getattr(rec, "csig", None):
             reasons.append(f"{src} {'is missing' if cur is None else 'changed'}")
     removed = [r for r in recorded if r not in wanted and not any(
