@@ -9,8 +9,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import jinja2
-
 from . import config, expr
 from .fsutil import write_atomic
 from .spec import grid_size, tensor_shape, variant_symbols
@@ -23,7 +21,8 @@ class TemplateError(Exception):
     """A template that does not render: names template file and line."""
 
 
-def _environment(search_path: list[Path]) -> jinja2.Environment:
+def _environment(search_path: list[Path]):
+    import jinja2   # imported on first render: a no-op build or a status never renders
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader([str(p) for p in search_path]),
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
@@ -33,6 +32,7 @@ def _environment(search_path: list[Path]) -> jinja2.Environment:
 def render_template(path: Path, context: dict, display: str | None = None) -> str:
     """Render one template file; errors name `display` (or path) and the template line."""
     display = display or str(path)
+    import jinja2
     env = _environment([path.parent, config.TEMPLATE_DIR])
     try:
         return env.get_template(path.name).render(**context)

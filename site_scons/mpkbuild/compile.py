@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import config
-from .fsutil import write_atomic, write_json_atomic
+from .fsutil import sha256_file, write_atomic, write_json_atomic
 
 
 class CompileError(Exception):
@@ -148,6 +148,9 @@ def run_compile(job: CompileJob, command: list[str], cwd: Path) -> dict:
         job.resources.unlink(missing_ok=True)
         raise CompileError(f"{job.kernel} {job.arch}: resource gate failed:\n  "
                            + "\n  ".join(result["problems"]))
+    # the library's hash rides in resources.json: GPU gates depend on that small file
+    # instead of the ~1 MB library, which SCons would otherwise re-hash on every no-op
+    result["library_sha256"] = sha256_file(tmp_lib)
     os.replace(tmp_lib, job.library)
     write_json_atomic(job.resources, result)
     return result

@@ -7,13 +7,14 @@ toolchain and flags, the GPU fingerprint, the wire request. Paths are repo-relat
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import compile as nvcc
 from . import config, gates, stages
-from .fsutil import sha256_json
+from .fsutil import sha256_bytes
 from .kernel import Kernel, bandwidth_file, summary_file
 
 PKG = config.PACKAGE_DIR
@@ -53,6 +54,20 @@ class Graph:
         out = [t for k in kernels for t in self.requested.get((k, stage), [])]
         return out + (self.summary_targets if with_summary and stage == "review" else [])
 
+    def needed_labels(self, targets: list[str]) -> set[str]:
+        """Labels of the printed actions that building `targets` involves (a gate check
+        stands for the gate it checks)."""
+        producers = self.producers()
+        seen: set[str] = set()
+        todo = [producers[t] for t in targets if t in producers]
+        while todo:
+            node = todo.pop()
+            if node.label in seen:
+                continue
+            seen.add(node.label)
+            todo.extend(producers[s] for s in node.sources if s in producers)
+        return {n.label for n in self.nodes if n.label in seen and not n.silent}
+
     def to_networkx(self):
         """Files, facts and actions as one DiGraph: file -> action -> file."""
         import networkx as nx
@@ -91,7 +106,8 @@ def gpu_fact(fingerprint) -> str:
 
 
 def spec_fact(k: Kernel) -> str:
-    return f"spec: {sha256_json(k.spec.data)}"
+    # compact separators keep json on its C encoder (indent=2 falls back to pure Python)
+    return f"spec: {sha256_bytes(json.dumps(k.spec.data, sort_keys=True, separators=(',', ':')).encode())}"
 
 
 def add_kernel(g: Graph, k: Kernel, fingerprint, wire_request, previous_verdict,
@@ -127,7 +143,7 @@ def add_kernel(g: Graph, k: Kernel, fingerprint, wire_request, previous_verdict,
                           (r(k.library(arch)), r(k.resources(arch)), r(k.arch_dir(arch) / "compile.log")),
                           (*generated, pkg("compile.py")), (toolchain,),
                           opts=(("MPK_ARCH", arch), ("MPK_NVCC_CMD", cmd))))
-        libraries[arch] = node.targets[0]
+        libraries[arch] = node.targets[1]     # resources.json: carries the library's hash
         compiled += node.targets[:2]
     g.requested[(name, "compile")] = compiled
 

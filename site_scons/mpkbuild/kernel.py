@@ -6,22 +6,34 @@ status all ask a Kernel where things are instead of joining strings themselves.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from . import config
-from .spec import LoadedSpec, load_spec_cached
+from .spec import LoadedSpec, load_spec_cached, save_spec_cache
 
 
 @dataclass(frozen=True)
 class Kernel:
+    """Frozen; the path properties used in hot loops are cached on first use."""
+
     root: Path
     spec: LoadedSpec
 
     @classmethod
-    def load(cls, root: Path | str, name: str) -> "Kernel":
+    def load(cls, root: Path | str, name: str, write_cache: bool = True) -> "Kernel":
         root = Path(root)
         return cls(root=root, spec=load_spec_cached(root / config.SPEC_DIRNAME / f"{name}.yaml", root,
-                                                    root / config.BUILD_DIRNAME / name / "spec.json"))
+                                                    cls.cache_path(root, name), write=write_cache))
+
+    @staticmethod
+    def cache_path(root: Path, name: str) -> Path:
+        """The last full load of the spec (see spec.load_spec_cached)."""
+        return Path(root) / config.BUILD_DIRNAME / name / ".spec-cache.json"
+
+    def save_spec_cache(self) -> None:
+        if not self.spec.from_cache:
+            save_spec_cache(self.spec, self.cache_path(self.root, self.name))
 
     @property
     def name(self) -> str:
@@ -57,7 +69,7 @@ class Kernel:
         return self.root / self.spec.data["perf"]["baseline"].rsplit(":", 1)[0]
 
     # ---- derived
-    @property
+    @cached_property
     def build_dir(self) -> Path:
         return self.root / config.BUILD_DIRNAME / self.name
 
@@ -68,11 +80,11 @@ class Kernel:
     def section_file(self, section: str) -> Path:
         return self.build_dir / "spec" / f"{section}.json"
 
-    @property
+    @cached_property
     def gen_dir(self) -> Path:
         return self.build_dir / "gen"
 
-    @property
+    @cached_property
     def generated(self) -> dict[str, Path]:
         """Generated file role -> path: the spec header, the body, the harness."""
         return {

@@ -14,11 +14,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import jsonschema
-
 from . import expr, schema
-from .fsutil import sha256_bytes, sha256_json
-from .yamlpos import YamlPosError, format_path, line_for, load_with_lines
+from .fsutil import sha256_bytes, sha256_json, write_json_atomic
+from .yamlpos import format_path, line_for
+
+# yaml (in .yamlpos) and jsonschema are imported by load_spec only: a no-op build or a
+# status reads cached specs and never needs them.
 
 # Section name -> the top-level spec keys it holds. Each stage reads only its sections
 # (see stages.py), so editing one section re-runs only the stages that read it.
@@ -51,6 +52,7 @@ class LoadedSpec:
     sections: dict                  # section name -> dict
     signatures: dict                # section name -> sha256 of its canonical JSON
     source_sha: str = ""            # sha256 of the YAML bytes it was loaded from
+    from_cache: bool = False        # True when load_spec_cached reused the last full load
 
     def cache_record(self) -> dict:
         """What the spec stage writes to build/K/spec.json (and load_spec_cached reads)."""
@@ -71,7 +73,7 @@ def _strip_cosmetic(obj):
     return obj
 
 
-def _schema_error(err: jsonschema.ValidationError) -> tuple[tuple, str]:
+def _schema_error(err) -> tuple[tuple, str]:
     """Turn a jsonschema error into (field path, plain message) pointing at the bad field."""
     path = tuple(err.absolute_path)
     if "propertyNames" in err.schema_path and isinstance(err.instance, str):
@@ -106,14 +108,28 @@ def _py_function_exists(root: Path, ref: str) -> str | None:
         return f"{rel!r} escapes the repository"
     if not target.is_file():
         return f"file {rel} does not exist"
-    try:
-        tree = ast.parse(target.read_text(), filename=rel)
-    except SyntaxError as exc:
-        return f"{rel}:{exc.lineno} does not parse: {exc.msg}"
-    defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    st = target.stat()
+    defs = _top_level_functions(str(target), st.st_mtime_ns, st.st_size, rel)
+    if isinstance(defs, str):
+        return defs
     if func not in defs:
         return f"{rel} has no top-level function {func!r} (found: {', '.join(sorted(defs)) or 'none'})"
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _top_level_functions(path: str, mtime_ns: int, size: int, rel: str) -> frozenset | str:
+    """The names defined at a file's top level (parsed once per version of the file)."""
+    try:
+        tree = ast.parse(Path(path).read_text(), filename=rel)
+    except SyntaxError as exc:
+        return f"{rel}:{exc.lineno} does not parse: {exc.msg}"
+    return frozenset(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+
+@functools.lru_cache(maxsize=None)
+def _resolved(path: Path) -> Path:
+    return path.resolve()
 
 
 def _inside_repo(root: Path, rel: str) -> Path | None:
@@ -121,7 +137,7 @@ def _inside_repo(root: Path, rel: str) -> Path | None:
         return None
     target = (root / rel).resolve()
     try:
-        target.relative_to(root.resolve())
+        target.relative_to(_resolved(root))
     except ValueError:
         return None
     return target
@@ -286,24 +302,36 @@ def loader_version() -> str:
     return sha256_bytes(b"".join(f.read_bytes() for f in files if f.exists()))
 
 
-def load_spec_cached(path: Path | str, root: Path | str, cache: Path) -> LoadedSpec:
-    """Like load_spec, but reuse the normalised spec the spec stage last wrote when the
-    YAML's bytes and the loader are unchanged (parsing and schema-checking hundreds of
-    specs would dominate a no-op build). Files the spec names are still checked."""
+def load_spec_cached(path: Path | str, root: Path | str, cache: Path, write: bool = True) -> LoadedSpec:
+    """Like load_spec, but reuse the last full load's result when the YAML's bytes and the
+    loader are unchanged (parsing and schema-checking hundreds of specs would dominate a
+    no-op build). The cache is refreshed by every full load, so a comment edit costs one
+    slow load, not one per run. Files the spec names are still checked."""
     root, path = Path(root), Path(path)
     try:
         raw = path.read_bytes()
         cached = json.loads(Path(cache).read_text())
+        fresh = cached.get("source_sha") == sha256_bytes(raw) and cached.get("loader") == loader_version()
     except (OSError, ValueError):
-        return load_spec(path, root)
-    if cached.get("source_sha") != sha256_bytes(raw) or cached.get("loader") != loader_version():
-        return load_spec(path, root)
-    data = cached["spec"]
-    refs = (data["validate"]["reference"], data["perf"]["baseline"])
-    if not (root / data["codegen"]["body"]).is_file() or any(_py_function_exists(root, r) for r in refs):
-        return load_spec(path, root)        # the full load reports it with file and line
-    return LoadedSpec(file=cached["file"], data=data, sections=cached["sections"],
-                      signatures=cached["signatures"], source_sha=cached["source_sha"])
+        fresh = False
+    if fresh:
+        data = cached["spec"]
+        refs = (data["validate"]["reference"], data["perf"]["baseline"])
+        if (root / data["codegen"]["body"]).is_file() and not any(_py_function_exists(root, r) for r in refs):
+            return LoadedSpec(file=cached["file"], data=data, sections=cached["sections"],
+                              signatures=cached["signatures"], source_sha=cached["source_sha"],
+                              from_cache=True)
+    spec = load_spec(path, root)            # reports any problem with file and line
+    if write:
+        save_spec_cache(spec, cache)
+    return spec
+
+
+def save_spec_cache(spec: LoadedSpec, cache: Path) -> None:
+    try:
+        write_json_atomic(cache, spec.cache_record(), only_if_changed=True)
+    except OSError:
+        pass                                # a read-only tree still builds, just slower
 
 
 def load_spec(path: Path | str, root: Path | str) -> LoadedSpec:
@@ -318,6 +346,8 @@ def load_spec(path: Path | str, root: Path | str) -> LoadedSpec:
         text = path.read_text()
     except OSError as exc:
         raise SpecError(rel, 1, (), f"cannot read spec: {exc.strerror}") from None
+    import jsonschema
+    from .yamlpos import YamlPosError, load_with_lines
     try:
         raw, lines = load_with_lines(text)
     except YamlPosError as exc:

@@ -65,9 +65,12 @@ class Sconsign:
 def tampered(root: Path, sconsign: Sconsign, rel: str) -> bool:
     """A target whose bytes differ from those SCons recorded when its action wrote them."""
     entry = sconsign.entry(rel)
-    recorded = getattr(getattr(entry, "ninfo", None), "csig", None)
-    path = root / rel
-    return bool(recorded) and path.exists() and _hash(path.read_bytes()) != recorded
+    ninfo = getattr(entry, "ninfo", None)
+    recorded = getattr(ninfo, "csig", None)
+    if not recorded:
+        return False
+    current = _disk_csig(root, rel, ninfo)     # trusts mtime + size, hashes otherwise
+    return current is not None and current != recorded
 
 
 def _hash(data: bytes) -> str:

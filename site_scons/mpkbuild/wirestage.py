@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import wire
 from .fsutil import sha256_bytes, write_atomic, write_json_atomic
 from .kernel import Kernel
 
@@ -34,6 +33,7 @@ class WireGateFailed(Exception):
 
 def render_manifest(k: Kernel, request: WireRequest, wiring_root: Path) -> tuple[dict, dict]:
     """Render mode (no checkout): (manifest, fragments), computed without writing anything."""
+    from . import wire     # the wire package loads only when a wire node runs or is predicted
     fragments = wire.render(k.spec.data, wiring_root)
     manifest = {"mode": "render", "verdict": "pass",
                 "message": f"{len(fragments)} fragments rendered; give mpk_root= for "
@@ -49,6 +49,7 @@ def _finish(manifest: dict, k: Kernel, request: WireRequest, fragments: dict) ->
 
 def run_wire(k: Kernel, all_specs: list[dict], request: WireRequest, wiring_root: Path) -> dict:
     """Run the stage for one kernel; returns the manifest written to build/<K>/wiring/wire.json."""
+    from . import wire
     frag_dir = k.wiring_dir / "fragments"
     diff_path = k.wiring_dir / "mpk.diff"
     k.wire_result.unlink(missing_ok=True)

@@ -6,11 +6,6 @@ Duplicate keys (which PyYAML silently overwrites) are errors here.
 """
 from __future__ import annotations
 
-import yaml
-
-
-# libyaml's parser when available: ten times faster, same nodes and marks
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class YamlPosError(ValueError):
@@ -21,8 +16,10 @@ class YamlPosError(ValueError):
 
 def load_with_lines(text: str) -> tuple[object, dict[tuple, int]]:
     """Parse YAML text; return (data, {path tuple: 1-based line})."""
+    import yaml   # only a full spec load parses YAML; cached loads never import it
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # libyaml: same marks, 10x faster
     try:
-        node = yaml.compose(text, Loader=_LOADER)
+        node = yaml.compose(text, Loader=loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark else 1

@@ -17,7 +17,7 @@ import SCons.Node
 import SCons.Script
 from SCons.Script import ARGUMENTS, GetOption
 
-from mpkbuild import codegen, config, dagview, gates, review, stages, wirestage
+from mpkbuild import codegen, config, gates, review, stages, wirestage
 from mpkbuild import gpu as gpu_mod
 from mpkbuild import graph as graph_mod
 from mpkbuild import status as status_mod
@@ -403,6 +403,8 @@ def _report(command: str, g: graph_mod.Graph, sconsign, root: Path, names: list[
     """status / check / dag / why= / the exact dry run: computed, printed, no build."""
     predictor = status_mod.Predictor(root, _KERNELS, _STATE["wire_request"], root / "wiring")
     targets = g.request(names, stage, with_summary)
+    if command in ("why", "dag"):
+        from mpkbuild import dagview       # networkx: only the commands that draw or walk it
     if command == "why":
         try:
             labels = dagview.why(ARGUMENTS["why"], g, names)
@@ -412,14 +414,15 @@ def _report(command: str, g: graph_mod.Graph, sconsign, root: Path, names: list[
         for label in labels:
             print(f"  {label}")
         return 0
-    ag = dagview.restrict(dagview.action_graph(g), g, targets)
-    statuses = status_mod.compute(g, sconsign, predictor, _STATE["gpu_here"], only=set(ag.nodes))
+    statuses = status_mod.compute(g, sconsign, predictor, _STATE["gpu_here"],
+                                  only=g.needed_labels(targets))
     if command == "dry-run":
         for st in statuses:
             if st.will_run:
                 print(st.label)
         return 0
     if command == "dag":
+        ag = dagview.restrict(dagview.action_graph(g), g, targets)
         name = f"{ARGUMENTS.get('kernel', 'all').replace(',', '+')}-{stage}"
         paths = dagview.write(ag, {s.label: s for s in statuses}, root / config.BUILD_DIRNAME / "dag", name)
         print("wrote " + ", ".join(os.path.relpath(p, root) for p in paths))
@@ -474,7 +477,7 @@ def declare(env) -> list:
         return []
     for name in names:
         try:
-            _KERNELS[name] = Kernel.load(root, name)
+            _KERNELS[name] = Kernel.load(root, name, write_cache=False)
         except spec_mod.SpecError as exc:
             _fail_early(str(exc))
     fp = _STATE["fingerprint"]
@@ -493,6 +496,8 @@ def declare(env) -> list:
     _use_cache(env, root)
     if not GetOption("clean"):
         _take_build_lock(root)
+    for k in kernels:
+        k.save_spec_cache()                # only now: bad input above must write nothing
     _declare(env, g)
     closure = stages.closure(stage)
     targets = g.request(names, stage, with_summary)
