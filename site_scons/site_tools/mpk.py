@@ -39,6 +39,7 @@ def _fail(message: str) -> int:
 
 # ---------------------------------------------------------------- actions
 def _spec_action(target, source, env):
+    env = _info(target)
     k = _KERNELS[env["MPK_KERNEL"]]
     for name, section in k.spec.sections.items():
         write_json_atomic(k.section_file(name), section)
@@ -47,6 +48,7 @@ def _spec_action(target, source, env):
 
 
 def _generate_action(target, source, env):
+    env = _info(target)
     k = _KERNELS[env["MPK_KERNEL"]]
     section = gates.read_result(k.section_file("codegen"))
     try:
@@ -58,6 +60,7 @@ def _generate_action(target, source, env):
 
 
 def _compile_action(target, source, env):
+    env = _info(target)
     k = _KERNELS[env["MPK_KERNEL"]]
     arch = env["MPK_ARCH"]
     plan = codegen.smem_plan(k.spec.data["codegen"])
@@ -115,6 +118,7 @@ def _ready_gpu(kernel_name: str, stage: str):
 
 
 def _bandwidth_action(target, source, env):
+    env = _info(target)
     root = Path(env["MPK_ROOT"])
     try:
         fp = _ready_gpu("all", "perf")
@@ -137,6 +141,7 @@ def _bandwidth_action(target, source, env):
 
 
 def _gate_action(target, source, env):
+    env = _info(target)
     k = _KERNELS[env["MPK_KERNEL"]]
     gate = env["MPK_GATE"]
     try:
@@ -170,6 +175,7 @@ def _gate_action(target, source, env):
 
 
 def _check_action(target, source, env):
+    env = _info(target)
     """The exit status of a gate: fails (and is re-checked next run) unless the verdict is pass."""
     res = gates.read_result(Path(source[0].abspath))
     stamp = Path(target[0].abspath)
@@ -184,6 +190,7 @@ def _check_action(target, source, env):
 
 
 def _wire_action(target, source, env):
+    env = _info(target)
     k = _KERNELS[env["MPK_KERNEL"]]
     request = _STATE["wire_request"]
     specs = [x.spec.data for x in _all_wired_kernels(k.root)] if request.mpk_root else []
@@ -206,6 +213,7 @@ def _all_wired_kernels(root: Path) -> list[Kernel]:
 
 
 def _review_action(target, source, env):
+    env = _info(target)
     k = _KERNELS[env["MPK_KERNEL"]]
     key = env["MPK_GPU_KEY"]
     data = review.kernel_review(
@@ -229,21 +237,30 @@ def _summary_action(target, source, env):
     return 0
 
 
-def _action(fn, varlist=()):
+_INFO: dict[str, dict] = {}       # first target's path -> the node's parameters
+
+
+def _info(target) -> dict:
+    """A node's parameters (kernel, role, arch, label...), looked up by its first target.
+    Kept out of construction variables (no override environment per Command): every
+    parameter is already fixed by the target's path or by a fact the node depends on."""
+    return _INFO[str(target[0])]
+
+
+def _action(fn):
     """A Python action whose printed line is the graph node's label (silent nodes: none)."""
-    return SCons.Action.Action(fn, strfunction=lambda t, s, e: e.get("MPK_LABEL"),
-                               varlist=["MPK_KERNEL", *varlist])
+    return SCons.Action.Action(fn, strfunction=lambda t, s, e: _info(t).get("MPK_LABEL"))
 
 
 ACTIONS = {
     "spec": _action(_spec_action),
-    "generate": _action(_generate_action, ["MPK_ROLE"]),
-    "compile": _action(_compile_action, ["MPK_ARCH", "MPK_NVCC_CMD"]),
+    "generate": _action(_generate_action),
+    "compile": _action(_compile_action),
     "wire": _action(_wire_action),
-    "bandwidth": _action(_bandwidth_action, ["MPK_GPU_KEY"]),
-    "gate": _action(_gate_action, ["MPK_GATE", "MPK_GPU_KEY"]),
-    "check": _action(_check_action, ["MPK_GATE"]),
-    "review": _action(_review_action, ["MPK_GPU_KEY"]),
+    "bandwidth": _action(_bandwidth_action),
+    "gate": _action(_gate_action),
+    "check": _action(_check_action),
+    "review": _action(_review_action),
     "summary": _action(_summary_action),
 }
 
@@ -253,9 +270,10 @@ def _declare(env, g: graph_mod.Graph) -> None:
     """Declare every node of the graph model as an SCons Command: nothing else decides."""
     for node in g.nodes:
         sources = [env.File(s) for s in node.sources] + [env.Value(f) for f in node.facts]
-        targets = env.Command(list(node.targets), sources, ACTIONS[node.kind],
-                              MPK_KERNEL=node.kernel or "", MPK_GPU_KEY=g.gpu_key,
-                              MPK_LABEL=None if node.silent else node.label, **dict(node.opts))
+        targets = env.Command(list(node.targets), sources, ACTIONS[node.kind])
+        _INFO[str(targets[0])] = {"MPK_ROOT": str(g.root), "MPK_KERNEL": node.kernel or "",
+                                  "MPK_GPU_KEY": g.gpu_key, **dict(node.opts),
+                                  "MPK_LABEL": None if node.silent else node.label}
         for side in node.side_effects:
             env.SideEffect(side, targets)
         if node.always:
