@@ -19,16 +19,6 @@ class ExprError(ValueError):
     """An expression that does not parse, or names a symbol that is not bound."""
 
 
-def names_in(text: str | int | float) -> set[str]:
-    if not isinstance(text, str):
-        return set()
-    try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError as exc:
-        raise ExprError(f"cannot parse expression {text!r}: {exc.msg}") from None
-    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-
-
 def evaluate(text: str | int | float, symbols: dict[str, int | float]):
     """Evaluate an expression (or pass a number through) with the given symbol values."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):

@@ -333,7 +333,8 @@ def _help_text(root: Path) -> str:
              "", "stages (stage= builds the stage and everything it needs; default: review "
              "with a GPU, compile without):"]
     for s in stages.STAGES:
-        lines.append(f"  {s.name:<9} {s.doc}{'  [GPU]' if s.needs_gpu else ''}")
+        tags = [f"per {s.per}"] + (["gate"] if s.is_gate else []) + (["GPU"] if s.needs_gpu else [])
+        lines.append(f"  {s.name:<9} {s.doc}  [{', '.join(tags)}]")
     lines += ["", "kernels: " + (", ".join(discover(root)) or "none"), ""]
     return "\n".join(lines)
 
