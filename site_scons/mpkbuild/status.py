@@ -325,21 +325,17 @@ def table(statuses: list[NodeStatus], gpu_key: str) -> str:
     """kernel x gate: one cell per stage (worst state of its nodes), then every reason."""
     order = {"failed": 0, "pending": 1, "never run": 2, "stale": 3, "fresh": 4}
     cells: dict[str, dict[str, str]] = {}
-    for st in statuses:
-        if st.kernel is None or st.kind == "check":
-            continue
-        col = st.label.split()[0] if st.kind != "compile" else f"compile {st.label.split()[-1]}"
-        row = cells.setdefault(st.kernel, {})
-        prev = row.get(col)
-        if prev is None or order[st.state] < order[prev]:
-            row[col] = st.state
-    cols = []
+    cols: list[str] = []                     # in graph order
     for st in statuses:
         if st.kernel is None or st.kind == "check":
             continue
         col = st.label.split()[0] if st.kind != "compile" else f"compile {st.label.split()[-1]}"
         if col not in cols:
             cols.append(col)
+        row = cells.setdefault(st.kernel, {})
+        prev = row.get(col)
+        if prev is None or order[st.state] < order[prev]:
+            row[col] = st.state
     width = max([len(k) for k in cells] + [6])
     names = [c if c not in stages.GPU_GATES else f"{c}@gpu" for c in cols]
     widths = [max(len(n), 9) for n in names]
@@ -348,16 +344,11 @@ def table(statuses: list[NodeStatus], gpu_key: str) -> str:
     for kname in sorted(cells):
         lines.append(f"{kname:<{width}}  " + "  ".join(f"{cells[kname].get(c, '-'):<{w}}"
                                                      for c, w in zip(cols, widths)))
-    shared = [st for st in statuses if st.kernel is None and st.state != "fresh"]
     detail = [st for st in statuses if st.state != "fresh" and st.kind != "check"]
-    if detail:
-        lines.append("")
-        for st in detail:
-            lines.append(f"{st.label}: {st.state}")
-            for reason in st.reasons:
-                lines.append(f"    {reason}")
-    elif not shared:
-        lines.append("\neverything is fresh")
+    lines.append("" if detail else "\neverything is fresh")
+    for st in detail:
+        lines.append(f"{st.label}: {st.state}")
+        lines.extend(f"    {reason}" for reason in st.reasons)
     return "\n".join(lines)
 
 

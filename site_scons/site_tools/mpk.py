@@ -24,7 +24,7 @@ from mpkbuild import status as status_mod
 from mpkbuild import compile as nvcc
 from mpkbuild import executor as executor_mod
 from mpkbuild import spec as spec_mod
-from mpkbuild.fsutil import sha256_file, write_json_atomic
+from mpkbuild.fsutil import write_json_atomic
 from mpkbuild.kernel import Kernel, bandwidth_file, discover
 
 PKG = config.PACKAGE_DIR
@@ -75,14 +75,16 @@ def _compile_action(target, source, env):
     return 0
 
 
-def _lock_for(source, root: Path, fingerprint) -> dict:
+def _lock_for(source, root: Path, fingerprint=None) -> dict:
+    """{input: signature} for an action's sources (files hashed, facts verbatim)."""
     items = []
     for node in source:
         if isinstance(node, SCons.Node.FS.File):
             items.append((os.path.relpath(node.abspath, root), Path(node.abspath)))
         else:
             items.append((f"value:{node}", str(node.read())))
-    items.append(("gpu", fingerprint.signature()))
+    if fingerprint is not None:
+        items.append(("gpu", fingerprint.signature()))
     return gates.input_lock(root, items)
 
 
@@ -120,13 +122,10 @@ def _ready_gpu(kernel_name: str, stage: str):
 def _bandwidth_action(target, source, env):
     env = _info(target)
     root = Path(env["MPK_ROOT"])
-    try:
-        fp = _ready_gpu("all", "perf")
-    except gates.GateCannotRun as exc:
-        return _fail(str(exc))
     job = executor_mod.GateJob("bandwidth", "-", {"root": str(root)},
                                Path(target[0].abspath).parent, timeout_s=300)
     try:
+        fp = _ready_gpu("all", "perf")
         result = _run_gate(job)
     except gates.GateCannotRun as exc:
         return _fail(str(exc))
@@ -153,20 +152,19 @@ def _gate_action(target, source, env):
                "codegen": gates.read_result(k.section_file("codegen")),
                "generators": gates.read_result(k.section_file("generators")),
                gate: gates.read_result(k.section_file(gate))}
-    if gate == "perf":
-        payload["bandwidth_file"] = str(bandwidth_file(k.root, fp.key))
-        if (Path(target[0].abspath).parent / "validate.verdict").read_text().strip() != "pass":
-            result = {"verdict": "blocked", "message": "not run: validate did not pass on this GPU"}
-            gates.record(result, gate=gate, kernel=k.name, fingerprint=fp,
-                         lock=_lock_for(source, k.root, fp), result_path=Path(target[0].abspath),
-                         verdict_path=Path(target[1].abspath))
-            return 0
-    timeout = payload[gate][gate]["timeout_s"]
-    job = executor_mod.GateJob(gate, k.name, payload, Path(target[0].abspath).parent, timeout)
-    try:
-        result = _run_gate(job)
-    except gates.GateCannotRun as exc:
-        return _fail(str(exc))
+    blocked = gate == "perf" and \
+        (Path(target[0].abspath).parent / "validate.verdict").read_text().strip() != "pass"
+    if blocked:
+        result = {"verdict": "blocked", "message": "not run: validate did not pass on this GPU"}
+    else:
+        if gate == "perf":
+            payload["bandwidth_file"] = str(bandwidth_file(k.root, fp.key))
+        job = executor_mod.GateJob(gate, k.name, payload, Path(target[0].abspath).parent,
+                                   payload[gate][gate]["timeout_s"])
+        try:
+            result = _run_gate(job)
+        except gates.GateCannotRun as exc:
+            return _fail(str(exc))
     full = gates.record(result, gate=gate, kernel=k.name, fingerprint=fp,
                         lock=_lock_for(source, k.root, fp), result_path=Path(target[0].abspath),
                         verdict_path=Path(target[1].abspath))
@@ -175,8 +173,8 @@ def _gate_action(target, source, env):
 
 
 def _check_action(target, source, env):
-    env = _info(target)
     """The exit status of a gate: fails (and is re-checked next run) unless the verdict is pass."""
+    env = _info(target)
     res = gates.read_result(Path(source[0].abspath))
     stamp = Path(target[0].abspath)
     if res and res.get("verdict") == "pass":
@@ -222,8 +220,7 @@ def _review_action(target, source, env):
         k.wire_result if k.has_wiring else None)
     # the inputs' signatures: the data changes whenever an input did, so the summary that
     # reads it re-runs exactly when a review ran (the exact dry run relies on that)
-    data["inputs"] = {os.path.relpath(n.abspath, k.root): (sha256_file(n.abspath) if os.path.exists(n.abspath) else "missing")
-                      for n in source if isinstance(n, SCons.Node.FS.File)}
+    data["inputs"] = _lock_for(source, k.root)
     try:
         review.write_kernel_review(data, Path(target[0].abspath), Path(target[1].abspath))
     except codegen.TemplateError as exc:
