@@ -1,10 +1,16 @@
 """Where GPU gates run. SCons decides *what* runs; an executor only decides *where*.
 
-The local executor runs each gate as a subprocess in its own process group, with a
-watchdog: past the timeout the whole group is killed and the verdict is `hang` with the
-last lines of output; a runner that dies without writing its result is a `crash` with the
-CUDA error text from its output. `executor=module:Class` loads another executor (the tests
-use this for a stand-in; remote executors arrive with their own issue).
+Every executor has the same three calls: `fingerprint()` (the GPU its gates will run on,
+None when there is none; a bad address or host raises ExecutorError within seconds),
+`absence()` (why there is no GPU) and `run(job, should_stop)` (the gate's result dict,
+never raising for a gate that hung or crashed). `load()` picks one from the command line:
+`local` (default), `ssh` (gpu_host=), `dask` (scheduler=) or `module:Class`.
+
+The local executor runs each gate as a subprocess in its own process group, holding a GPU
+lease (leases.py), through a warm per-GPU server when it can (warm.py) and cold otherwise.
+`run_runner` is the cold path and the watchdog every backend shares: past the timeout the
+whole group is killed and the verdict is `hang` with the last lines of output; a runner that
+dies without writing its result is a `crash` with the CUDA error text from its output.
 """
 from __future__ import annotations
 
@@ -15,11 +21,25 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import gpu as gpu_mod
 from .fsutil import write_json_atomic
+
+PACKAGE_PARENT = Path(__file__).resolve().parent.parent     # the folder holding mpkbuild/
+DEFAULT_RUNNERS = "mpkbuild.runners"
+# compute-sanitizer slows a gate down by an order of magnitude: its watchdog waits longer
+SANITIZE_TIMEOUT_FACTOR = 10.0
+
+
+class ExecutorError(Exception):
+    """The executor cannot work as configured (bad gpus=, unreachable host, no scheduler):
+    the build stops before any gate, nothing is recorded."""
+
+
+class GateInterrupted(Exception):
+    """The build was interrupted (SIGINT/SIGTERM) while a gate ran: it was killed, nothing recorded."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +49,12 @@ class GateJob:
     payload: dict               # what the runner needs (sections, library, references)
     workdir: Path               # where the job file, result and log live
     timeout_s: float
+    root: Path | None = None    # the tree the payload's absolute paths point into
+    # every file the runner reads, root-relative: what a remote executor ships
+    inputs: tuple[str, ...] = ()
+    sanitize: str | None = None  # compute-sanitizer tool for validate, or None
+    share_gpu: bool = False     # the spec lets this gate share a GPU with other sharing gates
+    runner_package: str | None = field(default=None, compare=False)
 
     @property
     def job_file(self) -> Path:
@@ -42,15 +68,42 @@ class GateJob:
     def log_file(self) -> Path:
         return self.workdir / f"{self.gate}.log"
 
+    @property
+    def watchdog_s(self) -> float:
+        return self.timeout_s * (SANITIZE_TIMEOUT_FACTOR if self.sanitize else 1.0)
 
-def _tail(path: Path, lines: int = 20) -> str:
+
+def write_job(job: GateJob) -> Path:
+    """The job file the runner reads; the stale result of an earlier run goes first."""
+    job.workdir.mkdir(parents=True, exist_ok=True)
+    job.result_file.unlink(missing_ok=True)
+    write_json_atomic(job.job_file, {**job.payload, "gate": job.gate, "kernel": job.kernel,
+                                     "result_file": str(job.result_file)})
+    return job.job_file
+
+
+def runner_package(job: GateJob | None = None) -> str:
+    return (job and job.runner_package) or os.environ.get("MPK_RUNNER_PACKAGE") or DEFAULT_RUNNERS
+
+
+def runner_env(extra: dict | None = None) -> dict:
+    """The runner imports the same mpkbuild as the build that launched it."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_PARENT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    env["PYTHONUNBUFFERED"] = "1"
+    env["MPK_LIFELINE_PID"] = str(os.getpid())
+    env.update(extra or {})
+    return env
+
+
+def tail(path: Path, lines: int = 20) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
 
 
-def _cuda_error_line(text: str) -> str | None:
+def cuda_error_line(text: str) -> str | None:
     for line in reversed(text.splitlines()):
         low = line.lower()
         if "cuda error" in low or "illegal" in low or "cudaerror" in low or "launch failure" in low:
@@ -58,84 +111,185 @@ def _cuda_error_line(text: str) -> str | None:
     return None
 
 
+class _Cold:
+    """A runner subprocess in its own session (so its whole group can be killed)."""
+
+    def __init__(self, cmd, env, log_file: Path, pass_fds=()):
+        with open(log_file, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         pass_fds=tuple(pass_fds))
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def supervise(child, job: GateJob, should_stop, started: float) -> dict:
+    """Wait for a runner (cold or warm) under the watchdog; turn how it ended into a result."""
+    deadline = started + job.watchdog_s
+    try:
+        while True:
+            try:
+                code = child.wait(max(0.0, min(0.25, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    child.kill()
+                    return {"verdict": "hang", "elapsed_s": round(time.monotonic() - started, 3),
+                            "message": f"{job.gate} ran past its {job.watchdog_s:g} s timeout and was "
+                                       f"killed (process group); last output:\n{tail(job.log_file)}"}
+                if should_stop():
+                    child.kill()
+                    raise GateInterrupted("the build was interrupted; the gate was stopped")
+    except BaseException:
+        child.kill()
+        raise
+    return outcome(job, code, round(time.monotonic() - started, 3))
+
+
+def outcome(job: GateJob, code: int, elapsed: float) -> dict:
+    """The runner's own result when it wrote one, else a crash with the CUDA text."""
+    result = None
+    if job.result_file.exists():
+        try:
+            result = json.loads(job.result_file.read_text())
+        except ValueError:
+            result = None
+        job.result_file.unlink(missing_ok=True)
+    if result is None:
+        text = tail(job.log_file, 40)
+        cuda = cuda_error_line(text)
+        how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        result = {"verdict": "crash", "message": (cuda or f"runner {how} without a result")
+                  + f"\nlast output:\n{text}"}
+    result.setdefault("elapsed_s", elapsed)
+    if job.sanitize:
+        from . import sanitizer
+        report = _sanitize_report(job)
+        found = sanitizer.verdict(job.sanitize, report.read_text(errors="replace")
+                                  if report.exists() else "", code, result)
+        if found is not None:
+            found.setdefault("elapsed_s", elapsed)
+            found["runner_verdict"] = result.get("verdict")
+            result = found
+        result["sanitize"] = job.sanitize
+    return result
+
+
+def _sanitize_report(job: GateJob) -> Path:
+    return job.workdir / f"{job.gate}.{job.sanitize}.txt"
+
+
+def run_runner(job: GateJob, should_stop=lambda: False, env_extra: dict | None = None,
+               pass_fds=()) -> dict:
+    """The cold path: `python -m <runners>.<gate> JOB` (under compute-sanitizer if asked)."""
+    job_file = write_job(job)
+    cmd = [sys.executable, "-u", "-m", f"{runner_package(job)}.{job.gate}", str(job_file)]
+    if job.sanitize:
+        from . import sanitizer
+        report = _sanitize_report(job)
+        report.unlink(missing_ok=True)
+        cmd = sanitizer.wrap(job.sanitize, cmd, report)
+    started = time.monotonic()
+    child = _Cold(cmd, runner_env(env_extra), job.log_file, pass_fds)
+    return supervise(child, job, should_stop, started)
+
+
+def _flag(options: dict, name: str, default: bool) -> bool:
+    value = options.get(name)
+    return default if value is None else value not in ("0", "", "no", "false", "off")
+
+
 class LocalExecutor:
-    """Subprocess per gate on this machine."""
+    """Gates on this machine's GPUs: one lease (one GPU) per running gate."""
 
     name = "local"
-    runner_package = "mpkbuild.runners"
+    runner_package = None       # a test's stand-in runners; None: $MPK_RUNNER_PACKAGE or ours
+
+    def __init__(self, options: dict | None = None):
+        self.options = dict(options or {})
+        self.warm = _flag(self.options, "warm", True)
+        self._gpus = None
 
     def fingerprint(self) -> gpu_mod.GpuFingerprint | None:
-        return gpu_mod.detect()
+        fp = gpu_mod.detect()
+        if fp is not None:
+            self.gpus(fp)                      # a bad gpus= fails here, before any gate
+        elif self.options.get("gpus"):
+            raise ExecutorError(f"gpus={self.options['gpus']}: this machine has no GPU "
+                                f"({gpu_mod.describe_absence()})")
+        return fp
 
     def absence(self) -> str:
         return gpu_mod.describe_absence()
 
-    def run(self, job: GateJob, should_stop=lambda: False) -> dict:
-        job.workdir.mkdir(parents=True, exist_ok=True)
-        job.result_file.unlink(missing_ok=True)
-        write_json_atomic(job.job_file, {**job.payload, "gate": job.gate, "kernel": job.kernel,
-                                         "result_file": str(job.result_file)})
-        cmd = [sys.executable, "-u", "-m", f"{self.runner_package}.{job.gate}", str(job.job_file)]
-        # the runner must import the same mpkbuild as the build that launched it
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(Path(__file__).resolve().parent.parent)] + [p for p in [env.get("PYTHONPATH")] if p])
-        started = time.monotonic()
-        with open(job.log_file, "wb") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+    def gpus(self, fp=None) -> list:
+        """The GPUs this build's gates may lease (gpus=, CUDA_VISIBLE_DEVICES, same model)."""
+        if self._gpus is None:
+            from . import leases
+            fp = fp or gpu_mod.detect()
             try:
-                code = _wait(proc, started + job.timeout_s, should_stop)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                return {"verdict": "hang", "message":
-                        f"{job.gate} ran past its {job.timeout_s:g} s timeout and was killed "
-                        f"(process group); last output:\n{_tail(job.log_file)}",
-                        "elapsed_s": round(time.monotonic() - started, 3)}
-            except BaseException:
-                _kill_group(proc)
-                raise
-        elapsed = round(time.monotonic() - started, 3)
-        if job.result_file.exists():
-            result = json.loads(job.result_file.read_text())
-            job.result_file.unlink(missing_ok=True)
-            result.setdefault("elapsed_s", elapsed)
-            return result
-        tail = _tail(job.log_file, 40)
-        cuda = _cuda_error_line(tail)
-        return {"verdict": "crash", "elapsed_s": elapsed,
-                "message": (cuda or f"runner exited with status {code} without a result")
-                + f"\nlast output:\n{tail}"}
+                self._gpus = leases.pick(leases.list_gpus(), self.options.get("gpus"),
+                                         fp.name if fp else None,
+                                         os.environ.get("CUDA_VISIBLE_DEVICES"))
+            except leases.LeaseError as exc:
+                raise ExecutorError(str(exc)) from None
+        return self._gpus
 
-
-class GateInterrupted(Exception):
-    """The build was interrupted (SIGINT/SIGTERM) while a gate ran: it was killed, nothing recorded."""
-
-
-def _wait(proc: subprocess.Popen, deadline: float, should_stop) -> int:
-    while True:
+    def run(self, job: GateJob, should_stop=lambda: False) -> dict:
+        from . import leases
+        if self.runner_package and not job.runner_package:
+            job = _with(job, runner_package=self.runner_package)
+        gpus = self.gpus()
+        if not gpus:                           # no GPU to lease: the runner reports why
+            return self._run_on(job, None, should_stop)
         try:
-            return proc.wait(timeout=max(0.0, min(0.25, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            if time.monotonic() >= deadline:
-                raise
-            if should_stop():
-                raise GateInterrupted("the build was interrupted; the gate was stopped") from None
+            lease = leases.acquire(gpus, shared=job.share_gpu, should_stop=should_stop)
+        except leases.Interrupted as exc:
+            raise GateInterrupted(str(exc)) from None
+        with lease:
+            result = self._run_on(job, lease, should_stop)
+        result["gpu_index"], result["lease_wait_s"] = lease.gpu.index, lease.waited_s
+        return result
+
+    def _run_on(self, job: GateJob, lease, should_stop) -> dict:
+        env = lease.env if lease else {}
+        if self.warm and lease is not None and not job.sanitize:
+            from . import warm
+            try:
+                return warm.run(job, lease.gpu.uuid, env, should_stop)
+            except warm.WarmUnavailable as exc:
+                sys.stderr.write(f"mpk: warm runner unavailable ({exc}); running {job.gate} cold\n")
+        return run_runner(job, should_stop, env, pass_fds=(lease.fd,) if lease else ())
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+def _with(job: GateJob, **changes) -> GateJob:
+    from dataclasses import replace
+    return replace(job, **changes)
 
 
-def load(spec: str | None):
-    """`local` (default) or `module:Class` for another executor."""
-    if not spec or spec == "local":
-        return LocalExecutor()
-    if ":" not in spec:
-        raise ValueError(f"executor={spec!r}: expected 'local' or 'module:Class'")
-    module, cls = spec.split(":", 1)
-    return getattr(importlib.import_module(module), cls)()
+BACKENDS = {"local": "mpkbuild.executor:LocalExecutor",
+            "ssh": "mpkbuild.ssh_executor:SshExecutor",
+            "dask": "mpkbuild.dask_executor:DaskExecutor"}
+
+
+def load(spec: str | None, options: dict | None = None):
+    """`local` (default; `ssh` when gpu_host= is given), `ssh`, `dask`, or `module:Class`."""
+    options = dict(options or {})
+    if not spec:
+        spec = "ssh" if options.get("gpu_host") else "local"
+    target = BACKENDS.get(spec, spec)
+    if ":" not in target:
+        raise ValueError(f"executor={spec!r}: expected one of {', '.join(BACKENDS)} or 'module:Class'")
+    module, cls = target.split(":", 1)
+    factory = getattr(importlib.import_module(module), cls)
+    import inspect
+    takes_options = bool(inspect.signature(factory).parameters)
+    return factory(options) if takes_options else factory()
