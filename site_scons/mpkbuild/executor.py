@@ -191,7 +191,8 @@ def run_runner(job: GateJob, should_stop=lambda: False, env_extra: dict | None =
                pass_fds=()) -> dict:
     """The cold path: `python -m <runners>.<gate> JOB` (under compute-sanitizer if asked)."""
     job_file = write_job(job)
-    cmd = [sys.executable, "-u", "-m", f"{runner_package(job)}.{job.gate}", str(job_file)]
+    cmd = [sys.executable, "-u", "-m", "mpkbuild.runners.launch",
+           f"{runner_package(job)}.{job.gate}", str(job_file)]
     if job.sanitize:
         from . import sanitizer
         report = _sanitize_report(job)

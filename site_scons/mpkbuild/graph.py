@@ -111,7 +111,7 @@ def spec_fact(k: Kernel) -> str:
 
 
 def add_kernel(g: Graph, k: Kernel, fingerprint, wire_request, previous_verdict,
-               tampered=lambda rel: False) -> None:
+               tampered=lambda rel: False, sanitize: str | None = None) -> None:
     """Append one kernel's nodes. previous_verdict(path) -> verdict of a stored result or
     None; tampered(rel) -> whether a result no longer has the bytes its gate wrote."""
     r = lambda p: rel(g.root, p)
@@ -165,6 +165,8 @@ def add_kernel(g: Graph, k: Kernel, fingerprint, wire_request, previous_verdict,
     run_arch = config.ARCH_FOR_CC.get(fingerprint.cc) if fingerprint else None
     library = libraries.get(run_arch) or libraries[k.archs[0]]
     gpu = gpu_fact(fingerprint)
+    # a sanitized validate is a different gate run: its verdict says so, and a plain run redoes it
+    gate_facts = {"validate": (f"sanitize: {sanitize}",)} if sanitize else {}
     checks = {}
     for gate in stages.GPU_GATES:
         row = stages.BY_NAME[gate]
@@ -183,9 +185,8 @@ def add_kernel(g: Graph, k: Kernel, fingerprint, wire_request, previous_verdict,
                       "it is not trusted, the gate runs again")
         node = g.add(Node(f"{gate} {name} {key}", "gate", gate, name,
                           (r(result), r(result.with_suffix(".verdict")), r(k.gate_log(gate, key))),
-                          tuple(sources), (gpu, toolchain), opts=(("MPK_GATE", gate),),
-                          side_effects=(r(g.root / config.BUILD_DIRNAME / "gpu" / key / ".gpu-in-use"),),
-                          always=always))
+                          tuple(sources), (gpu, toolchain, *gate_facts.get(gate, ())),
+                          opts=(("MPK_GATE", gate),), always=always))
         check = g.add(Node(f"check {gate} {name}", "check", gate, name,
                            (r(k.gate_stamp(gate, key)),), (node.targets[0],),
                            opts=(("MPK_GATE", gate),), silent=True))
@@ -204,9 +205,7 @@ def add_shared(g: Graph, fingerprint) -> None:
     g.nodes.insert(0, Node(f"bandwidth {g.gpu_key}", "bandwidth", "perf", None,
                            (rel(g.root, bandwidth_file(g.root, g.gpu_key)),),
                            tuple(rel(g.root, p) for p in gates.runner_files("bandwidth")),
-                           (gpu_fact(fingerprint),),
-                           side_effects=(rel(g.root, g.root / config.BUILD_DIRNAME / "gpu" / g.gpu_key
-                                             / ".gpu-in-use"),)))
+                           (gpu_fact(fingerprint),)))
 
 
 def add_summary(g: Graph, kernels: list[Kernel]) -> None:
@@ -218,7 +217,7 @@ def add_summary(g: Graph, kernels: list[Kernel]) -> None:
 
 
 def build(root: Path, kernels: list[Kernel], fingerprint, wire_request, with_summary: bool,
-          tampered=lambda rel: False) -> Graph:
+          tampered=lambda rel: False, sanitize: str | None = None) -> Graph:
     """The whole graph for these kernels on this GPU (fingerprint None: no GPU)."""
     g = Graph(root=root, gpu_key=fingerprint.key if fingerprint else "no-gpu")
     add_shared(g, fingerprint)
@@ -228,7 +227,7 @@ def build(root: Path, kernels: list[Kernel], fingerprint, wire_request, with_sum
         return res.get("verdict") if res else None
 
     for k in kernels:
-        add_kernel(g, k, fingerprint, wire_request, previous_verdict, tampered)
+        add_kernel(g, k, fingerprint, wire_request, previous_verdict, tampered, sanitize)
     if with_summary:
         add_summary(g, kernels)
     return g

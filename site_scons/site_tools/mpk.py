@@ -123,7 +123,7 @@ def _bandwidth_action(target, source, env):
     env = _info(target)
     root = Path(env["MPK_ROOT"])
     job = executor_mod.GateJob("bandwidth", "-", {"root": str(root)},
-                               Path(target[0].abspath).parent, timeout_s=300)
+                               Path(target[0].abspath).parent, timeout_s=300, root=root)
     try:
         fp = _ready_gpu("all", "perf")
         result = _run_gate(job)
@@ -157,10 +157,16 @@ def _gate_action(target, source, env):
     if blocked:
         result = {"verdict": "blocked", "message": "not run: validate did not pass on this GPU"}
     else:
+        inputs = [k.library(arch), k.reference_file if gate == "validate" else k.baseline_file]
         if gate == "perf":
             payload["bandwidth_file"] = str(bandwidth_file(k.root, fp.key))
-        job = executor_mod.GateJob(gate, k.name, payload, Path(target[0].abspath).parent,
-                                   payload[gate][gate]["timeout_s"])
+            inputs.append(bandwidth_file(k.root, fp.key))
+        section = payload[gate][gate]
+        job = executor_mod.GateJob(
+            gate, k.name, payload, Path(target[0].abspath).parent, section["timeout_s"],
+            root=k.root, inputs=tuple(dict.fromkeys(os.path.relpath(p, k.root) for p in inputs)),
+            sanitize=_STATE["sanitize"] if gate == "validate" else None,
+            share_gpu=bool(section.get("share_gpu", False)) and gate == "validate")
         try:
             result = _run_gate(job)
         except gates.GateCannotRun as exc:
@@ -319,7 +325,12 @@ def _wire_request() -> wirestage.WireRequest:
 
 def _help_text(root: Path) -> str:
     lines = ["mpk kernel build graph", "", "usage: scons [kernel=NAME[,NAME]|all] [stage=STAGE] "
-             "[executor=local|module:Class] [-n] [-c] [-jN]",
+             "[-n] [-c] [-k] [-jN]",
+             "       GPU gates: [gpus=0,1] [warm=0] [sanitize=memcheck|racecheck|synccheck]",
+             "         executor=local (default; one GPU lease per running gate, -jN uses N GPUs)",
+             "         executor=ssh gpu_host=USER@HOST [gpu_workdir=DIR] [gpu_python=python3]",
+             "         executor=dask scheduler=tcp://HOST:8786   (pip install -e .[dask])",
+             "         executor=module:Class   (your own; see docs/executors.md)",
              "       scons stage=wire mpk_root=PATH [apply=1] [unwire=1]   registration edits",
              "       scons status [kernel=..] [stage=..] [gpu=PROFILE] [--json]   fresh/stale (why)",
              "       scons check gpu=PROFILE      exit 1 if any gate for that GPU is stale/failed/missing",
@@ -363,9 +374,24 @@ def _verdict_table(requested: dict) -> None:
 COMMANDS = ("status", "check", "dag")
 
 
+def _sanitize_request() -> str | None:
+    tool = ARGUMENTS.get("sanitize")
+    if tool in (None, "", "0", "none"):
+        return None
+    from mpkbuild import sanitizer
+    if tool not in sanitizer.TOOLS:
+        _fail_early(f"sanitize={tool}: expected one of {', '.join(sanitizer.TOOLS)}")
+    return tool
+
+
 def _resolve_gpu(root: Path) -> None:
-    """The GPU profile the GPU gates are judged for: gpu=<profile>, else this machine's GPU."""
-    real = _STATE["executor"].fingerprint()
+    """The GPU profile the GPU gates are judged for: gpu=<profile>, else the executor's GPU
+    (this machine's, or the remote host's / cluster's)."""
+    try:
+        real = _STATE["executor"].fingerprint()
+    except executor_mod.ExecutorError as exc:
+        _fail_early(f"executor {getattr(_STATE['executor'], 'name', '?')}: {exc} "
+                    "(nothing was run or recorded)")
     want = ARGUMENTS.get("gpu")
     if want is None:
         _STATE["fingerprint"], _STATE["gpu_here"] = real, real is not None
@@ -469,9 +495,12 @@ def declare(env) -> list:
     env["MPK_ROOT"] = str(root)
     SCons.Script.Help(_help_text(root), append=False)
     try:
-        _STATE["executor"] = executor_mod.load(ARGUMENTS.get("executor"))
+        _STATE["executor"] = executor_mod.load(ARGUMENTS.get("executor"), dict(ARGUMENTS))
+    except executor_mod.ExecutorError as exc:
+        _fail_early(str(exc))
     except (ValueError, ImportError, AttributeError) as exc:
         _fail_early(f"executor: {exc}")
+    _STATE["sanitize"] = _sanitize_request()
     if "new" in ARGUMENTS:
         from mpkbuild import scaffold
         try:
@@ -501,7 +530,8 @@ def declare(env) -> list:
     kernels = [_KERNELS[n] for n in names]
     sconsign = status_mod.Sconsign(root)
     g = graph_mod.build(root, kernels, fp, _STATE["wire_request"], with_summary,
-                        tampered=lambda rel: status_mod.tampered(root, sconsign, rel))
+                        tampered=lambda rel: status_mod.tampered(root, sconsign, rel),
+                        sanitize=_STATE["sanitize"])
     for node in g.nodes:
         if node.always and "modified after its gate wrote it" in node.always:
             print(f"mpk: {node.always}")

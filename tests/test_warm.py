@@ -1,0 +1,183 @@
+"""The warm runner server and the local executor's leases, with stand-in runners and a
+stand-in nvidia-smi (no GPU needed): forks per gate, crash isolation, hang kill, a killed
+client's gate killed too, and -j2 on two GPUs running side by side."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mpkbuild import gpu as gpu_mod
+from mpkbuild import warm
+from mpkbuild.executor import GateJob, LocalExecutor
+
+RUNNERS = {
+    # top-level code runs per gate (runpy); 'torch' already imported means a warm start
+    "fine": """
+import json, os, sys, time
+warm = 'torch' in sys.modules
+job = json.load(open(sys.argv[1]))
+started = time.time()
+time.sleep(job.get('sleep', 0))
+print('fine runner', os.getpid(), flush=True)
+json.dump({'verdict': 'pass', 'message': 'ok', 'warm': warm, 'pid': os.getpid(),
+           'visible': os.environ.get('CUDA_VISIBLE_DEVICES'), 'started': started,
+           'ended': time.time()}, open(job['result_file'], 'w'))
+""",
+    "dies": "print('CUDA error: an illegal memory access was encountered', flush=True)\nimport os\nos._exit(3)\n",
+    "sleepy": """
+import json, os, sys, time
+job = json.load(open(sys.argv[1]))
+open(job['pid_file'], 'w').write(str(os.getpid()))
+print('about to spin', flush=True)
+time.sleep(600)
+""",
+}
+
+SMI = """#!/bin/sh
+# stand-in nvidia-smi: two H200s
+case "$*" in
+  *index,uuid,name*) printf '0, GPU-0000aaaa, NVIDIA H200\\n1, GPU-1111bbbb, NVIDIA H200\\n' ;;
+  *index,name,compute_cap,driver_version*) printf '0, NVIDIA H200, 9.0, 580.1\\n1, NVIDIA H200, 9.0, 580.1\\n' ;;
+  *) exit 2 ;;
+esac
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:      # a zombie is dead for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def stage(tmp_path, monkeypatch):
+    pkg = tmp_path / "stand_in_runners"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for name, body in RUNNERS.items():
+        (pkg / f"{name}.py").write_text(body)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    short = Path(tempfile.mkdtemp(prefix="mpkw"))      # unix socket paths must stay short
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("MPK_LEASE_DIR", str(short))
+    monkeypatch.setenv("MPK_RUNNER_PACKAGE", "stand_in_runners")
+    monkeypatch.setenv("MPK_WARM_IDLE_S", "20")
+    gpu_mod.detect.cache_clear()
+    yield tmp_path
+    gpu_mod.detect.cache_clear()
+    subprocess.run(["pkill", "-9", "-f", str(short)], check=False)
+    shutil.rmtree(short, ignore_errors=True)
+
+
+def job(tmp_path, gate, timeout=60.0, name="w", **payload):
+    return GateJob(gate=gate, kernel="k", payload=payload, workdir=tmp_path / name, timeout_s=timeout)
+
+
+def test_warm_server_forks_a_fresh_child_per_gate(stage):
+    first = warm.run(job(stage, "fine"), "GPU-0000aaaa", {}, lambda: False)
+    second = warm.run(job(stage, "fine"), "GPU-0000aaaa", {}, lambda: False)
+    assert first["verdict"] == second["verdict"] == "pass"
+    assert first["warm"] and second["warm"]          # torch was imported before the gate ran
+    assert first["pid"] != second["pid"]             # a fresh process per gate
+    assert "fine runner" in (stage / "w" / "fine.log").read_text()
+
+
+def test_a_crashing_gate_takes_down_only_its_child(stage):
+    crash = warm.run(job(stage, "dies"), "GPU-0000aaaa", {}, lambda: False)
+    assert crash["verdict"] == "crash"
+    assert crash["message"].startswith("CUDA error: an illegal memory access")
+    after = warm.run(job(stage, "fine"), "GPU-0000aaaa", {}, lambda: False)
+    assert after["verdict"] == "pass" and after["warm"]
+
+
+def test_a_hanging_gate_is_killed_and_the_server_goes_on(stage):
+    started = time.monotonic()
+    hang = warm.run(job(stage, "sleepy", timeout=3.0, pid_file=str(stage / "pid")),
+                    "GPU-0000aaaa", {}, lambda: False)
+    assert hang["verdict"] == "hang" and "about to spin" in hang["message"]
+    assert time.monotonic() - started < 30
+    pid = int((stage / "pid").read_text())
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid)
+    assert warm.run(job(stage, "fine"), "GPU-0000aaaa", {}, lambda: False)["verdict"] == "pass"
+
+
+@pytest.mark.parametrize("warm_flag", ["1", "0"])
+def test_a_killed_build_leaves_no_runner_behind(stage, warm_flag):
+    """SIGKILL the process that runs the gate: its runner dies too, and the GPU is free."""
+    pid_file = stage / "pid"
+    client = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        from pathlib import Path
+        from mpkbuild.executor import GateJob, LocalExecutor
+        j = GateJob(gate="sleepy", kernel="k", payload={{"pid_file": {str(pid_file)!r}}},
+                    workdir=Path({str(stage / 'c')!r}), timeout_s=600)
+        LocalExecutor({{"warm": {warm_flag!r}}}).run(j)
+        """)])
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    runner = int(pid_file.read_text())
+    assert _alive(runner)
+    client.send_signal(signal.SIGKILL)
+    client.wait()
+    deadline = time.monotonic() + 10
+    while _alive(runner) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(runner), "the runner outlived the build that started it"
+    result = LocalExecutor({"warm": warm_flag, "gpus": "0"}).run(job(stage, "fine"))
+    assert result["verdict"] == "pass" and result["lease_wait_s"] < 5
+
+
+def _run_two(executor, stage):
+    results = [None, None]
+
+    def go(i):
+        results[i] = executor.run(job(stage, "fine", name=f"j{i}", sleep=2.0))
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+@pytest.mark.parametrize("warm_flag", ["1", "0"])
+def test_two_gates_run_side_by_side_on_two_gpus(stage, warm_flag):
+    a, b = _run_two(LocalExecutor({"warm": warm_flag}), stage)
+    assert {a["visible"], b["visible"]} == {"GPU-0000aaaa", "GPU-1111bbbb"}
+    assert {a["gpu_index"], b["gpu_index"]} == {0, 1}
+    assert a["started"] < b["ended"] and b["started"] < a["ended"]       # they overlapped
+
+
+def test_gpus_limits_the_set_and_one_gpu_serialises(stage):
+    a, b = _run_two(LocalExecutor({"warm": "0", "gpus": "1"}), stage)
+    assert a["visible"] == b["visible"] == "GPU-1111bbbb"
+    first, second = sorted([a, b], key=lambda r: r["started"])
+    assert second["started"] >= first["ended"] - 0.05                    # never two on one GPU
+
+
+def test_bad_gpus_fails_before_any_gate(stage):
+    from mpkbuild.executor import ExecutorError
+    with pytest.raises(ExecutorError, match=r"gpus=0,5: no GPU 5 .*0 \(NVIDIA H200\), 1 \(NVIDIA H200\)"):
+        LocalExecutor({"gpus": "0,5"}).fingerprint()
