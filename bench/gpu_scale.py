@@ -1,0 +1,108 @@
+"""GPU gates across GPUs: the catalog's validate+perf with -j1 and with -j2, in one run.
+
+    python bench/gpu_scale.py [--out DIR] [--rounds 2]
+
+Copies the project to a temporary folder, compiles every kernel, warms up (the warm runner
+server on each GPU, the copy-bandwidth node), then alternates -j1 and -j2 runs of
+`scons -k stage=perf` (validate then perf for every kernel) over the same compiled tree,
+removing the gate results before each run. Prints each run's wall time, where each gate
+ran and how long it took, and the throughput ratio median(-j1) / median(-j2).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+KERNELS = ("rmsnorm_v2", "silu_mul_v2", "embedding_v2", "argmax_v2", "linear_v2")
+
+
+def copy_tree() -> Path:
+    tmp = Path(tempfile.mkdtemp(prefix="mpk-scale-"))
+    for name in ("SConstruct", "site_scons", "specs", "kernels", "wiring", "gpu_profiles"):
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, tmp / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists():
+            shutil.copy2(src, tmp / name)
+    return tmp
+
+
+def scons(root: Path, log: list, *args: str) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "SCons", "-Q", *args], cwd=root,
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    log.append(f"$ scons {' '.join(args)}  ({wall:.2f} s, exit {proc.returncode})\n{proc.stdout}{proc.stderr}")
+    return wall
+
+
+def gate_results(root: Path) -> list[dict]:
+    rows = []
+    for k in KERNELS:
+        for gate in ("validate", "perf"):
+            for path in sorted((root / "build" / k / "gpu").glob(f"*/{gate}.json")):
+                res = json.loads(path.read_text())
+                rows.append({"kernel": k, "gate": gate, "verdict": res.get("verdict"),
+                             "gpu": res.get("gpu_index"), "elapsed_s": res.get("elapsed_s"),
+                             "wait_s": res.get("lease_wait_s")})
+    return rows
+
+
+def clear_results(root: Path) -> None:
+    for k in KERNELS:
+        for gpu_dir in (root / "build" / k / "gpu").glob("*"):
+            shutil.rmtree(gpu_dir)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    gpus = subprocess.run(["nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader"],
+                          capture_output=True, text=True).stdout.strip().splitlines()
+    root, log = copy_tree(), []
+    t_compile = scons(root, log, "-k", "-j16", "stage=compile")
+    t_warm = scons(root, log, "-k", "-j2", "stage=validate", "kernel=rmsnorm_v2,silu_mul_v2")
+    scons(root, log, "-k", "stage=perf", "kernel=rmsnorm_v2")          # the bandwidth node
+    walls = {1: [], 2: []}
+    runs = []
+    for r in range(args.rounds):
+        for jobs in (1, 2):
+            clear_results(root)
+            wall = scons(root, log, "-k", f"-j{jobs}", "stage=perf")
+            walls[jobs].append(wall)
+            runs.append((r, jobs, wall, gate_results(root)))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu_scale.log").write_text("\n".join(log))
+        (args.out / "gpu_scale.json").write_text(json.dumps(
+            {"gpus": gpus, "runs": [{"round": r, "jobs": j, "wall_s": w, "gates": g}
+                                    for r, j, w, g in runs]}, indent=2))
+    print(f"GPUs: {'; '.join(gpus)}; compile {t_compile:.1f} s, warm-up {t_warm:.1f} s")
+    for r, jobs, wall, gates in runs:
+        bad = [f"{g['kernel']} {g['gate']}: {g['verdict']}" for g in gates if g["verdict"] != "pass"]
+        print(f"round {r} -j{jobs}: {wall:6.2f} s  ({len(gates)} gates"
+              + (f"; not pass: {', '.join(bad)}" if bad else "") + ")")
+    print(f"\n{'kernel':<14} {'gate':<9} " + " ".join(f"r{r}-j{j} gpu/s/wait".rjust(22) for r, j, _, _ in runs))
+    for i, g0 in enumerate(runs[0][3]):
+        cells = []
+        for _, _, _, gates in runs:
+            g = gates[i] if i < len(gates) else {}
+            cells.append(f"{g.get('gpu')}/{g.get('elapsed_s', 0) or 0:.2f}/{g.get('wait_s') or 0:.2f}".rjust(22))
+        print(f"{g0['kernel']:<14} {g0['gate']:<9} " + " ".join(cells))
+    m1, m2 = statistics.median(walls[1]), statistics.median(walls[2])
+    print(f"\nmedian -j1 {m1:.2f} s, median -j2 {m2:.2f} s: throughput ratio -j2/-j1 = {m1 / m2:.2f}")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
