@@ -1,0 +1,5 @@
+"""Stand-in bandwidth runner (see fake_runners)."""
+from fake_runners._common import main
+
+if __name__ == "__main__":
+    main("bandwidth")
