@@ -89,3 +89,26 @@ def test_clean_removes_build_outputs(built):
     built.scons("-c", "stage=review")
     assert not (built.root / "build" / K / "sm_90a" / f"lib{K}.so").exists()
     assert not (built.root / "build" / K / "review.md").exists()
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("keep_going", [False, True])
+def test_a_failed_gate_stops_other_gates_unless_k(tmp_path, keep_going):
+    """Gates are handed out before their checks (longest first); a failed verdict still
+    stops the run without -k, and with -k every other kernel's gates go on. Exit non-zero."""
+    from conftest import copy_project
+    proj = copy_project(tmp_path / "proj", kernels=("rmsnorm_v2", "silu_mul_v2"))
+    proj.scons("-j2", "stage=compile")
+    run = proj.scons(*(["-k"] if keep_going else []), "stage=perf", check=False,
+                     env={"FAKE_GPU_VERDICT": json.dumps({"validate:rmsnorm_v2": "fail"})})
+    assert run.returncode != 0
+    ran = [r for r in proj.runs_file.read_text().splitlines() if not r.startswith("bandwidth")]
+    assert ran[0] == "validate rmsnorm_v2"
+    if keep_going:
+        assert sorted(ran) == ["perf silu_mul_v2", "validate rmsnorm_v2", "validate silu_mul_v2"]
+        assert json.loads((proj.root / "build/silu_mul_v2/gpu" / GPU / "perf.json").read_text())["verdict"] == "pass"
+        assert json.loads((proj.root / "build/rmsnorm_v2/gpu" / GPU / "perf.json").read_text())["verdict"] == "blocked"
+    else:
+        assert ran == ["validate rmsnorm_v2"]
+        assert "validate silu_mul_v2: not run, validate rmsnorm_v2 did not pass (-k runs every gate)" in run.stderr
+        assert not (proj.root / "build/silu_mul_v2/gpu" / GPU / "validate.json").exists()

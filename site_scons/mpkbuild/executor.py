@@ -255,9 +255,11 @@ class LocalExecutor:
             lease = leases.acquire(gpus, shared=job.share_gpu, should_stop=should_stop)
         except leases.Interrupted as exc:
             raise GateInterrupted(str(exc)) from None
+        started_at = time.time()
         with lease:
             result = self._run_on(job, lease, should_stop)
-        result["gpu_index"], result["lease_wait_s"] = lease.gpu.index, lease.waited_s
+        result.update(gpu_index=lease.gpu.index, lease_wait_s=lease.waited_s,
+                      started_at=round(started_at, 3), ended_at=round(time.time(), 3))
         return result
 
     def _run_on(self, job: GateJob, lease, should_stop) -> dict:

@@ -156,6 +156,10 @@ def _gate_action(target, source, env):
         (Path(target[0].abspath).parent / "validate.verdict").read_text().strip() != "pass"
     if blocked:
         result = {"verdict": "blocked", "message": "not run: validate did not pass on this GPU"}
+    elif _STATE.get("failed_gate") and not GetOption("keep_going"):
+        # gates are handed out before their checks: keep SCons's stop-at-first-failure
+        return _fail(f"{gate} {k.name}: not run, {_STATE['failed_gate']} did not pass "
+                     "(-k runs every gate)")
     else:
         inputs = [k.library(arch), k.reference_file if gate == "validate" else k.baseline_file]
         if gate == "perf":
@@ -175,6 +179,8 @@ def _gate_action(target, source, env):
                         lock=_lock_for(source, k.root, fp), result_path=Path(target[0].abspath),
                         verdict_path=Path(target[1].abspath))
     print(f"          {gate} {k.name}: {gates.verdict_line(full)} ({full.get('elapsed_s', '?')} s)")
+    if full["verdict"] not in ("pass", "blocked"):
+        _STATE["failed_gate"] = f"{gate} {k.name}"
     return 0
 
 
@@ -565,8 +571,25 @@ def declare(env) -> list:
         print(f"mpk: no CUDA GPU here ({_STATE['executor'].absence()}): default stage is compile; "
               "validate/perf run on the GPU box (stage=validate here fails by design)")
     atexit.register(_verdict_table, requested)
+    targets = _gpu_work_first(g, targets, kernels, closure)
     # one alias as the default target: a no-op prints one line, not one per file
     return env.Alias("mpk", [env.File(t) for t in targets])
+
+
+def _gpu_work_first(g, targets: list[str], kernels: list[Kernel], closure) -> list[str]:
+    """SCons hands out ready nodes in the order of its targets. Every validate first (the
+    quick verdicts), then every perf, each longest first by the time it took last run: with
+    -jN over N GPUs that is the longest-first schedule, so the GPUs finish together."""
+    def last_time(k: Kernel, gate: str) -> float:
+        res = gates.read_result(k.gate_result(gate, g.gpu_key)) or {}
+        return float(res.get("elapsed_s") or 0.0)
+    first = []
+    for gate in stages.GPU_GATES:
+        if gate in closure:
+            ranked = sorted(kernels, key=lambda k: -last_time(k, gate))
+            # the gate's result, not its check: a failed verdict must not stop the others
+            first += [os.path.relpath(k.gate_result(gate, g.gpu_key), g.root) for k in ranked]
+    return list(dict.fromkeys(first + targets))
 
 
 def generate(env):

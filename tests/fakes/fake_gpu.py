@@ -37,5 +37,6 @@ class FakeGpuExecutor:
             time.sleep(0.1)
         if job.gate == "bandwidth":
             return {"verdict": "pass", "copy_bandwidth_Bps": 4.0e12, "message": "fake copy 4.00 TB/s"}
-        wanted = json.loads(os.environ.get("FAKE_GPU_VERDICT", "{}")).get(job.gate, "pass")
+        verdicts = json.loads(os.environ.get("FAKE_GPU_VERDICT", "{}"))   # {"gate[:kernel]": verdict}
+        wanted = verdicts.get(f"{job.gate}:{job.kernel}", verdicts.get(job.gate, "pass"))
         return {"verdict": wanted, "message": f"stand-in {job.gate} said {wanted}", "variants": {}}
