@@ -112,3 +112,18 @@ def test_a_failed_gate_stops_other_gates_unless_k(tmp_path, keep_going):
         assert ran == ["validate rmsnorm_v2"]
         assert "validate silu_mul_v2: not run, validate rmsnorm_v2 did not pass (-k runs every gate)" in run.stderr
         assert not (proj.root / "build/silu_mul_v2/gpu" / GPU / "validate.json").exists()
+
+
+def test_gpus_naming_a_missing_gpu_is_refused_before_anything_runs(project):
+    """gpus= is checked against nvidia-smi (a stand-in with two GPUs here) at start-up."""
+    import os
+    import time
+    from conftest import FAKES
+    env = {"PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    started = time.monotonic()
+    run = project.scons(f"kernel={K}", "stage=validate", "gpus=0,5", fake_gpu=False,
+                        env=env, check=False)
+    assert time.monotonic() - started < 30
+    assert run.returncode != 0
+    assert "gpus=0,5: no GPU 5 on this machine (nvidia-smi lists: 0 (Fake H200), 1 (Fake H200))" in run.stderr
+    assert not list(project.root.glob(f"build/{K}/gpu/*/validate.json"))
