@@ -197,7 +197,7 @@ def run_runner(job: GateJob, should_stop=lambda: False, env_extra: dict | None =
         from . import sanitizer
         report = _sanitize_report(job)
         report.unlink(missing_ok=True)
-        cmd = sanitizer.wrap(job.sanitize, cmd, report)
+        cmd = sanitizer.wrap(job.sanitize, cmd, report, kernel=job.kernel)
     started = time.monotonic()
     child = _Cold(cmd, runner_env(env_extra), job.log_file, pass_fds)
     return supervise(child, job, should_stop, started)

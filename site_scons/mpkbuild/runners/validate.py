@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from .common import (Harness, bits_equal, call_with_params, device_facts, load_function,
+from .common import (CudaFault, Harness, bits_equal, call_with_params, device_facts, load_function,
                      poison_, random_tensor, run_main, tensor_specs, unwritten_mask)
 
 
@@ -77,6 +77,8 @@ def validate_variant(harness: Harness, job: dict, variant: str) -> dict:
         for step in range(vcfg["steps"]):
             for o in outputs:
                 poison_(o)
+            # the last line a hang or a crash leaves in the log says where it was
+            print(f"validate {variant} trial {trial} step {step}", flush=True)
             launch(inputs, outputs)
             torch.cuda.synchronize()
             for (name, shape, _), out, ref in zip(outs, outputs, refs):
@@ -115,7 +117,13 @@ def main(job: dict) -> dict:
     clock.append(time.perf_counter())
     variants, failed = {}, []
     for variant in job["codegen"]["codegen"]["variants"]:
-        res = validate_variant(harness, job, variant)
+        try:
+            res = validate_variant(harness, job, variant)
+        except RuntimeError as exc:          # a CUDA fault: say in which variant
+            text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            if isinstance(exc, CudaFault) or "cuda" in text.lower():
+                raise CudaFault(f"{variant}: {text}") from exc
+            raise
         variants[variant] = res
         if res["verdict"] != "pass":
             failed.append(f"{variant}: {res['message']}")
