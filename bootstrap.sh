@@ -11,5 +11,5 @@ else
     python3 -m venv .venv
     .venv/bin/python -m pip install -q "torch==2.13.0" numpy
 fi
-.venv/bin/python -m pip install -q -e ".[test]"
+.venv/bin/python -m pip install -q -e ".[test,dask]"
 .venv/bin/python -c 'import mpkbuild, SCons, torch; print("mpkbuild ready: torch", torch.__version__)'
