@@ -86,3 +86,26 @@ def test_launch_bounds_follow_min_blocks_per_sm(root):
     harness = render(Kernel.load(root, K), "harness")
     assert "__launch_bounds__(rmsnorm_v2_spec::THREADS, 1)\nrmsnorm_v2__decode_r16_h7168(" in harness
     assert "__launch_bounds__(rmsnorm_v2_spec::THREADS, 5)\nrmsnorm_v2__large_r16384_h7168(" in harness
+
+
+def test_partition_override_moves_the_task_slice(root):
+    spec = root / "specs" / f"{K}.yaml"
+    spec.write_text(spec.read_text().replace(
+        "  grid: [rows]", '  grid: [rows]\n  overrides:\n    - {variants: "large_r16384_*", partition: {input: [-1, -1]}}'))
+    harness = render(Kernel.load(root, K), "harness")
+    large = harness[harness.index("rmsnorm_v2__large_r16384_h7168("):]
+    assert "input + static_cast<size_t>(task)" not in large.split("task, mpk_smem")[0]
+    assert "input + static_cast<size_t>(task) * 7168ull" in harness      # the other variants
+
+
+def test_smem_sized_by_variant_symbols_is_planned_per_variant(root):
+    spec = root / "specs" / f"{K}.yaml"
+    spec.write_text(spec.read_text().replace("bytes: 16, align: 16", "bytes: \"max(16, rows // 4)\", align: 16"))
+    k = Kernel.load(root, K)
+    header, harness = render(k, "spec_header"), render(k, "harness")
+    assert "constexpr size_t SMEM_TOTAL_MAX = 4096;" in header            # 16384 // 4
+    block = header[header.index("namespace large_r4096_h7168 {"):]
+    assert "constexpr size_t SMEM_WARP_SUMS_BYTES = 1024;" in block.split("}")[0]
+    assert "rmsnorm_v2_spec::large_r4096_h7168::SMEM_TOTAL" in harness
+    plan = codegen.smem_plan(k.spec.data["codegen"])
+    assert plan["total"] == 4096 and not plan["uniform"]

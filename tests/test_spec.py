@@ -155,3 +155,58 @@ def test_exported_schema_is_current_and_accepts_the_spec():
     import yaml
     data = yaml.safe_load((REPO / "specs" / f"{K}.yaml").read_text())
     jsonschema.Draft202012Validator(exported).validate(data)
+
+
+# ---------------------------------------------------------------- per-variant overrides
+OVERRIDE = "  grid: [rows]"
+
+
+def test_partition_override_applies_to_matching_variants_only(root):
+    from mpkbuild.spec import variant_tensors
+    edit(root, OVERRIDE, OVERRIDE + '\n  overrides:\n    - {variants: "large_*", partition: {input: [-1, -1]}}')
+    cg = load_spec(spec_path(root), root).data["codegen"]
+    assert variant_tensors(cg, "large_r4096_h7168")["inputs"][0]["partition"] == [-1, -1]
+    assert variant_tensors(cg, "decode_r1_h4096")["inputs"][0]["partition"] == [0, -1]
+    assert "overrides" not in load_spec(REPO / "specs" / f"{K}.yaml", REPO).data["codegen"]
+
+
+def test_override_glob_matching_nothing(root):
+    edit(root, OVERRIDE, OVERRIDE + '\n  overrides:\n    - {variants: "huge_*", partition: {input: [0, -1]}}')
+    expect_error(root, "huge_*", "codegen.overrides.0.variants", "matches no variant")
+
+
+def test_override_of_an_unknown_tensor(root):
+    edit(root, OVERRIDE, OVERRIDE + '\n  overrides:\n    - {variants: "large_*", partition: {nope: [0, -1]}}')
+    expect_error(root, "nope: [0, -1]", "codegen.overrides.0.partition.nope", "no tensor named 'nope'")
+
+
+def test_override_with_the_wrong_rank(root):
+    edit(root, OVERRIDE, OVERRIDE + '\n  overrides:\n    - {variants: "large_*", partition: {input: [0]}}')
+    expect_error(root, "input: [0]}", "codegen.overrides.0.partition.input", "shape has 2 dims")
+
+
+def test_two_overrides_for_one_tensor_of_one_variant(root):
+    edit(root, OVERRIDE, OVERRIDE + '\n  overrides:\n    - {variants: "large_*", partition: {input: [0, -1]}}'
+         '\n    - {variants: "large_r4096_*", partition: {input: [-1, 0]}}')
+    expect_error(root, '"large_r4096_*"', "codegen.overrides.1.partition.input", "already takes input's partition")
+
+
+def test_overridden_split_must_divide_by_the_grid(root):
+    edit(root, OVERRIDE, OVERRIDE + '\n  overrides:\n    - {variants: "large_r4096_*", partition: {weight: [0]}}')
+    err = expect_error(root, "{name: weight,", "codegen.inputs.1.shape.0", "not a multiple")
+    assert "codegen.overrides[0]" in err.message
+
+
+def test_min_and_max_in_expressions(root):
+    edit(root, "grid: [rows]", "grid: [\"max(rows, 1) * min(1, rows, 2)\"]")
+    load_spec(spec_path(root), root)
+    edit(root, "grid: [\"max(rows, 1) * min(1, rows, 2)\"]", "grid: [\"min(rows)\"]")
+    expect_error(root, "grid: [\"min(rows)\"]", "codegen.grid.0", "takes two or more plain arguments")
+
+
+def test_smem_region_sized_by_variant_symbols(root):
+    edit(root, "{name: warp_sums, bytes: 16, align: 16}", "{name: warp_sums, bytes: rows * 8, align: 16}")
+    load_spec(spec_path(root), root)
+    edit(root, "bytes: rows * 8,", "bytes: rows * 64,")    # 16384 rows * 64 > the budget
+    err = expect_error(root, "name: warp_sums", "codegen.smem.regions.0", "SMEM over budget")
+    assert err.message.startswith("variant large_r4096_h7168: ")    # the first variant over it

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import config, expr
 from .fsutil import write_atomic
-from .spec import grid_size, tensor_shape, variant_symbols
+from .spec import grid_size, smem_layout, tensor_shape, variant_symbols, variant_tensors
 
 CTYPES = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float",
           "int32": "int32_t", "int64": "int64_t"}
@@ -64,18 +64,22 @@ def _cpp_literal(value) -> tuple[str, str]:
     return "float", f"{value!r}f"
 
 
-def smem_plan(codegen: dict) -> dict:
-    """Region offsets laid out in order with their alignment; total and budget."""
-    consts = {"threads": codegen["threads"],
-              **{k: v for k, v in codegen["params"].items() if not isinstance(v, bool)}}
-    regions, offset = [], 0
-    for region in codegen["smem"]["regions"]:
-        nbytes = int(expr.evaluate(region["bytes"], consts))
-        offset = -(-offset // region["align"]) * region["align"]
-        regions.append({"name": region["name"], "NAME": _cpp_name(region["name"]),
-                        "offset": offset, "bytes": nbytes, "align": region["align"]})
-        offset += nbytes
-    return {"regions": regions, "total": offset, "budget": codegen["smem"]["budget"]}
+def smem_plan(codegen: dict, variant: str | None = None) -> dict:
+    """Region offsets laid out in order with their alignment; total and budget.
+
+    Region sizes may use variant symbols. With a variant: that variant's plan. Without one:
+    the plan of the variant that needs the most (what a resource gate must allow for), and
+    `uniform` says whether every variant has the same plan."""
+    if variant is not None or not codegen.get("variants"):
+        symbols = variant_symbols(codegen, variant) if variant is not None else \
+            {"threads": codegen["threads"],
+             **{k: v for k, v in codegen["params"].items() if not isinstance(v, bool)}}
+        regions, total = smem_layout(codegen["smem"], symbols)
+        return {"regions": [{**r, "NAME": _cpp_name(r["name"])} for r in regions],
+                "total": total, "budget": codegen["smem"]["budget"], "uniform": True}
+    plans = [smem_plan(codegen, v) for v in codegen["variants"]]
+    biggest = max(plans, key=lambda p: p["total"])
+    return {**biggest, "uniform": all(p == plans[0] for p in plans)}
 
 
 def _variant_views(codegen: dict) -> list[dict]:
@@ -84,8 +88,9 @@ def _variant_views(codegen: dict) -> list[dict]:
         symbols = variant_symbols(codegen, name)
         grid = grid_size(codegen, symbols)
         tensors = []
+        declared = variant_tensors(codegen, name)
         for kind in ("inputs", "outputs"):
-            for t in codegen[kind]:
+            for t in declared[kind]:
                 shape = tensor_shape(t, symbols)
                 per_task = 0
                 if 0 in t["partition"]:
@@ -99,6 +104,7 @@ def _variant_views(codegen: dict) -> list[dict]:
         views.append({
             "name": name, "grid": grid, "binding": codegen["variants"][name],
             "min_blocks": int(expr.evaluate(codegen["min_blocks_per_sm"], symbols)),
+            "smem": smem_plan(codegen, name),
             "template_args": [codegen["variants"][name][p] for p in codegen["template_params"]],
             "tensors": tensors,
             "tiling": [{"symbol": r["symbol"], "SYMBOL": _cpp_name(r["symbol"]),

@@ -1,7 +1,8 @@
 """Integer expressions in specs (`threads * vec_elems`, `(2 * rows * hidden + hidden) * 2`).
 
-Only names, integer/float literals, + - * // / % ** and parentheses are allowed: a spec
-is data, never code, so nothing here calls eval on user text.
+Only names, integer/float literals, + - * // / % **, parentheses and the two functions
+min(a, b, ...) and max(a, b, ...) are allowed: a spec is data, never code, so nothing here
+calls eval on user text.
 """
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ _BINOPS = {
     ast.FloorDiv: operator.floordiv, ast.Div: operator.truediv, ast.Mod: operator.mod,
     ast.Pow: operator.pow,
 }
+
+
+_FUNCS = {"min": min, "max": max}
 
 
 class ExprError(ValueError):
@@ -44,9 +48,21 @@ def evaluate(text: str | int | float, symbols: dict[str, int | float]):
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
             v = ev(node.operand)
             return -v if isinstance(node.op, ast.USub) else v
+        if isinstance(node, ast.Call):
+            return _FUNCS[_call_name(node, text)](*(ev(a) for a in node.args))
         raise ExprError(f"unsupported syntax in expression {text!r}")
 
     return ev(tree)
+
+
+def _call_name(node: ast.Call, text) -> str:
+    """The function a call names, if it is one of min/max with two or more plain arguments."""
+    name = node.func.id if isinstance(node.func, ast.Name) else None
+    if name not in _FUNCS:
+        raise ExprError(f"unsupported function in expression {text!r} (only min and max)")
+    if node.keywords or len(node.args) < 2 or any(isinstance(a, ast.Starred) for a in node.args):
+        raise ExprError(f"{name}() in {text!r} takes two or more plain arguments")
+    return name
 
 
 def to_cpp(text: str | int | float, rename) -> str:
@@ -66,6 +82,13 @@ def to_cpp(text: str | int | float, rename) -> str:
             return f"({emit(node.left)} {ops[type(node.op)]} {emit(node.right)})"
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             return f"(-{emit(node.operand)})"
+        if isinstance(node, ast.Call):
+            cmp = "<" if _call_name(node, text) == "min" else ">"
+            out = emit(node.args[0])
+            for arg in node.args[1:]:    # constexpr-friendly, no <algorithm> needed
+                a, b = out, emit(arg)
+                out = f"({a} {cmp} {b} ? {a} : {b})"
+            return out
         raise ExprError(f"expression {text!r} has no C++ form")
 
     return emit(ast.parse(str(text), mode="eval"))

@@ -17,6 +17,23 @@ REPO_PATH = r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$"
 REF_PATH = r"^[A-Za-z0-9_][A-Za-z0-9_./-]*\.py:[A-Za-z_][A-Za-z0-9_]*$"
 INT_OR_EXPR = {"type": ["integer", "string"]}
 
+_PARTITION = {"type": "array", "minItems": 1, "maxItems": 4, "items": {"enum": [-1, 0]},
+              "description": "MPK notation: 0 = this dim is split across grid x, -1 = whole"}
+
+_OVERRIDE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["variants", "partition"],
+    "properties": {
+        "variants": {"type": "string", "description": "fnmatch glob over variant names"},
+        "partition": {"type": "object", "minProperties": 1,
+                      "propertyNames": {"pattern": C_IDENT},
+                      "additionalProperties": _PARTITION,
+                      "description": "tensor name -> the partition these variants use instead"},
+        "description": {"type": "string"},
+    },
+}
+
 _TENSOR = {
     "type": "object",
     "additionalProperties": False,
@@ -26,9 +43,7 @@ _TENSOR = {
         "dtype": {"enum": ["bf16", "fp16", "fp32", "int32", "int64"]},
         "shape": {"type": "array", "minItems": 1, "maxItems": 4, "items": INT_OR_EXPR,
                   "description": "extents: integers or expressions over variant symbols"},
-        "partition": {"type": "array", "minItems": 1, "maxItems": 4,
-                      "items": {"enum": [-1, 0]},
-                      "description": "MPK notation: 0 = this dim is split across grid x, -1 = whole"},
+        "partition": _PARTITION,
         "description": {"type": "string"},
     },
 }
@@ -104,6 +119,10 @@ SPEC_SCHEMA: dict = {
                          "description": "number of tasks (grid x), an expression over variant symbols"},
                 "inputs": {"type": "array", "minItems": 1, "maxItems": 7, "items": _TENSOR},
                 "outputs": {"type": "array", "minItems": 1, "maxItems": 3, "items": _TENSOR},
+                # no default: a spec without overrides keeps its codegen signature
+                "overrides": {"type": "array", "items": _OVERRIDE,
+                              "description": "per-variant tensor partitions (a variant glob each); "
+                                             "a tensor takes at most one override per variant"},
                 "smem": {
                     "type": "object", "additionalProperties": False,
                     "default": {"budget": 224256, "regions": []},
@@ -113,7 +132,9 @@ SPEC_SCHEMA: dict = {
                             "type": "object", "additionalProperties": False,
                             "required": ["name", "bytes"],
                             "properties": {"name": {"type": "string", "pattern": C_IDENT},
-                                           "bytes": INT_OR_EXPR,
+                                           "bytes": {**INT_OR_EXPR, "description":
+                                                     "an expression over threads, params and the "
+                                                     "variant's symbols (the plan may differ per variant)"},
                                            "align": {"type": "integer", "minimum": 1, "default": 16}}}},
                     },
                 },

@@ -162,6 +162,7 @@ def _semantic_errors(data: dict, root: Path, stem: str):
                                           if not isinstance(v, bool)}}
     # tensors
     names = set()
+    shapes = {t["name"]: t["shape"] for kind in ("inputs", "outputs") for t in cg[kind]}
     for kind in ("inputs", "outputs"):
         for i, t in enumerate(cg[kind]):
             if t["name"] in names:
@@ -172,6 +173,26 @@ def _semantic_errors(data: dict, root: Path, stem: str):
                     f"partition has {len(t['partition'])} entries but shape has {len(t['shape'])} dims")
             if t["partition"].count(0) > 1:
                 yield ("codegen", kind, i, "partition"), "at most one dim can be split across grid x"
+    # per-variant partition overrides
+    claimed = {}                            # (variant, tensor) -> the override index that set it
+    for i, rule in enumerate(cg.get("overrides", [])):
+        matched = fnmatch.filter(cg["variants"], rule["variants"])
+        if not matched:
+            yield ("codegen", "overrides", i, "variants"), f"{rule['variants']!r} matches no variant"
+        for tname, part in rule["partition"].items():
+            where = ("codegen", "overrides", i, "partition", tname)
+            if tname not in shapes:
+                yield where, f"no tensor named {tname!r} (tensors: {', '.join(shapes)})"
+                continue
+            if len(part) != len(shapes[tname]):
+                yield where, f"partition has {len(part)} entries but {tname}'s shape has {len(shapes[tname])} dims"
+            if part.count(0) > 1:
+                yield where, "at most one dim can be split across grid x"
+            for vname in matched:
+                if (vname, tname) in claimed:
+                    yield where, (f"variant {vname!r} already takes {tname}'s partition from "
+                                  f"codegen.overrides[{claimed[vname, tname]}]")
+                claimed[vname, tname] = i
     # variants
     template_params = cg["template_params"]
     for vname, binding in cg["variants"].items():
@@ -214,8 +235,9 @@ def _semantic_errors(data: dict, root: Path, stem: str):
         if not isinstance(grid, int) or grid < 1:
             yield ("codegen", "grid", 0), f"variant {vname}: grid = {grid!r} is not a positive integer"
             continue
+        tensors = variant_tensors(cg, vname)
         for kind in ("inputs", "outputs"):
-            for i, t in enumerate(cg[kind]):
+            for i, t in enumerate(tensors[kind]):
                 for d, extent in enumerate(t["shape"]):
                     try:
                         n = expr.evaluate(extent, symbols)
@@ -228,27 +250,19 @@ def _semantic_errors(data: dict, root: Path, stem: str):
                     elif d < len(t["partition"]) and t["partition"][d] == 0 and n % grid:
                         yield ("codegen", kind, i, "shape", d), (
                             f"variant {vname}: dim {d} ({extent} = {n}) is split over {grid} tasks "
-                            f"but is not a multiple of it")
-    # smem
-    total = 0
+                            f"but is not a multiple of it" + _partition_origin(cg, vname, t["name"]))
+    # smem: region sizes may use variant symbols, so the plan is checked for every variant
     for i, region in enumerate(cg["smem"]["regions"]):
+        if region["align"] & (region["align"] - 1):
+            yield ("codegen", "smem", "regions", i, "align"), f"alignment {region['align']} is not a power of two"
+    for vname, binding in cg["variants"].items():
         try:
-            nbytes = expr.evaluate(region["bytes"], consts)
-        except expr.ExprError as exc:
-            yield ("codegen", "smem", "regions", i, "bytes"), str(exc)
-            continue
-        align = region["align"]
-        if align & (align - 1):
-            yield ("codegen", "smem", "regions", i, "align"), f"alignment {align} is not a power of two"
-            continue
-        if not isinstance(nbytes, int) or nbytes <= 0:
-            yield ("codegen", "smem", "regions", i, "bytes"), f"{region['bytes']!r} = {nbytes!r} is not a positive integer"
-            continue
-        total = -(-total // align) * align + nbytes
-        if total > cg["smem"]["budget"]:
-            yield ("codegen", "smem", "regions", i), (
-                f"SMEM over budget: regions up to {region['name']!r} need {total} bytes, "
-                f"budget is {cg['smem']['budget']}")
+            smem_layout(cg["smem"], {**consts, **binding})
+        except SmemPlanError as exc:
+            # plain-number regions fail the same way for every variant: no variant to name
+            varies = any(not isinstance(r["bytes"], int) for r in cg["smem"]["regions"][:exc.index + 1])
+            yield exc.path, f"variant {vname}: {exc}" if varies else str(exc)
+            break
     # validate
     v = data["validate"]
     why = _py_function_exists(root, v["reference"])
@@ -372,6 +386,53 @@ def load_spec(path: Path | str, root: Path | str) -> LoadedSpec:
     signatures = {name: sha256_json(sec) for name, sec in sections.items()}
     return LoadedSpec(file=rel, data=data, sections=sections, signatures=signatures,
                       source_sha=sha256_bytes(text.encode()))
+
+
+class SmemPlanError(ValueError):
+    """A region size that does not evaluate, is not positive, or overruns the budget."""
+
+    def __init__(self, index: int, field: str | None, message: str):
+        self.index = index
+        self.path = ("codegen", "smem", "regions", index) + ((field,) if field else ())
+        super().__init__(message)
+
+
+def smem_layout(smem: dict, symbols: dict) -> tuple[list[dict], int]:
+    """Lay the regions out in order at their alignment for one variant's symbols:
+    ([{name, offset, bytes, align}], total). Raises SmemPlanError."""
+    regions, total = [], 0
+    for i, region in enumerate(smem["regions"]):
+        try:
+            nbytes = expr.evaluate(region["bytes"], symbols)
+        except expr.ExprError as exc:
+            raise SmemPlanError(i, "bytes", str(exc)) from None
+        if not isinstance(nbytes, int) or nbytes <= 0:
+            raise SmemPlanError(i, "bytes", f"{region['bytes']!r} = {nbytes!r} is not a positive integer")
+        offset = -(-total // region["align"]) * region["align"]
+        total = offset + nbytes
+        if total > smem["budget"]:
+            raise SmemPlanError(i, None, f"SMEM over budget: regions up to {region['name']!r} need "
+                                         f"{total} bytes, budget is {smem['budget']}")
+        regions.append({"name": region["name"], "offset": offset, "bytes": nbytes, "align": region["align"]})
+    return regions, total
+
+
+def variant_tensors(codegen: dict, variant: str) -> dict:
+    """{"inputs": [...], "outputs": [...]} for one variant: the declared tensors with the
+    partitions codegen.overrides gives that variant (the loader allows one per tensor)."""
+    override = {}
+    for rule in codegen.get("overrides", []):
+        if fnmatch.fnmatch(variant, rule["variants"]):
+            override.update(rule["partition"])
+    return {kind: [{**t, "partition": override[t["name"]]} if t["name"] in override else t
+                   for t in codegen[kind]] for kind in ("inputs", "outputs")}
+
+
+def _partition_origin(codegen: dict, variant: str, tensor: str) -> str:
+    for i, rule in enumerate(codegen.get("overrides", [])):
+        if tensor in rule["partition"] and fnmatch.fnmatch(variant, rule["variants"]):
+            return f" (partition from codegen.overrides[{i}])"
+    return ""
 
 
 def variant_symbols(codegen: dict, variant: str) -> dict:
