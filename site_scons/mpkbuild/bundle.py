@@ -248,9 +248,12 @@ def run_unpacked(folder: Path, should_stop=lambda: False, timeout_s: float | Non
             return {"error": f"{socket.gethostname()}: {exc}"}
         except leases.Interrupted as exc:
             raise ex.GateInterrupted(str(exc)) from None
+    # the runner imports the bundle's own mpkbuild first, even when this process (a dask
+    # worker, say) imported another copy
+    env = dict(lease.env if lease else {})
+    env["PYTHONPATH"] = os.pathsep.join([str(job.root / CODE_DIR), ex.runner_env()["PYTHONPATH"]])
     try:
-        result = ex.run_runner(job, should_stop, lease.env if lease else {},
-                               pass_fds=(lease.fd,) if lease else ())
+        result = ex.run_runner(job, should_stop, env, pass_fds=(lease.fd,) if lease else ())
     finally:
         if lease is not None:
             lease.release()
