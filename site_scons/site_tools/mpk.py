@@ -105,6 +105,8 @@ def _run_gate(job):
         return _STATE["executor"].run(job, should_stop=_interrupted)
     except executor_mod.GateInterrupted as exc:
         raise gates.GateCannotRun(f"{job.gate} {job.kernel}: {exc}; nothing was recorded") from None
+    except executor_mod.ExecutorError as exc:    # a remote link or cluster failed mid-gate
+        raise gates.GateCannotRun(f"{job.gate} {job.kernel}: {exc}") from None
 
 
 def _ready_gpu(kernel_name: str, stage: str):
