@@ -354,3 +354,18 @@ def test_scons_remote_hang_is_recorded_as_hang(sshd, proj):
     result = json.loads(proj.path(f"build/{K}/gpu/{KEY}/validate.json").read_text())
     assert result["verdict"] == "hang" and "2 s timeout" in result["message"]
     assert_dead(sshd.runner_pids())
+
+
+@pytest.mark.nvcc
+def test_scons_remote_that_fails_mid_gate_stops_with_a_message_and_records_nothing(sshd, proj, tmp_path):
+    """The probe works, the gate's ssh call does not (the box fell over): no traceback, no result."""
+    python = tmp_path / "python-that-falls-over"
+    python.write_text(f"#!/bin/sh\ncase \"$*\" in *MPK-BUNDLE*) echo 'box fell over' >&2; exit 5;; esac\n"
+                      f"exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    run = proj.scons(f"kernel={K}", "stage=validate", *sshd.args(gpu_python=str(python)),
+                     fake_gpu=False, check=False)
+    assert run.returncode != 0
+    assert "the remote side ended with status 5 without an answer" in run.stdout + run.stderr
+    assert "box fell over" in run.stdout + run.stderr and "Traceback" not in run.stderr
+    assert not [p for p in gpu_results(proj) if p.suffix == ".json"]

@@ -268,12 +268,12 @@ class SshExecutor:
         if envelope is None:
             if code == 255:
                 raise ExecutorError(_ssh_error(self.host, err.text(), self._opts_hint())
-                                    + f" while running {job.gate} {job.kernel}")
+                                    + " while the gate ran; nothing was recorded")
             tail = (err.text().strip() or out.text().strip() or "no output")[-2000:]
             how = f"the ssh client was killed by signal {-code}" if code < 0 else \
                 f"the remote side ended with status {code}"
-            raise ExecutorError(f"gpu_host={self.host}: {job.gate} {job.kernel}: {how} without an "
-                                f"answer; nothing was recorded\n{tail}")
+            raise ExecutorError(f"gpu_host={self.host}: {how} without an answer; nothing was "
+                                f"recorded\n{tail}")
         if "error" in envelope:
             raise ExecutorError(f"gpu_host={self.host}: {envelope['error']}")
         result = bundle.apply_envelope(job, envelope)
