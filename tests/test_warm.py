@@ -30,6 +30,7 @@ time.sleep(job.get('sleep', 0))
 print('fine runner', os.getpid(), flush=True)
 json.dump({'verdict': 'pass', 'message': 'ok', 'warm': warm, 'pid': os.getpid(),
            'visible': os.environ.get('CUDA_VISIBLE_DEVICES'), 'started': started,
+           'spare': os.environ.get('MPK_WARM_SPARE'),
            'ended': time.time()}, open(job['result_file'], 'w'))
 """,
     "dies": "print('CUDA error: an illegal memory access was encountered', flush=True)\nimport os\nos._exit(3)\n",
@@ -98,6 +99,7 @@ def test_warm_server_forks_a_fresh_child_per_gate(stage):
     assert first["verdict"] == second["verdict"] == "pass"
     assert first["warm"] and second["warm"]          # torch was imported before the gate ran
     assert first["pid"] != second["pid"]             # a fresh process per gate
+    assert second["spare"] == "1"                    # forked ahead of time, while idle
     assert "fine runner" in (stage / "w" / "fine.log").read_text()
 
 
