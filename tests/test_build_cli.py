@@ -127,3 +127,13 @@ def test_gpus_naming_a_missing_gpu_is_refused_before_anything_runs(project):
     assert run.returncode != 0
     assert "gpus=0,5: no GPU 5 on this machine (nvidia-smi lists: 0 (Fake H200), 1 (Fake H200))" in run.stderr
     assert not list(project.root.glob(f"build/{K}/gpu/*/validate.json"))
+
+
+@pytest.mark.nvcc
+def test_verdict_table_lists_what_the_stage_built_and_nothing_else(project):
+    run = project.scons("-j2", f"kernel={K}", "stage=perf")
+    table = run.stdout.split("verdicts:", 1)[1]
+    assert "not reached" not in table
+    rows = {line.split()[1]: line for line in table.strip().splitlines()}
+    assert "pass" in rows["validate"] and "pass" in rows["perf"]
+    assert "compile sm_90a" in table and "compile sm_100a" not in table    # validate runs sm_90a

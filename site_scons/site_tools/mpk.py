@@ -362,9 +362,8 @@ def _verdict_table(requested: dict) -> None:
     rows = []
     for (kname, gate, label), (node, result_path) in requested.items():
         state = node.get_state()
-        if state == SCons.Node.failed:
-            res = gates.read_result(result_path) if result_path else None
-            verdict = gates.verdict_line(res) if res else "FAILED (see the error above)"
+        if state == SCons.Node.failed:    # the action failed: any result file is an old one
+            verdict = "FAILED (see the error above)"
         elif state in (SCons.Node.executed, SCons.Node.up_to_date):
             res = gates.read_result(result_path) if result_path else {"verdict": "pass"}
             verdict = gates.verdict_line(res) if res else "pass"
@@ -555,15 +554,18 @@ def declare(env) -> list:
     _declare(env, g)
     closure = stages.closure(stage)
     targets = g.request(names, stage, with_summary)
+    needed = g.needed_labels(targets)      # the verdict table lists only what this stage builds
     requested = {}
     for k in kernels:
         if "compile" in closure:
             for arch in k.archs:
-                requested[(k.name, "compile", f"compile {arch}")] = (
-                    env.File(str(k.resources(arch))), k.resources(arch))
+                if f"compile {k.name} {arch}" in needed:
+                    requested[(k.name, "compile", f"compile {arch}")] = (
+                        env.File(str(k.resources(arch))), k.resources(arch))
         for gate in stages.GPU_GATES:
-            if gate in closure:
-                requested[(k.name, gate, gate)] = (env.File(str(k.gate_stamp(gate, g.gpu_key))),
+            if gate in closure and f"{gate} {k.name} {g.gpu_key}" in needed:
+                # the gate's own node: its check is not built when a later gate is asked for
+                requested[(k.name, gate, gate)] = (env.File(str(k.gate_result(gate, g.gpu_key))),
                                                    k.gate_result(gate, g.gpu_key))
     if not targets:
         print(f"mpk: nothing to build for stage={stage} (no requested kernel has a "
