@@ -151,11 +151,15 @@ def test_a_killed_build_leaves_no_runner_behind(stage, warm_flag):
     assert result["verdict"] == "pass" and result["lease_wait_s"] < 5
 
 
-def _run_two(executor, stage):
+def _run_two(executor, stage, share=False):
     results = [None, None]
 
     def go(i):
-        results[i] = executor.run(job(stage, "fine", name=f"j{i}", sleep=2.0))
+        j = job(stage, "fine", name=f"j{i}", sleep=2.0)
+        if share:
+            from dataclasses import replace
+            j = replace(j, share_gpu=True)
+        results[i] = executor.run(j)
     threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
@@ -183,3 +187,9 @@ def test_bad_gpus_fails_before_any_gate(stage):
     from mpkbuild.executor import ExecutorError
     with pytest.raises(ExecutorError, match=r"gpus=0,5: no GPU 5 .*0 \(NVIDIA H200\), 1 \(NVIDIA H200\)"):
         LocalExecutor({"gpus": "0,5"}).fingerprint()
+
+
+def test_gates_that_may_share_a_gpu_run_together_on_one(stage):
+    a, b = _run_two(LocalExecutor({"warm": "0", "gpus": "0"}), stage, share=True)
+    assert a["visible"] == b["visible"] == "GPU-0000aaaa"
+    assert a["started"] < b["ended"] and b["started"] < a["ended"]

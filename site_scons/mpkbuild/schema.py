@@ -162,6 +162,9 @@ SPEC_SCHEMA: dict = {
                 "steps": {"type": "integer", "minimum": 3, "default": 3},
                 "timeout_s": {"type": "number", "exclusiveMinimum": 0,
                               "default": config.DEFAULT_GATE_TIMEOUT_S},
+                "share_gpu": {"type": "boolean", "default": False,
+                              "description": "validate may run beside other sharing validates on "
+                                             "one GPU (small memory, no timing); perf never shares"},
             },
         },
         "perf": {
