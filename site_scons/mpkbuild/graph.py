@@ -42,6 +42,8 @@ class Graph:
     nodes: list[Node] = field(default_factory=list)
     requested: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     summary_targets: list[str] = field(default_factory=list)
+    # seconds each stored gate result took (read once, with its verdict): the gate order
+    last_elapsed: dict[Path, float] = field(default_factory=dict)
 
     def add(self, node: Node) -> Node:
         self.nodes.append(node)
@@ -224,7 +226,10 @@ def build(root: Path, kernels: list[Kernel], fingerprint, wire_request, with_sum
 
     def previous_verdict(path: Path):
         res = gates.read_result(path)
-        return res.get("verdict") if res else None
+        if not res:
+            return None
+        g.last_elapsed[path] = float(res.get("elapsed_s") or 0.0)
+        return res.get("verdict")
 
     for k in kernels:
         add_kernel(g, k, fingerprint, wire_request, previous_verdict, tampered, sanitize)

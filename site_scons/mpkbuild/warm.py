@@ -14,6 +14,7 @@ goes away (killed build), the server kills that gate's child.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -40,6 +41,7 @@ class WarmUnavailable(Exception):
     """The server could not be started or reached: the gate runs cold instead."""
 
 
+@functools.lru_cache(maxsize=None)
 def _code_hash(package: str) -> str:
     h = hashlib.sha256(f"{sys.executable}\n{package}\n".encode())
     roots = [ex.PACKAGE_PARENT / "mpkbuild"]

@@ -585,8 +585,7 @@ def _gpu_work_first(g, targets: list[str], kernels: list[Kernel], closure) -> li
     quick verdicts), then every perf, each longest first by the time it took last run: with
     -jN over N GPUs that is the longest-first schedule, so the GPUs finish together."""
     def last_time(k: Kernel, gate: str) -> float:
-        res = gates.read_result(k.gate_result(gate, g.gpu_key)) or {}
-        return float(res.get("elapsed_s") or 0.0)
+        return g.last_elapsed.get(k.gate_result(gate, g.gpu_key), 0.0)
     first = []
     for gate in stages.GPU_GATES:
         if gate in closure:
