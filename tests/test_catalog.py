@@ -59,6 +59,18 @@ def test_embedding_generator_draws_out_of_range_ids_on_both_sides():
     assert (1 - out_frac) ** 16 < 0.03
 
 
+def test_embedding_is_timed_on_in_range_ids_only():
+    """validate's out-of-range ids test the zero-row rule; perf times what decode sends."""
+    from mpkbuild.runners.perf import timed_generators
+    data = load_spec(REPO / "specs" / "embedding_v2.yaml", REPO).data
+    gens = timed_generators({"generators": {"generators": data["generators"]},
+                             "perf": {"perf": data["perf"]}})
+    vocab = data["codegen"]["params"]["vocab"]
+    assert (gens["ids"]["low"], gens["ids"]["high"]) == (0, vocab)
+    assert gens["table"] == data["generators"]["table"]
+    assert data["generators"]["ids"]["low"] < 0          # validate's own are untouched
+
+
 # ---------------------------------------------------------------- one real build
 @pytest.fixture(scope="module")
 def catalog_build(tmp_path_factory):

@@ -210,3 +210,24 @@ def test_smem_region_sized_by_variant_symbols(root):
     edit(root, "bytes: rows * 8,", "bytes: rows * 64,")    # 16384 rows * 64 > the budget
     err = expect_error(root, "name: warp_sums", "codegen.smem.regions.0", "SMEM over budget")
     assert err.message.startswith("variant large_r4096_h7168: ")    # the first variant over it
+
+
+# ---------------------------------------------------------------- perf-only generators
+PERF_COLD = "  cold: true"
+
+
+def test_perf_generators_change_only_the_perf_signature(root):
+    before = load_spec(spec_path(root), root).signatures
+    edit(root, PERF_COLD, PERF_COLD + "\n  generators:\n    input: {dist: uniform, low: -1.0, high: 1.0}")
+    after = load_spec(spec_path(root), root).signatures
+    assert {k for k in before if before[k] != after[k]} == {"perf"}
+
+
+def test_perf_generator_for_an_unknown_input(root):
+    edit(root, PERF_COLD, PERF_COLD + "\n  generators:\n    nope: {dist: normal, mean: 0, std: 1}")
+    expect_error(root, "nope: {dist", "perf.generators.nope", "no input named 'nope'")
+
+
+def test_perf_generator_randint_on_a_float_input(root):
+    edit(root, PERF_COLD, PERF_COLD + "\n  generators:\n    input: {dist: randint, low: 0, high: 4}")
+    expect_error(root, "input: {dist: randint", "perf.generators.input.dist", "randint is for integer inputs")

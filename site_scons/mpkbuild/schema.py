@@ -179,6 +179,13 @@ SPEC_SCHEMA: dict = {
                 "repeats": {"type": "integer", "minimum": 5, "default": 7},
                 "warmup": {"type": "integer", "minimum": 0, "default": 16},
                 "cold": {"type": "boolean", "default": True},
+                # no default: a spec without it keeps its perf signature
+                "generators": {"type": "object",
+                               "description": "input name -> distribution for the timed inputs "
+                                              "only, over the top-level generators (validate "
+                                              "may need inputs a real workload never sees)",
+                               "propertyNames": {"pattern": C_IDENT},
+                               "additionalProperties": _GENERATOR},
                 "timeout_s": {"type": "number", "exclusiveMinimum": 0,
                               "default": config.DEFAULT_GATE_TIMEOUT_S},
                 "thresholds": {"type": "array", "default": [], "items": _THRESHOLD},

@@ -100,6 +100,23 @@ def _schema_error(err) -> tuple[tuple, str]:
     return path, err.message
 
 
+def _generator_problems(where: tuple, gens: dict, input_names: dict):
+    for gname, gen in gens.items():
+        if gname not in input_names:
+            yield (*where, gname), f"no input named {gname!r} (inputs: {', '.join(input_names)})"
+            continue
+        need = {"normal": ("mean", "std"), "uniform": ("low", "high"), "randint": ("low", "high")}[gen["dist"]]
+        for key in need:
+            if key not in gen:
+                yield (*where, gname, key), f"dist {gen['dist']} needs {key!r}"
+        if gen["dist"] != "normal" and "low" in gen and "high" in gen and gen["low"] >= gen["high"]:
+            yield (*where, gname), "low must be below high"
+        is_int = input_names[gname]["dtype"].startswith("int")
+        if is_int != (gen["dist"] == "randint"):
+            yield (*where, gname, "dist"), (f"input {gname!r} is {input_names[gname]['dtype']}: "
+                                            + ("use randint" if is_int else "randint is for integer inputs"))
+
+
 def _py_function_exists(root: Path, ref: str) -> str | None:
     """None if `file.py:func` names an existing top-level function, else why not."""
     rel, func = ref.rsplit(":", 1)
@@ -269,17 +286,10 @@ def _semantic_errors(data: dict, root: Path, stem: str):
     if why:
         yield ("validate", "reference"), f"reference {v['reference']!r}: {why}"
     input_names = {t["name"]: t for t in cg["inputs"]}
-    for gname, gen in data["generators"].items():
-        if gname not in input_names:
-            yield ("generators", gname), (
-                f"no input named {gname!r} (inputs: {', '.join(input_names)})")
-            continue
-        need = {"normal": ("mean", "std"), "uniform": ("low", "high"), "randint": ("low", "high")}[gen["dist"]]
-        for key in need:
-            if key not in gen:
-                yield ("generators", gname, key), f"dist {gen['dist']} needs {key!r}"
-        if gen["dist"] != "normal" and "low" in gen and "high" in gen and gen["low"] >= gen["high"]:
-            yield ("generators", gname), "low must be below high"
+    perf_gens = data["perf"].get("generators", {})
+    for where, gens in ((("generators",), data["generators"]),
+                        (("perf", "generators"), perf_gens)):
+        yield from _generator_problems(where, gens, input_names)
     for tname, t in input_names.items():
         if t["dtype"].startswith("int") and tname not in data["generators"]:
             yield ("generators",), f"integer input {tname!r} needs a generator (randint)"
