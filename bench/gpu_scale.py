@@ -6,7 +6,9 @@ Copies the project to a temporary folder, compiles every kernel, warms up (one f
 run: the warm runner server on each GPU, the copy-bandwidth node), then alternates -j1 and
 -j2 runs of `scons -k stage=perf` over the same compiled tree, each after an edit to every
 kernel's reference.py (a comment: validate and perf of every kernel re-run, nothing else). Prints each run's wall time, where each gate
-ran and how long it took, and the throughput ratio median(-j1) / median(-j2).
+ran and how long it took, where the rest of the wall time went (before the first gate,
+between gates on each GPU, after the last), a no-op run's time, and the throughput ratio
+median(-j1) / median(-j2).
 """
 from __future__ import annotations
 
@@ -35,13 +37,34 @@ def copy_tree() -> Path:
     return tmp
 
 
+LAST_SPAN = {}
+
+
 def scons(root: Path, log: list, *args: str) -> float:
+    LAST_SPAN["start"] = time.time()
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "SCons", "-Q", *args], cwd=root,
                           capture_output=True, text=True)
     wall = time.perf_counter() - start
+    LAST_SPAN["end"] = time.time()
     log.append(f"$ scons {' '.join(args)}  ({wall:.2f} s, exit {proc.returncode})\n{proc.stdout}{proc.stderr}")
     return wall
+
+
+def where_time_went(span: dict, gates: list[dict]) -> dict:
+    """Seconds before the first gate started, after the last ended, and each GPU's idle
+    time between its first and last gate (the schedule's holes plus per-gate overhead)."""
+    timed = [g for g in gates if g.get("started_at") and g.get("ended_at")]
+    if not timed:
+        return {}
+    out = {"before_first_s": min(g["started_at"] for g in timed) - span["start"],
+           "after_last_s": span["end"] - max(g["ended_at"] for g in timed)}
+    for gpu in sorted({g["gpu"] for g in timed}):
+        mine = sorted((g for g in timed if g["gpu"] == gpu), key=lambda g: g["started_at"])
+        busy = sum(g["ended_at"] - g["started_at"] for g in mine)
+        out[f"gpu{gpu}_busy_s"] = busy
+        out[f"gpu{gpu}_gaps_s"] = mine[-1]["ended_at"] - mine[0]["started_at"] - busy
+    return out
 
 
 def gate_results(root: Path) -> list[dict]:
@@ -52,7 +75,8 @@ def gate_results(root: Path) -> list[dict]:
                 res = json.loads(path.read_text())
                 rows.append({"kernel": k, "gate": gate, "verdict": res.get("verdict"),
                              "gpu": res.get("gpu_index"), "elapsed_s": res.get("elapsed_s"),
-                             "wait_s": res.get("lease_wait_s")})
+                             "wait_s": res.get("lease_wait_s"), "started_at": res.get("started_at"),
+                             "ended_at": res.get("ended_at")})
     return rows
 
 
@@ -79,25 +103,30 @@ def main() -> None:
             edit_references(root, len(runs))
             wall = scons(root, log, "-k", f"-j{jobs}", "stage=perf")
             walls[jobs].append(wall)
-            runs.append((r, jobs, wall, gate_results(root)))
+            gates = gate_results(root)
+            runs.append((r, jobs, wall, gates, where_time_went(LAST_SPAN, gates)))
+    noop = [scons(root, log, "-k", "-j2", "stage=perf") for _ in range(3)]
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gpu_scale.log").write_text("\n".join(log))
         (args.out / "gpu_scale.json").write_text(json.dumps(
-            {"gpus": gpus, "runs": [{"round": r, "jobs": j, "wall_s": w, "gates": g}
-                                    for r, j, w, g in runs]}, indent=2))
+            {"gpus": gpus, "noop_s": noop,
+             "runs": [{"round": r, "jobs": j, "wall_s": w, "gates": g, "where": t}
+                      for r, j, w, g, t in runs]}, indent=2))
     print(f"GPUs: {'; '.join(gpus)}; compile {t_compile:.1f} s, warm-up {t_warm:.1f} s")
-    for r, jobs, wall, gates in runs:
+    for r, jobs, wall, gates, went in runs:
         bad = [f"{g['kernel']} {g['gate']}: {g['verdict']}" for g in gates if g["verdict"] != "pass"]
         print(f"round {r} -j{jobs}: {wall:6.2f} s  ({len(gates)} gates"
-              + (f"; not pass: {', '.join(bad)}" if bad else "") + ")")
-    print(f"\n{'kernel':<14} {'gate':<9} " + " ".join(f"r{r}-j{j} gpu/s/wait".rjust(22) for r, j, _, _ in runs))
+              + (f"; not pass: {', '.join(bad)}" if bad else "") + ")  "
+              + " ".join(f"{k[:-2]} {v:.2f}" for k, v in went.items()))
+    print(f"\n{'kernel':<14} {'gate':<9} " + " ".join(f"r{r}-j{j} gpu/s/wait".rjust(22) for r, j, _, _, _ in runs))
     for i, g0 in enumerate(runs[0][3]):
         cells = []
-        for _, _, _, gates in runs:
+        for _, _, _, gates, _ in runs:
             g = gates[i] if i < len(gates) else {}
             cells.append(f"{g.get('gpu')}/{g.get('elapsed_s', 0) or 0:.2f}/{g.get('wait_s') or 0:.2f}".rjust(22))
         print(f"{g0['kernel']:<14} {g0['gate']:<9} " + " ".join(cells))
+    print(f"\nno-op (nothing stale) -j2: {', '.join(f'{t:.2f}' for t in noop)} s")
     m1, m2 = statistics.median(walls[1]), statistics.median(walls[2])
     print(f"\nmedian -j1 {m1:.2f} s, median -j2 {m2:.2f} s: throughput ratio -j2/-j1 = {m1 / m2:.2f}")
     shutil.rmtree(root, ignore_errors=True)

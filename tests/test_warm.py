@@ -33,6 +33,9 @@ json.dump({'verdict': 'pass', 'message': 'ok', 'warm': warm, 'pid': os.getpid(),
            'spare': os.environ.get('MPK_WARM_SPARE'),
            'ended': time.time()}, open(job['result_file'], 'w'))
 """,
+    # the server imports these once (as real runners, they act only as __main__)
+    "validate": "import runpy\nif __name__ == '__main__':\n    runpy.run_module('stand_in_runners.fine', run_name='__main__')\n",
+    "perf": "import runpy\nif __name__ == '__main__':\n    runpy.run_module('stand_in_runners.fine', run_name='__main__')\n",
     "dies": "print('CUDA error: an illegal memory access was encountered', flush=True)\nimport os\nos._exit(3)\n",
     "sleepy": """
 import json, os, sys, time
@@ -101,6 +104,23 @@ def test_warm_server_forks_a_fresh_child_per_gate(stage):
     assert first["pid"] != second["pid"]             # a fresh process per gate
     assert second["spare"] == "1"                    # forked ahead of time, while idle
     assert "fine runner" in (stage / "w" / "fine.log").read_text()
+
+
+@pytest.mark.parametrize("running, spare", [("validate", "1"), ("perf", None)])
+def test_a_spare_is_made_beside_a_validate_but_never_beside_a_perf(stage, running, spare):
+    """A gate arriving while another runs on the same server (a shared validate) finds a
+    CUDA-ready spare only when what runs is a validate: perf has the GPU to itself."""
+    warm.run(job(stage, "fine"), "GPU-0000aaaa", {}, lambda: False)     # server up, idle
+    long = {}
+    t = threading.Thread(target=lambda: long.update(
+        warm.run(job(stage, running, name="long", sleep=3.0), "GPU-0000aaaa", {}, lambda: False)))
+    t.start()
+    time.sleep(1.0)
+    beside = warm.run(job(stage, "fine", name="beside"), "GPU-0000aaaa", {}, lambda: False)
+    t.join()
+    assert long["verdict"] == beside["verdict"] == "pass"
+    assert beside["started"] < long["ended"]             # it really ran beside the long one
+    assert beside["spare"] == spare
 
 
 def test_a_crashing_gate_takes_down_only_its_child(stage):

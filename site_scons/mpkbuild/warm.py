@@ -34,6 +34,9 @@ from .leases import lease_dir
 
 GATES = ("validate", "perf", "bandwidth")
 SPARE = os.environ.get("MPK_WARM_SPARE", "1") != "0"       # a CUDA-ready child kept waiting
+# Gates a spare may make its context beside. Never a timing gate: perf and bandwidth have
+# the GPU to themselves from their first CUDA call to their last.
+SPARE_BESIDE = frozenset({"validate"})
 START_TIMEOUT_S = 120.0
 
 
@@ -159,9 +162,10 @@ def run(job: ex.GateJob, gpu_uuid: str, env: dict, should_stop) -> dict:
 
 # ---------------------------------------------------------------- the server
 def _spare(request_fd: int, package: str) -> None:
-    """A child forked while the GPU is idle: it makes its CUDA context ahead of time, then
-    waits for one gate. The gate's clock no longer pays for the context (0.3-0.4 s on an
-    H200); the child is still fresh, used once, and alone in its session."""
+    """A child forked while the GPU is idle or runs only validate gates: it makes its CUDA
+    context ahead of time, then waits for one gate. The gate's clock no longer pays for the
+    context (0.3-0.4 s on an H200, more when two GPUs make theirs at once); the child is
+    still fresh, used once, and alone in its session."""
     os.setsid()
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -231,6 +235,7 @@ def serve(path: Path, package: str, idle_s: float) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
     children: dict[int, socket.socket] = {}        # pid -> client connection
+    gate_of: dict[int, str] = {}                   # pid -> the gate it runs
     by_conn: dict[socket.socket, int] = {}
     last_busy = time.monotonic()
     spare = None                  # (pid, request pipe) of the child waiting for a gate
@@ -256,8 +261,9 @@ def serve(path: Path, package: str, idle_s: float) -> None:
           f"{os.environ.get('CUDA_VISIBLE_DEVICES')})", flush=True)
     try:
         while children or time.monotonic() - last_busy < idle_s:
-            if spare is None and not children and spare_deaths < 3 and SPARE:
-                spare = make_spare()          # only while the GPU is idle: never beside a gate
+            if (spare is None and spare_deaths < 3 and SPARE
+                    and all(gate_of.get(pid) in SPARE_BESIDE for pid in children)):
+                spare = make_spare()          # idle, or beside validates only: never beside timing
             ready, _, _ = select.select([listener, wake_r, *by_conn], [], [], 1.0)
             for s in ready:
                 if s == wake_r:
@@ -285,13 +291,16 @@ def serve(path: Path, package: str, idle_s: float) -> None:
                         pid = fork_child(_child, request, package)
                     conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
                     children[pid], by_conn[conn] = conn, pid
+                    gate_of[pid] = str(request.get("gate"))
                 elif not s.recv(1, socket.MSG_PEEK):        # the client went away
                     try:
                         os.killpg(by_conn[s], signal.SIGKILL)
                     except ProcessLookupError:
                         pass
                     s.close()
-                    children.pop(by_conn.pop(s), None)
+                    pid = by_conn.pop(s)
+                    children.pop(pid, None)
+                    gate_of.pop(pid, None)
             while True:
                 try:
                     pid, status = os.waitpid(-1, os.WNOHANG)
@@ -305,6 +314,7 @@ def serve(path: Path, package: str, idle_s: float) -> None:
                     spare, spare_deaths = None, spare_deaths + 1
                     continue
                 conn = children.pop(pid, None)
+                gate_of.pop(pid, None)
                 if conn is not None:
                     by_conn.pop(conn, None)
                     try:
