@@ -73,7 +73,16 @@ def gate_results(root: Path) -> list[dict]:
         for gate in ("validate", "perf"):
             for path in sorted((root / "build" / k / "gpu").glob(f"*/{gate}.json")):
                 res = json.loads(path.read_text())
-                rows.append({"kernel": k, "gate": gate, "verdict": res.get("verdict"),
+                variants = res.get("variants") or {}
+                phases: dict = {}
+                for v in variants.values():
+                    for name, sec in (v.get("timings_s") or {}).items():
+                        phases[name] = phases.get(name, 0.0) + sec
+                rows.append({"phases": phases,
+                             "medians_us": {f"{n}:{k}": v[k]["median_us"] for n, v in variants.items()
+                                            for k in ("hot", "cold", "baseline_hot", "baseline_cold")
+                                            if isinstance(v.get(k), dict)},
+                             "kernel": k, "gate": gate, "verdict": res.get("verdict"),
                              "gpu": res.get("gpu_index"), "elapsed_s": res.get("elapsed_s"),
                              "wait_s": res.get("lease_wait_s"), "started_at": res.get("started_at"),
                              "ended_at": res.get("ended_at")})
@@ -86,10 +95,31 @@ def edit_references(root: Path, n: int) -> None:
         ref.write_text(ref.read_text() + f"# bench edit {n}\n")
 
 
+def perf_phases(runs) -> None:
+    """Each perf gate's own time by phase, median over the -j1 runs and over the -j2 runs,
+    and how far its measured kernel times moved between them (the GPU beside it busy or not)."""
+    print(f"\n{'perf gate':<14} {'phase s (-j1 / -j2)':<70} max |j2/j1-1| of medians")
+    for kernel in KERNELS:
+        per = {1: [], 2: []}
+        for _, jobs, _, gates, _ in runs:
+            per[jobs] += [g for g in gates if g["kernel"] == kernel and g["gate"] == "perf"]
+        if not per[1] or not per[2]:
+            continue
+        names = sorted({n for g in per[1] + per[2] for n in g["phases"]})
+        cells = [f"{n} {statistics.median(g['phases'].get(n, 0) for g in per[1]):.2f}/"
+                 f"{statistics.median(g['phases'].get(n, 0) for g in per[2]):.2f}" for n in names]
+        moved = [abs(statistics.median(g["medians_us"][k] for g in per[2])
+                     / statistics.median(g["medians_us"][k] for g in per[1]) - 1)
+                 for k in per[1][0]["medians_us"] if all(k in g["medians_us"] for g in per[1] + per[2])]
+        print(f"{kernel:<14} {' '.join(cells):<70} {max(moved, default=0):.1%}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile one more -j1 run and a no-op (scons --profile, into --out)")
     args = ap.parse_args()
     gpus = subprocess.run(["nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader"],
                           capture_output=True, text=True).stdout.strip().splitlines()
@@ -106,6 +136,11 @@ def main() -> None:
             gates = gate_results(root)
             runs.append((r, jobs, wall, gates, where_time_went(LAST_SPAN, gates)))
     noop = [scons(root, log, "-k", "-j2", "stage=perf") for _ in range(3)]
+    if args.profile and args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        edit_references(root, len(runs))
+        scons(root, log, "-k", "-j1", "stage=perf", f"--profile={args.out / 'j1.prof'}")
+        scons(root, log, "-k", "-j1", "stage=perf", f"--profile={args.out / 'noop.prof'}")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gpu_scale.log").write_text("\n".join(log))
@@ -126,6 +161,7 @@ def main() -> None:
             g = gates[i] if i < len(gates) else {}
             cells.append(f"{g.get('gpu')}/{g.get('elapsed_s', 0) or 0:.2f}/{g.get('wait_s') or 0:.2f}".rjust(22))
         print(f"{g0['kernel']:<14} {g0['gate']:<9} " + " ".join(cells))
+    perf_phases(runs)
     print(f"\nno-op (nothing stale) -j2: {', '.join(f'{t:.2f}' for t in noop)} s")
     m1, m2 = statistics.median(walls[1]), statistics.median(walls[2])
     print(f"\nmedian -j1 {m1:.2f} s, median -j2 {m2:.2f} s: throughput ratio -j2/-j1 = {m1 / m2:.2f}")

@@ -14,6 +14,7 @@ import fnmatch
 import json
 import math
 import statistics
+import time
 
 import torch
 
@@ -60,16 +61,30 @@ def perf_variant(harness, job, variant, copy_bw, l2_bytes) -> dict:
     nbytes = float(expr.evaluate(pcfg["bytes"], sym))
     gen = torch.Generator(device="cuda").manual_seed(1234)
     L = pcfg["launches_per_graph"]
+    phases = {}
+    clock = time.perf_counter()
+
+    def lap(name):
+        nonlocal clock
+        now = time.perf_counter()
+        phases[name] = round(phases.get(name, 0.0) + now - clock, 4)
+        clock = now
 
     # hot: one buffer set
     inputs = [t[0] for t in _sets(ins, gens, 1, gen)]
     outputs = [torch.empty(shape, dtype=dtype, device="cuda") for _, shape, dtype in outs]
-    hot = time_graph(capture(lambda i, s: launch(inputs, outputs, stream=s), L), L,
-                     pcfg["repeats"], pcfg["warmup"])
-    base_hot = time_graph(capture(lambda i, s: call_with_params(baseline, inputs, codegen["params"]), L),
-                          L, pcfg["repeats"], pcfg["warmup"])
+    lap("inputs")
+    graph = capture(lambda i, s: launch(inputs, outputs, stream=s), L)
+    lap("capture")
+    hot = time_graph(graph, L, pcfg["repeats"], pcfg["warmup"])
+    lap("replay")
+    graph = capture(lambda i, s: call_with_params(baseline, inputs, codegen["params"]), L)
+    lap("capture")
+    base_hot = time_graph(graph, L, pcfg["repeats"], pcfg["warmup"])
+    lap("replay")
     result = {"bytes": nbytes, "hot": hot, "baseline_hot": base_hot,
               "slowcta": slow_cta(launch, inputs, outputs, _grid(codegen, sym), pcfg["repeats"])}
+    lap("slowcta")
 
     if pcfg["cold"]:
         set_bytes = sum(math.prod(s) * torch.empty((), dtype=d).element_size() for _, s, d in ins + outs)
@@ -79,12 +94,17 @@ def perf_variant(harness, job, variant, copy_bw, l2_bytes) -> dict:
         in_sets = _sets(ins, gens, nsets, gen)
         out_sets = [torch.empty((nsets, *shape), dtype=dtype, device="cuda") for _, shape, dtype in outs]
         pick = lambda i: ([t[i % nsets] for t in in_sets], [t[i % nsets] for t in out_sets])
-        cold = time_graph(capture(lambda i, s: launch(*pick(i), stream=s), n_launch), n_launch,
-                          pcfg["repeats"], 0)
-        base_cold = time_graph(capture(lambda i, s: call_with_params(baseline, pick(i)[0], codegen["params"]),
-                                       n_launch), n_launch, pcfg["repeats"], 0)
+        lap("inputs")
+        graph = capture(lambda i, s: launch(*pick(i), stream=s), n_launch)
+        lap("capture")
+        cold = time_graph(graph, n_launch, pcfg["repeats"], 0)
+        lap("replay")
+        graph = capture(lambda i, s: call_with_params(baseline, pick(i)[0], codegen["params"]), n_launch)
+        lap("capture")
+        base_cold = time_graph(graph, n_launch, pcfg["repeats"], 0)
+        lap("replay")
         result.update(cold=cold, baseline_cold=base_cold, cold_sets=nsets, cold_launches=n_launch)
-        del in_sets, out_sets
+        del in_sets, out_sets, graph
     for key in ("hot", "cold"):
         if key in result:
             bw = nbytes / (result[key]["median_us"] * 1e-6)
@@ -93,6 +113,7 @@ def perf_variant(harness, job, variant, copy_bw, l2_bytes) -> dict:
     result["vs_baseline_hot"] = hot["median_us"] / base_hot["median_us"]
     if "cold" in result:
         result["vs_baseline_cold"] = result["cold"]["median_us"] / result["baseline_cold"]["median_us"]
+    result["timings_s"] = phases          # where the gate's own time goes (not the kernel's)
     return result
 
 
@@ -131,7 +152,9 @@ def main(job: dict) -> dict:
     variants = {}
     for variant in job["codegen"]["codegen"]["variants"]:
         variants[variant] = perf_variant(harness, job, variant, copy_bw, facts["l2_bytes"])
+        started = time.perf_counter()
         torch.cuda.empty_cache()
+        variants[variant]["timings_s"]["free"] = round(time.perf_counter() - started, 4)
     problems = check_thresholds(variants, job["perf"]["perf"]["thresholds"])
     return {"verdict": "fail" if problems else "pass", "device": facts,
             "copy_bandwidth_Bps": copy_bw, "variants": variants, "problems": problems,
