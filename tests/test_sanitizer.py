@@ -293,6 +293,32 @@ def test_wheel_layout_is_found_through_the_nvidia_namespace(monkeypatch, tmp_pat
     assert binary in sanitizer._wheel_candidates()
 
 
+def test_the_toolkit_layout_of_newer_wheels_comes_first(monkeypatch, tmp_path):
+    """13.4 on: the binary and its TreeLauncher helpers in nvidia/cu13/compute-sanitizer/."""
+    site = tmp_path / "site"
+    script = _fake_binary(site / "nvidia" / "cu13" / "bin" / "compute-sanitizer")
+    binary = _fake_binary(site / "nvidia" / "cu13" / "compute-sanitizer" / "compute-sanitizer")
+    monkeypatch.syspath_prepend(str(site))
+    import importlib
+    import sys
+    importlib.invalidate_caches()
+    monkeypatch.delitem(sys.modules, "nvidia", raising=False)
+    found = sanitizer._wheel_candidates()
+    assert found.index(binary) < found.index(script)
+
+
+def test_an_old_wheel_binary_without_its_launcher_is_refused_up_front(no_sanitizer, monkeypatch):
+    """13.0.85's bin/compute-sanitizer cannot start a target (no TreeLauncherSubreaper): a
+    clear error before any gate, not a crash verdict after the run."""
+    binary = _fake_binary(no_sanitizer / "site" / "nvidia" / "cu13" / "bin" / "compute-sanitizer")
+    binary.write_bytes(b"\x7fELF" + bytes(60))
+    monkeypatch.setattr(sanitizer, "_wheel_candidates", lambda: [binary])
+    with pytest.raises(sanitizer.SanitizerMissing, match=r"TreeLauncherSubreaper.*>=13\.4"):
+        sanitizer.find()
+    (binary.parent / "TreeLauncherSubreaper").write_text("")
+    assert sanitizer.find() == str(binary)
+
+
 def test_find_says_how_to_get_it(no_sanitizer):
     with pytest.raises(sanitizer.SanitizerMissing) as exc:
         sanitizer.find()

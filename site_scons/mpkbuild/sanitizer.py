@@ -45,7 +45,7 @@ PREFIX = "========="
 
 MISSING_HELP = (
     "compute-sanitizer was not found. Install it with `pip install -e .[sanitize]` (the "
-    f"{WHEEL} wheel; its CUDA major must match the driver's), put the CUDA toolkit's "
+    f"{WHEEL} wheel, 13.4 or later), put the CUDA toolkit's "
     f"bin/ on PATH, or set {ENV_VAR}=/path/to/compute-sanitizer.")
 
 
@@ -59,8 +59,9 @@ def _executable(path: Path) -> bool:
 
 
 def _wheel_candidates() -> list[Path]:
-    """Where the pip wheel puts the binary: nvidia/cu13/bin/ (13.x wheels), and the 12.x
-    wheels' nvidia/cuda_sanitizer_api/compute-sanitizer/ layout."""
+    """Where the pip wheel puts the binary: nvidia/cu13/compute-sanitizer/ (13.4 on: the
+    toolkit's layout, helpers beside the binary), nvidia/cu13/bin/ (13.0-13.3), and the
+    12.x wheels' nvidia/cuda_sanitizer_api/compute-sanitizer/."""
     try:
         spec = importlib.util.find_spec("nvidia")
     except (ImportError, ValueError):
@@ -70,9 +71,22 @@ def _wheel_candidates() -> list[Path]:
     out = []
     for loc in spec.submodule_search_locations or []:
         base = Path(loc)
+        out += sorted(base.glob("cu*/compute-sanitizer/compute-sanitizer"), reverse=True)
         out += sorted(base.glob("cu*/bin/compute-sanitizer"), reverse=True)
         out.append(base / "cuda_sanitizer_api" / "compute-sanitizer" / "compute-sanitizer")
     return out
+
+
+def _lacks_launcher(path: Path) -> bool:
+    """The 13.0-13.3 wheels ship the binary in bin/ without TreeLauncherSubreaper, and it then
+    launches nothing ("Target application terminated before first instrumented API call",
+    seen on the H200 box with 13.0.85). From 13.4 the wheel's bin/ entry is a script that
+    runs ../compute-sanitizer/compute-sanitizer, where the helper is."""
+    if path.parent.name != "bin" or (path.parent / "TreeLauncherSubreaper").exists():
+        return False
+    with open(path, "rb") as fh:
+        is_elf = fh.read(4) == b"\x7fELF"
+    return is_elf and not (path.parent.parent / "compute-sanitizer" / "TreeLauncherSubreaper").exists()
 
 
 def find() -> str:
@@ -93,9 +107,15 @@ def find() -> str:
     if on_path:
         return on_path
     toolkits = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH")] + ["/usr/local/cuda"]
-    candidates = _wheel_candidates() + [Path(t) / "bin" / "compute-sanitizer" for t in toolkits if t]
+    wheel = _wheel_candidates()
+    candidates = wheel + [Path(t) / "bin" / "compute-sanitizer" for t in toolkits if t]
     for path in candidates:
         if _executable(path):
+            if path in wheel and _lacks_launcher(path):
+                raise SanitizerMissing(
+                    f"{path} is from an {WHEEL} wheel without TreeLauncherSubreaper: it cannot "
+                    f"launch the gate. Install {WHEEL}>=13.4 (`pip install -e .[sanitize]`), or "
+                    f"point {ENV_VAR} at a CUDA toolkit's compute-sanitizer.")
             return str(path)
     present = [p for p in candidates if p.is_file()]
     if present:
