@@ -74,8 +74,8 @@ def gate_results(root: Path) -> list[dict]:
             for path in sorted((root / "build" / k / "gpu").glob(f"*/{gate}.json")):
                 res = json.loads(path.read_text())
                 variants = res.get("variants") or {}
-                phases: dict = {}
-                for v in variants.values():
+                phases: dict = dict(res.get("timings_s") or {})      # validate: the whole gate's
+                for v in variants.values():                             # perf: per variant
                     for name, sec in (v.get("timings_s") or {}).items():
                         phases[name] = phases.get(name, 0.0) + sec
                 rows.append({"phases": phases,
@@ -95,23 +95,25 @@ def edit_references(root: Path, n: int) -> None:
         ref.write_text(ref.read_text() + f"# bench edit {n}\n")
 
 
-def perf_phases(runs) -> None:
-    """Each perf gate's own time by phase, median over the -j1 runs and over the -j2 runs,
-    and how far its measured kernel times moved between them (the GPU beside it busy or not)."""
-    print(f"\n{'perf gate':<14} {'phase s (-j1 / -j2)':<70} max |j2/j1-1| of medians")
+def gate_phases(runs, gate: str) -> None:
+    """Each gate's own time by phase, median over the -j1 runs and over the -j2 runs, and
+    (perf) how far its measured kernel times moved between them (the other GPU busy or not)."""
+    print(f"\n{gate + ' gate':<14} {'phase s (-j1 / -j2)':<70} largest j2/j1-1 of the medians")
     for kernel in KERNELS:
         per = {1: [], 2: []}
         for _, jobs, _, gates, _ in runs:
-            per[jobs] += [g for g in gates if g["kernel"] == kernel and g["gate"] == "perf"]
+            per[jobs] += [g for g in gates if g["kernel"] == kernel and g["gate"] == gate]
         if not per[1] or not per[2]:
             continue
         names = sorted({n for g in per[1] + per[2] for n in g["phases"]})
         cells = [f"{n} {statistics.median(g['phases'].get(n, 0) for g in per[1]):.2f}/"
                  f"{statistics.median(g['phases'].get(n, 0) for g in per[2]):.2f}" for n in names]
-        moved = [abs(statistics.median(g["medians_us"][k] for g in per[2])
-                     / statistics.median(g["medians_us"][k] for g in per[1]) - 1)
+        moved = [(statistics.median(g["medians_us"][k] for g in per[2])
+                  / statistics.median(g["medians_us"][k] for g in per[1]) - 1, k)
                  for k in per[1][0]["medians_us"] if all(k in g["medians_us"] for g in per[1] + per[2])]
-        print(f"{kernel:<14} {' '.join(cells):<70} {max(moved, default=0):.1%}")
+        worst = max(moved, key=lambda m: abs(m[0]), default=None)
+        print(f"{kernel:<14} {' '.join(cells):<70} "
+              + (f"{worst[0]:+.1%} ({worst[1]})" if worst else "-"))
 
 
 def main() -> None:
@@ -161,7 +163,8 @@ def main() -> None:
             g = gates[i] if i < len(gates) else {}
             cells.append(f"{g.get('gpu')}/{g.get('elapsed_s', 0) or 0:.2f}/{g.get('wait_s') or 0:.2f}".rjust(22))
         print(f"{g0['kernel']:<14} {g0['gate']:<9} " + " ".join(cells))
-    perf_phases(runs)
+    gate_phases(runs, "validate")
+    gate_phases(runs, "perf")
     print(f"\nno-op (nothing stale) -j2: {', '.join(f'{t:.2f}' for t in noop)} s")
     m1, m2 = statistics.median(walls[1]), statistics.median(walls[2])
     print(f"\nmedian -j1 {m1:.2f} s, median -j2 {m2:.2f} s: throughput ratio -j2/-j1 = {m1 / m2:.2f}")
