@@ -25,7 +25,6 @@ anything, since it cannot know that a regenerated file will change.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
