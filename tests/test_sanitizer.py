@@ -4,8 +4,10 @@ The reports below are in compute-sanitizer's text format (2025.x, as documented 
 tool printed when run here without a GPU) for what the fault fixtures produce: memcheck on a
 store one element past a 2000-byte output, racecheck on a missing __syncthreads(), synccheck
 on a divergent barrier, clean runs, and runs where the tool itself never got going."""
+import importlib
 import os
 import stat
+import sys
 
 import pytest
 
@@ -282,14 +284,17 @@ def test_find_uses_path_then_the_wheel(no_sanitizer, monkeypatch):
     assert sanitizer.find() == str(on_path)
 
 
+def _site_with_nvidia(monkeypatch, site):
+    """`site` on sys.path, and `nvidia` re-imported from it (a namespace package)."""
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    monkeypatch.delitem(sys.modules, "nvidia", raising=False)
+
+
 def test_wheel_layout_is_found_through_the_nvidia_namespace(monkeypatch, tmp_path):
     site = tmp_path / "site"
     binary = _fake_binary(site / "nvidia" / "cu13" / "bin" / "compute-sanitizer")
-    monkeypatch.syspath_prepend(str(site))
-    import importlib
-    import sys
-    importlib.invalidate_caches()
-    monkeypatch.delitem(sys.modules, "nvidia", raising=False)
+    _site_with_nvidia(monkeypatch, site)
     assert binary in sanitizer._wheel_candidates()
 
 
@@ -298,11 +303,7 @@ def test_the_toolkit_layout_of_newer_wheels_comes_first(monkeypatch, tmp_path):
     site = tmp_path / "site"
     script = _fake_binary(site / "nvidia" / "cu13" / "bin" / "compute-sanitizer")
     binary = _fake_binary(site / "nvidia" / "cu13" / "compute-sanitizer" / "compute-sanitizer")
-    monkeypatch.syspath_prepend(str(site))
-    import importlib
-    import sys
-    importlib.invalidate_caches()
-    monkeypatch.delitem(sys.modules, "nvidia", raising=False)
+    _site_with_nvidia(monkeypatch, site)
     found = sanitizer._wheel_candidates()
     assert found.index(binary) < found.index(script)
 
@@ -385,7 +386,6 @@ def test_real_sanitizer_on_a_target_that_never_uses_cuda(tmp_path):
     """End to end with the real binary (no GPU needed): a runner that never initialises CUDA
     is reported by the tool, and the verdict is a crash naming why, never a pass."""
     import subprocess
-    import sys
     _real_sanitizer()
     log = tmp_path / "sanitize.log"
     cmd = sanitizer.wrap("memcheck", [sys.executable, "-c", "print('no CUDA here')"], log)

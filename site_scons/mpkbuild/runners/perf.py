@@ -70,18 +70,19 @@ def perf_variant(harness, job, variant, copy_bw, l2_bytes) -> dict:
         phases[name] = round(phases.get(name, 0.0) + now - clock, 4)
         clock = now
 
+    def timed(step, launches: int, warmup: int) -> dict:
+        graph = capture(step, launches)
+        lap("capture")
+        figures = time_graph(graph, launches, pcfg["repeats"], warmup)
+        lap("replay")
+        return figures
+
     # hot: one buffer set
     inputs = [t[0] for t in _sets(ins, gens, 1, gen)]
     outputs = [torch.empty(shape, dtype=dtype, device="cuda") for _, shape, dtype in outs]
     lap("inputs")
-    graph = capture(lambda i, s: launch(inputs, outputs, stream=s), L)
-    lap("capture")
-    hot = time_graph(graph, L, pcfg["repeats"], pcfg["warmup"])
-    lap("replay")
-    graph = capture(lambda i, s: call_with_params(baseline, inputs, codegen["params"]), L)
-    lap("capture")
-    base_hot = time_graph(graph, L, pcfg["repeats"], pcfg["warmup"])
-    lap("replay")
+    hot = timed(lambda i, s: launch(inputs, outputs, stream=s), L, pcfg["warmup"])
+    base_hot = timed(lambda i, s: call_with_params(baseline, inputs, codegen["params"]), L, pcfg["warmup"])
     result = {"bytes": nbytes, "hot": hot, "baseline_hot": base_hot,
               "slowcta": slow_cta(launch, inputs, outputs, _grid(codegen, sym), pcfg["repeats"])}
     lap("slowcta")
@@ -95,16 +96,10 @@ def perf_variant(harness, job, variant, copy_bw, l2_bytes) -> dict:
         out_sets = [torch.empty((nsets, *shape), dtype=dtype, device="cuda") for _, shape, dtype in outs]
         pick = lambda i: ([t[i % nsets] for t in in_sets], [t[i % nsets] for t in out_sets])
         lap("inputs")
-        graph = capture(lambda i, s: launch(*pick(i), stream=s), n_launch)
-        lap("capture")
-        cold = time_graph(graph, n_launch, pcfg["repeats"], 0)
-        lap("replay")
-        graph = capture(lambda i, s: call_with_params(baseline, pick(i)[0], codegen["params"]), n_launch)
-        lap("capture")
-        base_cold = time_graph(graph, n_launch, pcfg["repeats"], 0)
-        lap("replay")
+        cold = timed(lambda i, s: launch(*pick(i), stream=s), n_launch, 0)
+        base_cold = timed(lambda i, s: call_with_params(baseline, pick(i)[0], codegen["params"]), n_launch, 0)
         result.update(cold=cold, baseline_cold=base_cold, cold_sets=nsets, cold_launches=n_launch)
-        del in_sets, out_sets, graph
+        del in_sets, out_sets
     for key in ("hot", "cold"):
         if key in result:
             bw = nbytes / (result[key]["median_us"] * 1e-6)
