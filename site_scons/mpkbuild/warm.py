@@ -234,8 +234,7 @@ def serve(path: Path, package: str, idle_s: float) -> None:
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
-    children: dict[int, socket.socket] = {}        # pid -> client connection
-    gate_of: dict[int, str] = {}                   # pid -> the gate it runs
+    children: dict[int, tuple[socket.socket, str]] = {}    # pid -> (client connection, gate)
     by_conn: dict[socket.socket, int] = {}
     last_busy = time.monotonic()
     spare = None                  # (pid, request pipe) of the child waiting for a gate
@@ -262,7 +261,7 @@ def serve(path: Path, package: str, idle_s: float) -> None:
     try:
         while children or time.monotonic() - last_busy < idle_s:
             if (spare is None and spare_deaths < 3 and SPARE
-                    and all(gate_of.get(pid) in SPARE_BESIDE for pid in children)):
+                    and all(gate in SPARE_BESIDE for _, gate in children.values())):
                 spare = make_spare()          # idle, or beside validates only: never beside timing
             ready, _, _ = select.select([listener, wake_r, *by_conn], [], [], 1.0)
             for s in ready:
@@ -290,17 +289,14 @@ def serve(path: Path, package: str, idle_s: float) -> None:
                     if pid is None:
                         pid = fork_child(_child, request, package)
                     conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
-                    children[pid], by_conn[conn] = conn, pid
-                    gate_of[pid] = str(request.get("gate"))
+                    children[pid], by_conn[conn] = (conn, str(request.get("gate"))), pid
                 elif not s.recv(1, socket.MSG_PEEK):        # the client went away
                     try:
                         os.killpg(by_conn[s], signal.SIGKILL)
                     except ProcessLookupError:
                         pass
                     s.close()
-                    pid = by_conn.pop(s)
-                    children.pop(pid, None)
-                    gate_of.pop(pid, None)
+                    children.pop(by_conn.pop(s), None)
             while True:
                 try:
                     pid, status = os.waitpid(-1, os.WNOHANG)
@@ -313,8 +309,7 @@ def serve(path: Path, package: str, idle_s: float) -> None:
                     os.close(spare[1])
                     spare, spare_deaths = None, spare_deaths + 1
                     continue
-                conn = children.pop(pid, None)
-                gate_of.pop(pid, None)
+                conn, _ = children.pop(pid, (None, None))
                 if conn is not None:
                     by_conn.pop(conn, None)
                     try:
