@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import dataclasses
 import json
 import socket
 import sys
@@ -321,9 +322,7 @@ class DaskExecutor:
             sys.stderr.write(f"mpk: dask: gates are judged for {first.signature()} and go only to "
                              f"its {len(chosen)} worker(s); left out: {', '.join(left)}\n")
             self._workers = chosen
-        self._fp = gpu_mod.GpuFingerprint(
-            name=first.name, compute_capability=first.compute_capability, driver=first.driver,
-            torch=first.torch, count=int(sum(workers[a] for a in chosen)))
+        self._fp = dataclasses.replace(first, count=int(sum(workers[a] for a in chosen)))
         return self._fp
 
     def absence(self) -> str:
