@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +93,23 @@ class Project:
             raise AssertionError(f"scons {' '.join(args)} exited {proc.returncode}\n"
                                  f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
         return run
+
+
+def process_alive(pid: int) -> bool:
+    """Running, not a zombie (a reaped-later child is dead for a test's purposes)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def assert_processes_gone(pids, within: float = 10.0, what: str = "runner") -> None:
+    assert pids, f"the {what} never started"
+    deadline = time.monotonic() + within
+    while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(process_alive(p) for p in pids), f"{what} still alive: {pids}"
 
 
 def copy_project(dest: Path, kernels: tuple[str, ...] | None = ("rmsnorm_v2",)) -> Project:

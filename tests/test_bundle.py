@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import assert_processes_gone
 from mpkbuild import bundle, remote
 from mpkbuild.executor import GateInterrupted, GateJob
 
@@ -157,7 +158,7 @@ def test_a_remote_hang_is_killed_and_reported(tree, far_side):
     assert time.monotonic() - started < 20
     assert envelope["result"]["verdict"] == "hang"
     assert "spinning" in envelope["result"]["message"]
-    assert_dead(runner_pids(far_side))
+    assert_processes_gone(runner_pids(far_side))
     assert list((far_side / "remote").iterdir()) == []
 
 
@@ -167,7 +168,7 @@ def test_should_stop_kills_the_runner_and_interrupts(tree, far_side):
     threading.Timer(2.0, stop.set).start()
     with pytest.raises(GateInterrupted):
         bundle.run_packed(bundle.pack(make_job(tree)), far_side / "remote", should_stop=stop.is_set)
-    assert_dead(runner_pids(far_side))
+    assert_processes_gone(runner_pids(far_side))
     assert list((far_side / "remote").iterdir()) == []
 
 
@@ -175,21 +176,6 @@ def runner_pids(folder: Path) -> list[int]:
     path = folder / "pids.txt"
     return [int(line.split()[0]) for line in path.read_text().splitlines()] if path.exists() else []
 
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def assert_dead(pids, within=10.0):
-    assert pids, "the runner never started"
-    deadline = time.monotonic() + within
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(alive(p) for p in pids), f"runner still alive: {pids}"
 
 
 def bootstrap(work: Path, env=None) -> subprocess.Popen:
@@ -221,7 +207,7 @@ def test_bootstrap_kills_its_runner_when_stdin_closes(tree, far_side):
     pids = runner_pids(far_side)
     proc.stdin.close()                              # what a dead ssh client looks like
     assert proc.wait(timeout=15) == 3
-    assert_dead(pids)
+    assert_processes_gone(pids)
     assert list((far_side / "remote").iterdir()) == []
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Project, clone_built, copy_project
+from conftest import Project, assert_processes_gone, clone_built, copy_project
 from mpkbuild.executor import ExecutorError, GateInterrupted, GateJob
 from mpkbuild.ssh_executor import SshExecutor
 
@@ -145,21 +145,6 @@ def make_job(tree: Path, timeout=30.0) -> GateJob:
                    inputs=("build/k/sm_90a/libk.so", "kernels/k/reference.py"))
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def assert_dead(pids, within=10.0):
-    assert pids, "the remote runner never started"
-    deadline = time.monotonic() + within
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(alive(p) for p in pids), f"remote runner still alive: {pids}"
-
 
 def remote_leftovers(sshd) -> list:
     return list(sshd.remote_work.iterdir()) if sshd.remote_work.exists() else []
@@ -206,7 +191,7 @@ def test_a_remote_hang_is_killed_and_reported(sshd, tree):
     assert result["verdict"] == "hang", result
     assert "2 s timeout" in result["message"] and "spinning" in result["message"]
     assert "spinning" in job.log_file.read_text()
-    assert_dead(sshd.runner_pids())
+    assert_processes_gone(sshd.runner_pids(), what="remote runner")
     assert remote_leftovers(sshd) == []
 
 
@@ -222,7 +207,7 @@ def test_interrupt_kills_ssh_and_the_remote_runner(sshd, tree):
     threading.Thread(target=stop_when_running, daemon=True).start()
     with pytest.raises(GateInterrupted):
         SshExecutor(sshd.options()).run(make_job(tree, timeout=300), should_stop=stop.is_set)
-    assert_dead(sshd.runner_pids())
+    assert_processes_gone(sshd.runner_pids(), what="remote runner")
     deadline = time.monotonic() + 10
     while remote_leftovers(sshd) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -253,7 +238,7 @@ def test_a_killed_ssh_client_stops_the_remote_runner(sshd, tree, monkeypatch):
     os.killpg(clients[0].pid, signal.SIGKILL)
     t.join(30)
     assert isinstance(done.get("r"), ExecutorError), done     # the run says the link broke
-    assert_dead(sshd.runner_pids())
+    assert_processes_gone(sshd.runner_pids(), what="remote runner")
 
 
 def _run_catching(ex, job):
@@ -353,7 +338,7 @@ def test_scons_remote_hang_is_recorded_as_hang(sshd, proj):
     assert run.returncode != 0
     result = json.loads(proj.path(f"build/{K}/gpu/{KEY}/validate.json").read_text())
     assert result["verdict"] == "hang" and "2 s timeout" in result["message"]
-    assert_dead(sshd.runner_pids())
+    assert_processes_gone(sshd.runner_pids(), what="remote runner")
 
 
 @pytest.mark.nvcc

@@ -1,7 +1,6 @@
 """The warm runner server and the local executor's leases, with stand-in runners and a
 stand-in nvidia-smi (no GPU needed): forks per gate, crash isolation, hang kill, a killed
 client's gate killed too, and -j2 on two GPUs running side by side."""
-import json
 import os
 import shutil
 import signal
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import process_alive
 from mpkbuild import gpu as gpu_mod
 from mpkbuild import warm
 from mpkbuild.executor import GateJob, LocalExecutor
@@ -55,16 +55,6 @@ case "$*" in
 esac
 """
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:      # a zombie is dead for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture
@@ -139,9 +129,9 @@ def test_a_hanging_gate_is_killed_and_the_server_goes_on(stage):
     assert time.monotonic() - started < 30
     pid = int((stage / "pid").read_text())
     deadline = time.monotonic() + 5
-    while _alive(pid) and time.monotonic() < deadline:
+    while process_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(pid)
+    assert not process_alive(pid)
     assert warm.run(job(stage, "fine"), "GPU-0000aaaa", {}, lambda: False)["verdict"] == "pass"
 
 
@@ -160,13 +150,13 @@ def test_a_killed_build_leaves_no_runner_behind(stage, warm_flag):
     while not pid_file.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     runner = int(pid_file.read_text())
-    assert _alive(runner)
+    assert process_alive(runner)
     client.send_signal(signal.SIGKILL)
     client.wait()
     deadline = time.monotonic() + 10
-    while _alive(runner) and time.monotonic() < deadline:
+    while process_alive(runner) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(runner), "the runner outlived the build that started it"
+    assert not process_alive(runner), "the runner outlived the build that started it"
     result = LocalExecutor({"warm": warm_flag, "gpus": "0"}).run(job(stage, "fine"))
     assert result["verdict"] == "pass" and result["lease_wait_s"] < 5
 
