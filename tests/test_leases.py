@@ -88,3 +88,44 @@ def test_a_sigkilled_holder_leaves_no_stale_lease(lease_dir):
     lease = leases.acquire([GPUS[0]], should_stop=lambda: time.monotonic() - started > 5)
     assert lease.gpu.index == 0
     lease.release()
+
+
+def test_one_nvidia_smi_call_serves_the_fingerprint_and_the_lease_list(tmp_path, monkeypatch):
+    """Every scons run reads the GPUs twice (fingerprint, leases): nvidia-smi runs once."""
+    from mpkbuild import gpu as gpu_mod
+    calls = tmp_path / "calls"
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        echo "$*" >> {calls}
+        printf '0, GPU-0000aaaa, NVIDIA H200, 9.0, 580.159.04\\n1, GPU-1111bbbb, NVIDIA H200, 9.0, 580.159.04\\n'
+        """))
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    gpu_mod.smi_rows.cache_clear()
+    gpu_mod.detect.cache_clear()
+    try:
+        fp = gpu_mod.detect()
+        listed = leases.list_gpus()
+    finally:
+        gpu_mod.smi_rows.cache_clear()
+        gpu_mod.detect.cache_clear()
+    assert (fp.name, fp.compute_capability, fp.driver, fp.count) == ("NVIDIA H200", "9.0", "580.159.04", 1)
+    assert listed == [Gpu(0, "GPU-0000aaaa", "NVIDIA H200"), Gpu(1, "GPU-1111bbbb", "NVIDIA H200")]
+    assert len(calls.read_text().splitlines()) == 1
+
+
+def test_the_torch_version_is_read_without_importing_torch():
+    from mpkbuild import gpu as gpu_mod
+    import importlib.metadata
+    code = "import sys; from mpkbuild import gpu; print(gpu._torch_version(), 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, check=True)
+    try:
+        expected = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        expected = "none"
+    assert out.stdout.split() == [expected, "False"]
+    assert gpu_mod._torch_version() == expected

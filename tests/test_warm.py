@@ -49,8 +49,8 @@ time.sleep(600)
 SMI = """#!/bin/sh
 # stand-in nvidia-smi: two H200s
 case "$*" in
-  *index,uuid,name*) printf '0, GPU-0000aaaa, NVIDIA H200\\n1, GPU-1111bbbb, NVIDIA H200\\n' ;;
-  *index,name,compute_cap,driver_version*) printf '0, NVIDIA H200, 9.0, 580.1\\n1, NVIDIA H200, 9.0, 580.1\\n' ;;
+  *index,uuid,name,compute_cap,driver_version*)
+    printf '0, GPU-0000aaaa, NVIDIA H200, 9.0, 580.1\\n1, GPU-1111bbbb, NVIDIA H200, 9.0, 580.1\\n' ;;
   *) exit 2 ;;
 esac
 """
@@ -76,8 +76,10 @@ def stage(tmp_path, monkeypatch):
     monkeypatch.setenv("MPK_RUNNER_PACKAGE", "stand_in_runners")
     monkeypatch.setenv("MPK_WARM_IDLE_S", "20")
     gpu_mod.detect.cache_clear()
+    gpu_mod.smi_rows.cache_clear()
     yield tmp_path
     gpu_mod.detect.cache_clear()
+    gpu_mod.smi_rows.cache_clear()
     subprocess.run(["pkill", "-9", "-f", str(short)], check=False)
     shutil.rmtree(short, ignore_errors=True)
 

@@ -8,7 +8,6 @@ results for two GPUs sit side by side.
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import os
 import re
 import shutil
@@ -56,36 +55,74 @@ NO_GPU_HELP = (
 
 
 def _torch_version() -> str:
+    """torch's version from its installed metadata, read without importing torch (seconds)
+    or importlib.metadata (~20 ms of imports on every scons run)."""
+    import importlib.util
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return "none"
+    for folder in spec.submodule_search_locations:
+        try:
+            text = open(os.path.join(folder, "version.py")).read()
+        except OSError:
+            continue
+        found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+        if found:
+            return found.group(1)
+    import importlib.metadata
     try:
         return importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         return "none"
 
 
+SMI_FIELDS = ("index", "uuid", "name", "compute_cap", "driver_version")
+SMI_TIMEOUT_S = 30.0
+
+
+@functools.lru_cache(maxsize=None)
+def smi_rows() -> tuple[dict, ...]:
+    """Every GPU nvidia-smi lists on this machine, one query per process (each call costs
+    tens of ms, more on a box whose GPUs are not kept initialised). Empty without one."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return ()
+    cmd = [smi, f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SMI_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    if proc.returncode != 0:
+        return ()
+    rows = []
+    for line in proc.stdout.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < len(SMI_FIELDS) or not cells[0].isdigit():
+            continue
+        # a name with a comma in it: everything between uuid and the last two fields
+        name = ", ".join(cells[2:len(cells) - 2])
+        rows.append({"index": int(cells[0]), "uuid": cells[1], "name": name,
+                     "compute_cap": cells[-2], "driver_version": cells[-1]})
+    return tuple(rows)
+
+
 @functools.lru_cache(maxsize=None)
 def detect() -> GpuFingerprint | None:
     """The first visible GPU's fingerprint, or None when there is no usable GPU."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
+    rows = list(smi_rows())
+    if not rows:
         return None
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    cmd = [smi, "--query-gpu=index,name,compute_cap,driver_version", "--format=csv,noheader"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    rows = [[c.strip() for c in line.split(",")] for line in proc.stdout.splitlines() if line.strip()]
-    if proc.returncode != 0 or not rows:
-        return None
     if visible is not None:
         wanted = [v.strip() for v in visible.split(",") if v.strip()]
-        rows = [r for r in rows if r[0] in wanted] if all(w.isdigit() for w in wanted) else rows
+        if all(w.isdigit() for w in wanted):
+            rows = [r for r in rows if str(r["index"]) in wanted]
         if not rows:
             return None
     first = rows[0]
-    same = sum(1 for r in rows if r[1] == first[1])
-    return GpuFingerprint(name=first[1], compute_capability=first[2], driver=first[3],
-                          torch=_torch_version(), count=same)
+    same = sum(1 for r in rows if r["name"] == first["name"])
+    return GpuFingerprint(name=first["name"], compute_capability=first["compute_cap"],
+                          driver=first["driver_version"], torch=_torch_version(), count=same)
 
 
 def describe_absence() -> str:

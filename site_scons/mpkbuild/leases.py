@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -37,22 +35,10 @@ def lease_dir() -> Path:
     return Path(os.environ.get("MPK_LEASE_DIR") or Path(tempfile.gettempdir()) / "mpk-gpu-leases")
 
 
-def list_gpus(timeout_s: float = 30.0) -> list[Gpu]:
+def list_gpus() -> list[Gpu]:
     """Every GPU nvidia-smi sees on this machine (CUDA_VISIBLE_DEVICES is applied by `pick`)."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    try:
-        proc = subprocess.run([smi, "--query-gpu=index,uuid,name", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=timeout_s)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    gpus = []
-    for line in proc.stdout.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if proc.returncode == 0 and len(parts) >= 3 and parts[0].isdigit():
-            gpus.append(Gpu(int(parts[0]), parts[1], ", ".join(parts[2:])))
-    return gpus
+    from .gpu import smi_rows
+    return [Gpu(r["index"], r["uuid"], r["name"]) for r in smi_rows()]
 
 
 def pick(gpus: list[Gpu], wanted: str | None, model: str | None,
