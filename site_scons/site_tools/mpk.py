@@ -581,18 +581,33 @@ def declare(env) -> list:
 
 
 def _gpu_work_first(g, targets: list[str], kernels: list[Kernel], closure) -> list[str]:
-    """SCons hands out ready nodes in the order of its targets. Every validate first (the
-    quick verdicts), then every perf, each longest first by the time it took last run: with
-    -jN over N GPUs that is the longest-first schedule, so the GPUs finish together."""
-    def last_time(k: Kernel, gate: str) -> float:
-        return g.last_elapsed.get(k.gate_result(gate, g.gpu_key), 0.0)
-    first = []
-    for gate in stages.GPU_GATES:
-        if gate in closure:
-            ranked = sorted(kernels, key=lambda k: -last_time(k, gate))
-            # the gate's result, not its check: a failed verdict must not stop the others
-            first += [os.path.relpath(k.gate_result(gate, g.gpu_key), g.root) for k in ranked]
+    """SCons hands out ready nodes in the order of its targets, so the GPU gates go first in
+    the order schedule.plan makes from each gate's time last run, for as many GPUs as this
+    build runs gates on at once: the longest chains start first and the GPUs finish together."""
+    from mpkbuild import schedule
+    gates = [(k.name, gate) for gate in stages.GPU_GATES if gate in closure for k in kernels]
+    by_name = {k.name: k for k in kernels}
+    last = {(name, gate): g.last_elapsed.get(by_name[name].gate_result(gate, g.gpu_key), 0.0)
+            for name, gate in gates}
+    needs = {(name, gate): [(name, d) for d in stages.BY_NAME[gate].after if d in stages.GPU_GATES]
+             for name, gate in gates}
+    seconds = schedule.estimates(gates, last, kind=lambda x: x[1])
+    order = schedule.plan(gates, seconds, needs, _gate_slots())
+    # the gate's result, not its check: a failed verdict must not stop the others
+    first = [os.path.relpath(by_name[name].gate_result(gate, g.gpu_key), g.root) for name, gate in order]
     return list(dict.fromkeys(first + targets))
+
+
+def _gate_slots() -> int:
+    """How many GPU gates run at once: -j, capped by the GPUs a local build may lease."""
+    jobs = int(GetOption("num_jobs") or 1)
+    gpus = getattr(_STATE.get("executor"), "gpus", None)
+    if callable(gpus):
+        try:
+            jobs = min(jobs, max(1, len(gpus())))
+        except executor_mod.ExecutorError:
+            pass
+    return jobs
 
 
 def generate(env):

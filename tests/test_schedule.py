@@ -1,0 +1,92 @@
+"""The order GPU gates are handed to SCons in: precedence kept, long chains first, GPUs
+finishing together (simulated list scheduling, as SCons's -jN job slots take targets)."""
+import random
+
+import pytest
+
+from mpkbuild import schedule
+
+
+def catalog(times: dict):
+    gates = list(times)
+    needs = {(k, "perf"): [(k, "validate")] for k, g in gates if g == "perf"}
+    return gates, needs
+
+
+# one recorded -j1 run of the catalog on an H200 (seconds per gate)
+RECORDED = {("rmsnorm_v2", "validate"): 0.62, ("rmsnorm_v2", "perf"): 2.55,
+            ("silu_mul_v2", "validate"): 0.61, ("silu_mul_v2", "perf"): 3.20,
+            ("embedding_v2", "validate"): 0.77, ("embedding_v2", "perf"): 0.86,
+            ("argmax_v2", "validate"): 0.48, ("argmax_v2", "perf"): 1.51,
+            ("linear_v2", "validate"): 0.74, ("linear_v2", "perf"): 0.97}
+
+
+def precedence_kept(order, needs):
+    at = {g: i for i, g in enumerate(order)}
+    return all(at[d] < at[g] for g, ds in needs.items() for d in ds if g in at and d in at)
+
+
+def test_simulate_follows_list_scheduling_by_hand():
+    sec = {"a": 3.0, "b": 1.0, "c": 1.0, "d": 2.0}
+    assert schedule.simulate(["a", "b", "c", "d"], sec, {}, 2) == 4.0    # a | b c d -> 3, 4
+    assert schedule.simulate(["a", "b", "c", "d"], sec, {"d": ["a"]}, 2) == 5.0   # d waits for a
+    assert schedule.simulate(["a", "b", "c", "d"], sec, {}, 1) == 7.0
+
+
+def test_a_long_chain_starts_first_and_beats_validates_first():
+    """Every validate first delays the one long perf: the critical path starts it at once."""
+    times = {("big", "validate"): 1.0, ("big", "perf"): 10.0}
+    for k in "abcd":
+        times[(k, "validate")] = 1.0
+        times[(k, "perf")] = 1.0
+    gates, needs = catalog(times)
+    # every validate first (big's, no longer than the others, last), then perfs longest first
+    validates_first = ([(k, "validate") for k in "abcd"] + [("big", "validate"), ("big", "perf")]
+                       + [(k, "perf") for k in "abcd"])
+    order = schedule.plan(gates, times, needs, 2)
+    assert order[0] == ("big", "validate") and precedence_kept(order, needs)
+    assert schedule.simulate(order, times, needs, 2) == 11.0
+    assert schedule.simulate(validates_first, times, needs, 2) == 13.0
+
+
+def test_the_recorded_catalog_splits_within_a_tenth_of_a_second_over_two_gpus():
+    gates, needs = catalog(RECORDED)
+    order = schedule.plan(gates, RECORDED, needs, 2)
+    assert precedence_kept(order, needs)
+    half = sum(RECORDED.values()) / 2
+    assert schedule.simulate(order, RECORDED, needs, 2) <= half + 0.1
+    assert order == schedule.plan(gates, RECORDED, needs, 2)      # the same plan every run
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_plans_keep_precedence_and_never_lose_to_the_critical_path(seed):
+    rnd = random.Random(seed)
+    times = {}
+    for k in range(rnd.randint(2, 9)):
+        times[(f"k{k}", "validate")] = rnd.uniform(0.2, 1.0)
+        if rnd.random() < 0.8:
+            times[(f"k{k}", "perf")] = rnd.uniform(0.5, 4.0)
+    gates, needs = catalog(times)
+    slots = rnd.randint(2, 4)
+    order = schedule.plan(gates, times, needs, slots)
+    assert sorted(order) == sorted(gates) and precedence_kept(order, needs)
+    cp = schedule.critical_path_order(gates, times, needs)
+    assert precedence_kept(cp, needs)
+    assert schedule.simulate(order, times, needs, slots) <= schedule.simulate(cp, times, needs, slots) + 1e-9
+    assert schedule.simulate(order, times, needs, slots) >= max(sum(times.values()) / slots,
+                                                                 max(times.values())) - 1e-9
+
+
+def test_one_gpu_gives_the_quick_verdicts_first():
+    gates, needs = catalog(RECORDED)
+    order = schedule.plan(gates, RECORDED, needs, 1)
+    assert [g for _, g in order[:5]] == ["validate"] * 5
+    assert order[5:] == sorted(order[5:], key=RECORDED.get)
+
+
+def test_a_gate_never_timed_is_expected_to_take_the_median_of_its_kind():
+    gates = [("a", "validate"), ("b", "validate"), ("c", "validate"), ("a", "perf"), ("c", "perf")]
+    last = {("a", "validate"): 0.5, ("b", "validate"): 0.9, ("a", "perf"): 3.0}
+    est = schedule.estimates(gates, last, kind=lambda g: g[1])
+    assert est[("c", "validate")] == pytest.approx(0.7) and est[("c", "perf")] == 3.0
+    assert schedule.estimates([("x", "perf")], {}, kind=lambda g: g[1]) == {("x", "perf"): 1.0}
