@@ -133,6 +133,18 @@ def copy_project(dest: Path, kernels: tuple[str, ...] | None = ("rmsnorm_v2",)) 
     return Project(dest)
 
 
+@pytest.fixture(autouse=True)
+def fresh_gpu_query():
+    """gpu.py reads nvidia-smi once per process (each scons run is one); tests swap the
+    stand-in nvidia-smi and its GPU count between tests in one process."""
+    from mpkbuild import gpu as gpu_mod
+    gpu_mod.smi_rows.cache_clear()
+    gpu_mod.detect.cache_clear()
+    yield
+    gpu_mod.smi_rows.cache_clear()
+    gpu_mod.detect.cache_clear()
+
+
 @pytest.fixture
 def root(tmp_path) -> Path:
     """A bare copy of specs/ and kernels/ (rmsnorm_v2 only) for library-level tests."""

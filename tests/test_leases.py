@@ -104,14 +104,8 @@ def test_one_nvidia_smi_call_serves_the_fingerprint_and_the_lease_list(tmp_path,
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    gpu_mod.smi_rows.cache_clear()
-    gpu_mod.detect.cache_clear()
-    try:
-        fp = gpu_mod.detect()
-        listed = leases.list_gpus()
-    finally:
-        gpu_mod.smi_rows.cache_clear()
-        gpu_mod.detect.cache_clear()
+    fp = gpu_mod.detect()          # (conftest clears the per-process query around each test)
+    listed = leases.list_gpus()
     assert (fp.name, fp.compute_capability, fp.driver, fp.count) == ("NVIDIA H200", "9.0", "580.159.04", 1)
     assert listed == [Gpu(0, "GPU-0000aaaa", "NVIDIA H200"), Gpu(1, "GPU-1111bbbb", "NVIDIA H200")]
     assert len(calls.read_text().splitlines()) == 1

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from conftest import process_alive
-from mpkbuild import gpu as gpu_mod
 from mpkbuild import warm
 from mpkbuild.executor import GateJob, LocalExecutor
 
@@ -75,11 +74,7 @@ def stage(tmp_path, monkeypatch):
     monkeypatch.setenv("MPK_LEASE_DIR", str(short))
     monkeypatch.setenv("MPK_RUNNER_PACKAGE", "stand_in_runners")
     monkeypatch.setenv("MPK_WARM_IDLE_S", "20")
-    gpu_mod.detect.cache_clear()
-    gpu_mod.smi_rows.cache_clear()
     yield tmp_path
-    gpu_mod.detect.cache_clear()
-    gpu_mod.smi_rows.cache_clear()
     subprocess.run(["pkill", "-9", "-f", str(short)], check=False)
     shutil.rmtree(short, ignore_errors=True)
 
@@ -94,14 +89,17 @@ def test_warm_server_forks_a_fresh_child_per_gate(stage):
     assert first["verdict"] == second["verdict"] == "pass"
     assert first["warm"] and second["warm"]          # torch was imported before the gate ran
     assert first["pid"] != second["pid"]             # a fresh process per gate
-    assert second["spare"] == "1"                    # forked ahead of time, while idle
+    assert second["spare"] == "context"              # forked ahead of time, while idle
     assert "fine runner" in (stage / "w" / "fine.log").read_text()
 
 
-@pytest.mark.parametrize("running, spare", [("validate", "1"), ("perf", None)])
-def test_a_spare_is_made_beside_a_validate_but_never_beside_a_perf(stage, running, spare):
+@pytest.mark.parametrize("running, spare", [("validate", "context"), ("perf", "driver")])
+def test_a_spare_makes_its_context_beside_a_validate_but_only_loads_the_driver_beside_a_perf(
+        stage, running, spare):
     """A gate arriving while another runs on the same server (a shared validate) finds a
-    CUDA-ready spare only when what runs is a validate: perf has the GPU to itself."""
+    spare that made its CUDA context beside a validate, but beside a perf only loaded the
+    driver: no second context on the GPU while perf times. Once the perf is gone, the
+    waiting spare makes its context before the next gate."""
     warm.run(job(stage, "fine"), "GPU-0000aaaa", {}, lambda: False)     # server up, idle
     long = {}
     t = threading.Thread(target=lambda: long.update(
@@ -113,6 +111,8 @@ def test_a_spare_is_made_beside_a_validate_but_never_beside_a_perf(stage, runnin
     assert long["verdict"] == beside["verdict"] == "pass"
     assert beside["started"] < long["ended"]             # it really ran beside the long one
     assert beside["spare"] == spare
+    after = warm.run(job(stage, "fine", name="after"), "GPU-0000aaaa", {}, lambda: False)
+    assert after["spare"] == "context"
 
 
 def test_a_crashing_gate_takes_down_only_its_child(stage):

@@ -34,9 +34,12 @@ from .leases import lease_dir
 
 GATES = ("validate", "perf", "bandwidth")
 SPARE = os.environ.get("MPK_WARM_SPARE", "1") != "0"       # a CUDA-ready child kept waiting
-# Gates a spare may make its context beside. Never a timing gate: perf and bandwidth have
-# the GPU to themselves from their first CUDA call to their last.
-SPARE_BESIDE = frozenset({"validate"})
+# Gates a spare may make its CUDA context beside. Beside a timing gate (perf, bandwidth) it
+# only loads the driver (cuInit: no context, no work on the GPU, ~0.25 of the ~0.35 s a
+# gate's CUDA start costs on an H200) and makes its context once the GPU is free. On an H200,
+# 49 processes doing cuInit during 6 s of graph-timed replays left the medians (1.06 us,
+# 129.2 us) within the drift between two quiet phases (1.04-1.07 us, 128.9-129.2 us).
+CONTEXT_BESIDE = frozenset({"validate"})
 START_TIMEOUT_S = 120.0
 
 
@@ -161,26 +164,40 @@ def run(job: ex.GateJob, gpu_uuid: str, env: dict, should_stop) -> dict:
 
 
 # ---------------------------------------------------------------- the server
-def _spare(request_fd: int, package: str) -> None:
-    """A child forked while the GPU is idle or runs only validate gates: it makes its CUDA
-    context ahead of time, then waits for one gate. The gate's clock no longer pays for the
-    context (0.3-0.4 s on an H200, more when two GPUs make theirs at once); the child is
-    still fresh, used once, and alone in its session."""
+def _spare(request_fd: int, package: str, context: bool) -> None:
+    """A child forked ahead of its gate: it starts CUDA before the gate's clock does (0.3-0.4 s
+    on an H200, more when two GPUs start theirs at once), then waits for one gate. With
+    `context` (the GPU idle or running validates) it makes its context; beside a timing gate
+    it only loads the driver, and makes the context when the server says the GPU is free.
+    The child is still fresh, used once, and alone in its session."""
     os.setsid()
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    os.environ["MPK_WARM_SPARE"] = "1"
+    _start_cuda(context)
+    with os.fdopen(request_fd, "rb") as pipe:
+        while True:
+            line = pipe.readline()
+            if not line:
+                os._exit(0)
+            request = json.loads(line)
+            if request.get("make_context"):
+                _start_cuda(True)
+                continue
+            _child(request, package, new_session=False)
+
+
+def _start_cuda(context: bool) -> None:
+    os.environ["MPK_WARM_SPARE"] = "context" if context else "driver"
     try:
-        import torch
-        torch.cuda.init()
-        torch.empty(1, device="cuda")
+        if context:
+            import torch
+            torch.cuda.init()
+            torch.empty(1, device="cuda")
+        else:
+            import ctypes
+            ctypes.CDLL("libcuda.so.1").cuInit(0)
     except Exception:         # no usable GPU: the runner meets it again and reports it
         pass
-    with os.fdopen(request_fd, "rb") as pipe:
-        line = pipe.readline()
-    if not line:
-        os._exit(0)
-    _child(json.loads(line), package, new_session=False)
 
 
 def _child(request: dict, package: str, new_session: bool = True) -> None:
@@ -237,7 +254,7 @@ def serve(path: Path, package: str, idle_s: float) -> None:
     children: dict[int, tuple[socket.socket, str]] = {}    # pid -> (client connection, gate)
     by_conn: dict[socket.socket, int] = {}
     last_busy = time.monotonic()
-    spare = None                  # (pid, request pipe) of the child waiting for a gate
+    spare = None                  # [pid, request pipe, has context] of the child waiting for a gate
     spare_deaths = 0
 
     def fork_child(target, *args) -> int:
@@ -251,18 +268,24 @@ def serve(path: Path, package: str, idle_s: float) -> None:
             target(*args)
         return pid
 
-    def make_spare():
+    def make_spare(context: bool):
         r, w = os.pipe()
-        pid = fork_child(lambda: (os.close(w), _spare(r, package)))
+        pid = fork_child(lambda: (os.close(w), _spare(r, package, context)))
         os.close(r)
-        return pid, w
+        return [pid, w, context]
     print(f"warm server {os.getpid()} on {path} (CUDA_VISIBLE_DEVICES="
           f"{os.environ.get('CUDA_VISIBLE_DEVICES')})", flush=True)
     try:
         while children or time.monotonic() - last_busy < idle_s:
-            if (spare is None and spare_deaths < 3 and SPARE
-                    and all(gate in SPARE_BESIDE for _, gate in children.values())):
-                spare = make_spare()          # idle, or beside validates only: never beside timing
+            context_ok = all(gate in CONTEXT_BESIDE for _, gate in children.values())
+            if spare is None and spare_deaths < 3 and SPARE:
+                spare = make_spare(context_ok)     # beside timing: the driver only
+            elif spare is not None and context_ok and not spare[2]:
+                try:                               # the timing gate is gone: context now
+                    os.write(spare[1], b'{"make_context": true}\n')
+                    spare[2] = True
+                except OSError:
+                    pass
             ready, _, _ = select.select([listener, wake_r, *by_conn], [], [], 1.0)
             for s in ready:
                 if s == wake_r:
@@ -279,7 +302,7 @@ def serve(path: Path, package: str, idle_s: float) -> None:
                         continue
                     pid = None
                     if spare is not None:
-                        pid, pipe = spare
+                        pid, pipe, _ = spare
                         spare = None
                         try:
                             os.write(pipe, line if line.endswith(b"\n") else line + b"\n")
