@@ -9,6 +9,9 @@ waits for. On the catalog's gate times from six recorded runs on two H200s, each
 from one run and judged on the other five, the GPUs finished 0.21 s after an even split on
 average, against 0.28 s for "every validate, then perfs longest first": gate times move
 ±10% between runs, so a plan made from last run's times buys part of the gap, not all.
+A gate after a perf on the same GPU waits for its CUDA context (the warm runner's spare
+makes none beside a timing gate; the executor says how long, `after_timing_s`): the plan
+counts that wait, and one GPU runs every validate before any perf.
 SCons still decides what runs; this only orders what it is given.
 """
 from __future__ import annotations
@@ -21,9 +24,12 @@ from typing import Hashable, Sequence
 Gate = Hashable
 
 
-def simulate(order: Sequence[Gate], seconds: dict, needs: dict, slots: int) -> float:
-    """When the last gate ends, if each free slot takes the first ready gate in `order`."""
+def simulate(order: Sequence[Gate], seconds: dict, needs: dict, slots: int,
+             switch=None) -> float:
+    """When the last gate ends, if each free slot takes the first ready gate in `order`.
+    switch(previous gate on the slot or None, gate): extra seconds the gate waits there."""
     free = [0.0] * max(1, slots)
+    previous: list = [None] * len(free)
     ends: dict = {}
     pending = list(order)
     while pending:
@@ -39,7 +45,8 @@ def simulate(order: Sequence[Gate], seconds: dict, needs: dict, slots: int) -> f
                 continue
             pick = pending[0]      # (an order that breaks precedence: take it as it comes)
         pending.remove(pick)
-        free[slot] = now + seconds[pick]
+        free[slot] = now + seconds[pick] + (switch(previous[slot], pick) if switch else 0.0)
+        previous[slot] = pick
         ends[pick] = free[slot]
     return max(free)
 
@@ -67,10 +74,11 @@ def _in_precedence(ordered: list, needs: dict) -> list:
     return out
 
 
-def shortest_first(gates: Sequence[Gate], seconds: dict, needs: dict) -> list:
-    """For one GPU every order ends at the same time; shortest first gives the most verdicts
-    soonest (every validate before the perf runs, for a kernel engineer waiting on them)."""
-    return _in_precedence(sorted(gates, key=lambda g: seconds[g]), needs)
+def one_gpu_order(gates: Sequence[Gate], seconds: dict, needs: dict, kind_rank) -> list:
+    """For one GPU: every gate of the first kind (validate) before the next, each kind
+    shortest first. The most verdicts soonest, correctness before speed, and no gate waits
+    behind a timing gate for its CUDA context (see plan's `switch`)."""
+    return _in_precedence(sorted(gates, key=lambda g: (kind_rank(g), seconds[g])), needs)
 
 
 def critical_path_order(gates: Sequence[Gate], seconds: dict, needs: dict) -> list:
@@ -90,16 +98,18 @@ def critical_path_order(gates: Sequence[Gate], seconds: dict, needs: dict) -> li
     return _in_precedence(sorted(gates, key=lambda g: -chain(g)), needs)
 
 
-def plan(gates: Sequence[Gate], seconds: dict, needs: dict, slots: int,
-         trials: int = 600, budget_s: float = 0.05, seed: int = 0) -> list:
+def plan(gates: Sequence[Gate], seconds: dict, needs: dict, slots: int, kind_rank=lambda g: 0,
+         switch=None, trials: int = 600, budget_s: float = 0.05, seed: int = 0) -> list:
     """The target order for `slots` GPUs: critical path first, then up to `trials` swaps
-    (fewer if budget_s of wall time runs out, so a large build's start-up stays short)."""
+    (fewer if budget_s of wall time runs out, so a large build's start-up stays short).
+    switch(previous, gate) is what a gate waits for after `previous` on the same GPU (the
+    local executor's warm runner: a gate after a perf waits ~0.2-0.35 s for its context)."""
     if slots <= 1:
-        return shortest_first(gates, seconds, needs)
+        return one_gpu_order(gates, seconds, needs, kind_rank)
     order = critical_path_order(gates, seconds, needs)
     if len(order) < 3:
         return order
-    best = simulate(order, seconds, needs, slots)
+    best = simulate(order, seconds, needs, slots, switch)
     pos_ok = _precedence_check(needs)
     rnd = random.Random(seed)
     deadline = time.perf_counter() + budget_s
@@ -111,7 +121,7 @@ def plan(gates: Sequence[Gate], seconds: dict, needs: dict, slots: int,
         trial[i], trial[j] = trial[j], trial[i]
         if not pos_ok(trial):
             continue
-        got = simulate(trial, seconds, needs, slots)
+        got = simulate(trial, seconds, needs, slots, switch)
         if got < best - 1e-9:
             order, best = trial, got
     return order

@@ -592,7 +592,10 @@ def _gpu_work_first(g, targets: list[str], kernels: list[Kernel], closure) -> li
     needs = {(name, gate): [(name, d) for d in stages.BY_NAME[gate].after if d in stages.GPU_GATES]
              for name, gate in gates}
     seconds = schedule.estimates(gates, last, kind=lambda x: x[1])
-    order = schedule.plan(gates, seconds, needs, _gate_slots())
+    rank = {gate: i for i, gate in enumerate(stages.GPU_GATES)}
+    after_timing = getattr(_STATE.get("executor"), "after_timing_s", 0.0)
+    order = schedule.plan(gates, seconds, needs, _gate_slots(), kind_rank=lambda x: rank[x[1]],
+                          switch=lambda prev, x: after_timing if prev and prev[1] == "perf" else 0.0)
     # the gate's result, not its check: a failed verdict must not stop the others
     first = [os.path.relpath(by_name[name].gate_result(gate, g.gpu_key), g.root) for name, gate in order]
     return list(dict.fromkeys(first + targets))
