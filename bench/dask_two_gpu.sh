@@ -16,7 +16,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 work=$(mktemp -d /tmp/mpk-dask.XXXXXX)
 if [ "${INSTALL_WHEELS:-1}" = 1 ] && ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl || exit 1
 fi
 export PYTHONPATH=/tmp/site${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH} PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1

@@ -7,7 +7,7 @@ set -uo pipefail
 out=${1:-/tmp/mpk-out}
 work=/tmp/mpk-gpu-box
 mkdir -p "$out" "$work"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/site_scons PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
 python3 -m pytest -q -rs ${PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.log" | tail -15

@@ -116,6 +116,22 @@ def gate_phases(runs, gate: str) -> None:
               + (f"{worst[0]:+.1%} ({worst[1]})" if worst else "-"))
 
 
+def scons_bytecode_note() -> str:
+    """Every scons run pays for compiling SCons from source where it was installed without
+    bytecode (pip --no-compile) and Python may not write any (PYTHONDONTWRITEBYTECODE, set on
+    the GPU box): ~0.25 s of start-up per run there, which both -j1 and -j2 pay."""
+    import importlib.util
+    spec = importlib.util.find_spec("SCons.Node.FS")
+    if spec is None or not spec.origin:
+        return "SCons not importable here"
+    cached = Path(importlib.util.cache_from_source(spec.origin))
+    if cached.exists():
+        return "SCons has bytecode"
+    return ("SCons has NO bytecode (installed with --no-compile?" +
+            (" PYTHONDONTWRITEBYTECODE is set" if sys.flags.dont_write_bytecode else "") +
+            "): every run compiles it, start-up is ~0.25 s longer than with pip's default install")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path)
@@ -150,7 +166,8 @@ def main() -> None:
             {"gpus": gpus, "noop_s": noop,
              "runs": [{"round": r, "jobs": j, "wall_s": w, "gates": g, "where": t}
                       for r, j, w, g, t in runs]}, indent=2))
-    print(f"GPUs: {'; '.join(gpus)}; compile {t_compile:.1f} s, warm-up {t_warm:.1f} s")
+    print(f"GPUs: {'; '.join(gpus)}; compile {t_compile:.1f} s, warm-up {t_warm:.1f} s; "
+          f"{scons_bytecode_note()}")
     for r, jobs, wall, gates, went in runs:
         bad = [f"{g['kernel']} {g['gate']}: {g['verdict']}" for g in gates if g["verdict"] != "pass"]
         print(f"round {r} -j{jobs}: {wall:6.2f} s  ({len(gates)} gates"
