@@ -41,6 +41,8 @@ def kernel_review(name: str, build_dir: Path, archs, gpu_key: str | None,
             "result": res or {},
             "log": _rel(path.with_suffix(".log"), build_dir),
             "json": _rel(path, build_dir)}
+        if gate == "perf" and res:
+            gates[gate]["slower_than_baseline"] = slower_than_baseline(res)
     wire = None
     if wire_result is not None:
         res = read_result(wire_result)
@@ -55,12 +57,44 @@ def kernel_review(name: str, build_dir: Path, archs, gpu_key: str | None,
             "wire": wire, "overall": overall}
 
 
+def slower_than_baseline(perf: dict) -> list[dict]:
+    """Variants whose hot time is above the torch baseline's, with both figures (hot and
+    cold) and the time limit the spec holds each to: the review says where the kernel does
+    not beat torch, with the numbers, rather than leave it to a ratio in a table."""
+    rows = []
+    for name, r in (perf.get("variants") or {}).items():
+        if not isinstance(r.get("vs_baseline_hot"), (int, float)) or r["vs_baseline_hot"] <= 1.0:
+            continue
+        limits = [rule for rule in r.get("limits", []) if "max_time_vs_baseline" in rule]
+        rows.append({"variant": name, "hot_us": r["hot"]["median_us"],
+                     "baseline_hot_us": r["baseline_hot"]["median_us"], "ratio_hot": r["vs_baseline_hot"],
+                     "cold_us": (r.get("cold") or {}).get("median_us"),
+                     "baseline_cold_us": (r.get("baseline_cold") or {}).get("median_us"),
+                     "ratio_cold": r.get("vs_baseline_cold"),
+                     "limit": min((rule["max_time_vs_baseline"] for rule in limits), default=None),
+                     "rules": [rule["variants"] for rule in limits]})
+    return rows
+
+
+def limits_text(limits: list[dict]) -> str:
+    parts = []
+    for rule in limits or []:
+        if "max_time_vs_baseline" in rule:
+            parts.append(f"≤ {rule['max_time_vs_baseline']:g}× torch")
+        if "min_bandwidth_fraction" in rule:
+            parts.append(f"≥ {rule['min_bandwidth_fraction']:.0%} BW")
+        if "max_us" in rule:
+            parts.append(f"≤ {rule['max_us']:g} µs")
+    return ", ".join(parts) or "—"
+
+
 def _fmt_us(x) -> str:
     return f"{x:.2f}" if isinstance(x, (int, float)) else "—"
 
 
 def render_kernel(review: dict) -> str:
-    return render_template(config.TEMPLATE_DIR / "review.md.j2", {"r": review, "us": _fmt_us})
+    return render_template(config.TEMPLATE_DIR / "review.md.j2",
+                           {"r": review, "us": _fmt_us, "limits": limits_text})
 
 
 def write_kernel_review(review: dict, md_path: Path, json_path: Path) -> None:
@@ -73,6 +107,9 @@ def write_summary(review_jsons: list[Path], md_path: Path) -> None:
     rows = [{"kernel": r["kernel"], "overall": r["overall"],
              "compile": {c["arch"]: c["verdict"] for c in r["compile"]},
              "gates": {g: v["verdict"] for g, v in r["gates"].items()},
+             # None: no perf figures to compare; [] : every variant at or below torch
+             "slower": ([f"{x['variant']} {x['ratio_hot']:.2f}×" for x in r["gates"]["perf"]["slower_than_baseline"]]
+                        if "slower_than_baseline" in r["gates"].get("perf", {}) else None),
              "link": _rel(Path(p).with_name("review.md"), md_path.parent)}
             for r, p in zip(reviews, review_jsons)]
     write_atomic(md_path, render_template(config.TEMPLATE_DIR / "summary.md.j2", {"rows": rows}))

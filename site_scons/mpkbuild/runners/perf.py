@@ -116,13 +116,26 @@ def _grid(codegen, sym) -> int:
     return int(expr.evaluate(codegen["grid"][0], sym))
 
 
+LIMIT_KEYS = ("min_bandwidth_fraction", "max_time_vs_baseline", "max_us")
+
+
+def limits_by_variant(variants, thresholds: list) -> dict[str, list[dict]]:
+    """Each variant's rules (those whose glob matches it): recorded with its figures, so
+    the review shows what each number was held to."""
+    out: dict[str, list[dict]] = {name: [] for name in variants}
+    for rule in thresholds:
+        for name in fnmatch.filter(variants, rule["variants"]):
+            out[name].append({k: rule[k] for k in ("variants", *LIMIT_KEYS) if k in rule})
+    return out
+
+
 def check_thresholds(variants: dict, thresholds: list) -> list[str]:
     """Each rule applies to the variants its glob matches. Bandwidth is judged on the cold
     figure when there is one (DRAM, not L2); time limits on the hot figure."""
     problems = []
-    for rule in thresholds:
-        for name in fnmatch.filter(variants, rule["variants"]):
-            r = variants[name]
+    for name, rules in limits_by_variant(variants, thresholds).items():
+        r = variants[name]
+        for rule in rules:
             if "min_bandwidth_fraction" in rule:
                 key = "cold" if "cold_bandwidth_fraction" in r else "hot"
                 got = r[f"{key}_bandwidth_fraction"]
@@ -154,7 +167,10 @@ def main(job: dict) -> dict:
         # which variants ran before it.
         torch.cuda.empty_cache()
         variants[variant]["timings_s"]["free"] = round(time.perf_counter() - started, 4)
-    problems = check_thresholds(variants, job["perf"]["perf"]["thresholds"])
+    thresholds = job["perf"]["perf"]["thresholds"]
+    problems = check_thresholds(variants, thresholds)
+    for name, rules in limits_by_variant(variants, thresholds).items():
+        variants[name]["limits"] = rules
     return {"verdict": "fail" if problems else "pass", "device": facts,
             "copy_bandwidth_Bps": copy_bw, "variants": variants, "problems": problems,
             "message": "; ".join(problems) if problems else "all thresholds met"}

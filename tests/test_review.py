@@ -1,0 +1,84 @@
+"""The review page says where a kernel does not beat torch, with the numbers and the limit
+the spec holds it to; every perf figure shows the rules it was judged by."""
+import json
+
+from mpkbuild import review
+from mpkbuild.runners.perf import check_thresholds, limits_by_variant
+
+
+def figures(hot, base_hot, cold=None, base_cold=None, bw=0.9):
+    r = {"hot": {"median_us": hot}, "baseline_hot": {"median_us": base_hot},
+         "slowcta": {"slowest_task_us": hot / 2}, "vs_baseline_hot": hot / base_hot,
+         "hot_bandwidth_fraction": bw}
+    if cold is not None:
+        r.update(cold={"median_us": cold}, baseline_cold={"median_us": base_cold},
+                 vs_baseline_cold=cold / base_cold, cold_bandwidth_fraction=bw)
+    return r
+
+
+VARIANTS = {"decode_m16_n7168_k2048": figures(7.48, 6.58, 10.33, 10.21),
+            "decode_m1_n4096_k4096": figures(6.54, 10.32, 9.9, 11.0),
+            "large_m1_n28672_k8192": figures(104.8, 119.0, 105.1, 120.4, bw=1.04)}
+RULES = [{"variants": "large_*", "min_bandwidth_fraction": 0.85},
+         {"variants": "decode_m1_*", "max_time_vs_baseline": 1.0},
+         {"variants": "decode_m16_n7168_k2048", "max_time_vs_baseline": 1.2}]
+
+
+def test_each_variant_records_the_rules_that_judge_it():
+    limits = limits_by_variant(VARIANTS, RULES)
+    assert limits["decode_m16_n7168_k2048"] == [RULES[2]]
+    assert limits["large_m1_n28672_k8192"] == [RULES[0]]
+    assert check_thresholds(VARIANTS, RULES) == []
+    tight = RULES[:2] + [{"variants": "decode_m16_*", "max_time_vs_baseline": 1.1}]
+    (problem,) = check_thresholds(VARIANTS, tight)
+    assert problem.startswith("decode_m16_n7168_k2048: 7.48 us is 1.14x the baseline's 6.58 us (limit 1.1x)")
+
+
+def test_the_review_lists_what_is_slower_than_torch_with_its_numbers_and_limit(tmp_path):
+    variants = {k: dict(v, limits=limits_by_variant(VARIANTS, RULES)[k]) for k, v in VARIANTS.items()}
+    perf = tmp_path / "gpu" / "h200" / "perf.json"
+    perf.parent.mkdir(parents=True)
+    perf.write_text(json.dumps({"verdict": "pass", "message": "all thresholds met",
+                                "copy_bandwidth_Bps": 4.2e12, "variants": variants}))
+    page = review.render_kernel(review.kernel_review("linear_v2", tmp_path, [], "h200", {}, {"perf": perf}))
+    assert "**Slower than torch**" in page
+    line = next(ln for ln in page.splitlines() if ln.startswith("- decode_m16_n7168_k2048"))
+    assert line == ("- decode_m16_n7168_k2048: 7.48 µs vs torch 6.58 µs (1.14×); cold 10.33 vs "
+                    "10.21 µs (1.01×); held to ≤ 1.2× by `decode_m16_n7168_k2048`")
+    assert not any(ln.startswith("- decode_m1_") for ln in page.splitlines())
+    row = next(ln for ln in page.splitlines() if ln.startswith("| large_m1_n28672_k8192 |"))
+    assert row.endswith("| ≥ 85% BW |")
+
+
+def test_a_review_with_every_variant_faster_says_so_and_one_without_limits_says_that(tmp_path):
+    perf = tmp_path / "perf.json"
+    fast = {"decode_m1_n4096_k4096": dict(VARIANTS["decode_m1_n4096_k4096"], limits=[])}
+    perf.write_text(json.dumps({"verdict": "pass", "message": "ok", "variants": fast}))
+    page = review.render_kernel(review.kernel_review("k", tmp_path, [], "h200", {}, {"perf": perf}))
+    assert "Every variant at or below torch's time (hot)." in page and "Slower than torch" not in page
+    slow = {"decode_x": dict(figures(2.0, 1.0), limits=[])}
+    perf.write_text(json.dumps({"verdict": "pass", "message": "ok", "variants": slow}))
+    page = review.render_kernel(review.kernel_review("k", tmp_path, [], "h200", {}, {"perf": perf}))
+    assert "- decode_x: 2.00 µs vs torch 1.00 µs (2.00×); no time limit in the spec" in page
+
+
+def test_the_summary_names_each_kernels_variants_slower_than_torch(tmp_path):
+    pages = []
+    for name, variants in (("linear_v2", VARIANTS), ("fast", {"decode_a": figures(1.0, 2.0)})):
+        perf = tmp_path / name / "perf.json"
+        perf.parent.mkdir()
+        perf.write_text(json.dumps({"verdict": "pass", "message": "ok", "variants": variants}))
+        page = tmp_path / name / "review.json"
+        review.write_kernel_review(review.kernel_review(name, tmp_path / name, [], "h200", {}, {"perf": perf}),
+                                   tmp_path / name / "review.md", page)
+        pages.append(page)
+    none_run = tmp_path / "new" / "review.json"
+    none_run.parent.mkdir()
+    review.write_kernel_review(review.kernel_review("new", tmp_path / "new", [], "h200", {},
+                                                    {"perf": tmp_path / "new" / "perf.json"}),
+                               tmp_path / "new" / "review.md", none_run)
+    review.write_summary(pages + [none_run], tmp_path / "review.md")
+    rows = {ln.split("|")[1].strip(): ln.split("|")[6].strip()
+            for ln in (tmp_path / "review.md").read_text().splitlines() if ln.startswith("| ") and "---" not in ln}
+    assert rows["linear_v2"] == "decode_m16_n7168_k2048 1.14×"
+    assert rows["fast"] == "" and rows["new"] == "—"
