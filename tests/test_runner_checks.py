@@ -70,3 +70,12 @@ def test_bits_equal_sees_a_one_ulp_difference():
     b = a.clone()
     b.view(torch.int16)[7] += 1
     assert bits_equal(a, a.clone()) and not bits_equal(a, b)
+
+
+def test_pointer_sets_give_each_sets_addresses_without_views():
+    from mpkbuild.runners.common import pointer_sets
+    stacked = [torch.zeros(5, 3, 7, dtype=torch.bfloat16), torch.zeros(5, 11, dtype=torch.int32)]
+    table = pointer_sets(stacked, 5)
+    assert len(table) == 5
+    for j in range(5):
+        assert list(table[j]) == [t[j].data_ptr() for t in stacked]

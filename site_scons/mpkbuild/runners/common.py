@@ -84,11 +84,30 @@ class Harness:
             outs = (ctypes.c_void_p * len(outputs))(*[t.data_ptr() for t in outputs])
             if stream is None:
                 stream = torch.cuda.current_stream().cuda_stream
-            code = fn(ins, outs, spans.data_ptr() if spans is not None else None, stream)
+            check(fn(ins, outs, spans.data_ptr() if spans is not None else None, stream))
+
+        def launch_pointers(ins, outs, stream):
+            """The same launch from ready ctypes pointer arrays (see pointer_sets): the perf
+            gate's cold graphs capture thousands of launches, and building tensor views and
+            arrays per launch was most of the Python time."""
+            check(fn(ins, outs, None, stream))
+
+        def check(code):
             if code != 0:
                 raise CudaFault(f"CUDA error {code} from {self.kernel}_launch_{variant}: "
                                 f"{err(code).decode()}")
+        launch.pointers = launch_pointers
         return launch
+
+
+def pointer_sets(stacked: list[torch.Tensor], count: int) -> list:
+    """For tensors stacked along a leading set axis, one ctypes array per set holding each
+    tensor's set-j address (base + j * the set stride), made without a tensor view each."""
+    bases = [(t.data_ptr(), t.stride(0) * t.element_size()) for t in stacked]
+    for t in stacked:
+        assert t.is_contiguous() and t.shape[0] >= count, "set-stacked tensors only"
+    array = ctypes.c_void_p * len(stacked)
+    return [array(*[base + j * step for base, step in bases]) for j in range(count)]
 
 
 def tensor_specs(codegen: dict, variant: str) -> tuple[list, list]:

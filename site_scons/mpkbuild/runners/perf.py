@@ -20,8 +20,8 @@ import torch
 
 from .. import expr
 from ..spec import variant_symbols
-from .common import (Harness, call_with_params, device_facts, load_function, random_tensor,
-                     run_main, tensor_specs)
+from .common import (Harness, call_with_params, device_facts, load_function, pointer_sets,
+                     random_tensor, run_main, tensor_specs)
 from .timing import capture, time_graph
 
 MAX_COLD_LAUNCHES = 8192
@@ -94,10 +94,11 @@ def perf_variant(harness, job, variant, copy_bw, l2_bytes) -> dict:
         nsets = min(nsets, n_launch)
         in_sets = _sets(ins, gens, nsets, gen)
         out_sets = [torch.empty((nsets, *shape), dtype=dtype, device="cuda") for _, shape, dtype in outs]
-        pick = lambda i: ([t[i % nsets] for t in in_sets], [t[i % nsets] for t in out_sets])
+        in_ptrs, out_ptrs = pointer_sets(in_sets, nsets), pointer_sets(out_sets, nsets)
         lap("inputs")
-        cold = timed(lambda i, s: launch(*pick(i), stream=s), n_launch, 0)
-        base_cold = timed(lambda i, s: call_with_params(baseline, pick(i)[0], codegen["params"]), n_launch, 0)
+        cold = timed(lambda i, s: launch.pointers(in_ptrs[i % nsets], out_ptrs[i % nsets], s), n_launch, 0)
+        base_cold = timed(lambda i, s: call_with_params(baseline, [t[i % nsets] for t in in_sets],
+                                                        codegen["params"]), n_launch, 0)
         result.update(cold=cold, baseline_cold=base_cold, cold_sets=nsets, cold_launches=n_launch)
         del in_sets, out_sets
     for key in ("hot", "cold"):
