@@ -1,14 +1,15 @@
 """GPU gates across GPUs: the catalog's validate+perf with -j1 and with -j2, in one run.
 
-    python bench/gpu_scale.py [--out DIR] [--rounds 2]
+    python bench/gpu_scale.py [--out DIR] [--rounds 2] [--one KERNEL]
 
 Copies the project to a temporary folder, compiles every kernel, warms up (one full -j2
 run: the warm runner server on each GPU, the copy-bandwidth node), then alternates -j1 and
 -j2 runs of `scons -k stage=perf` over the same compiled tree, each after an edit to every
-kernel's reference.py (a comment: validate and perf of every kernel re-run, nothing else). Prints each run's wall time, where each gate
-ran and how long it took, where the rest of the wall time went (before the first gate,
-between gates on each GPU, after the last), a no-op run's time, and the throughput ratio
-median(-j1) / median(-j2).
+kernel's reference.py (a comment: validate and perf of every kernel re-run, nothing
+else). Prints each run's wall time, where each gate ran and how long it took, where the
+rest of the wall time went (before the first gate, between gates on each GPU, after the
+last), a no-op run's time, one kernel's validate+perf alone at -j1 and -j2 (its perf gate
+shares its variants with the idle GPU), and the throughput ratio median(-j1) / median(-j2).
 """
 from __future__ import annotations
 
@@ -52,18 +53,24 @@ def scons(root: Path, log: list, *args: str) -> float:
 
 
 def where_time_went(span: dict, gates: list[dict]) -> dict:
-    """Seconds before the first gate started, after the last ended, and each GPU's idle
-    time between its first and last gate (the schedule's holes plus per-gate overhead)."""
-    timed = [g for g in gates if g.get("started_at") and g.get("ended_at")]
-    if not timed:
+    """Seconds before the first gate started, after the last ended, and each GPU's busy and
+    idle time between its first and last work (a perf gate that shared its variants counts
+    on every GPU that timed some)."""
+    work = []                                   # (gpu, start, end)
+    for g in gates:
+        if g.get("shared"):
+            work += [(p["gpu_index"], p["started_at"], p["ended_at"]) for p in g["shared"]]
+        elif g.get("started_at") and g.get("ended_at"):
+            work.append((g["gpu"], g["started_at"], g["ended_at"]))
+    if not work:
         return {}
-    out = {"before_first_s": min(g["started_at"] for g in timed) - span["start"],
-           "after_last_s": span["end"] - max(g["ended_at"] for g in timed)}
-    for gpu in sorted({g["gpu"] for g in timed}):
-        mine = sorted((g for g in timed if g["gpu"] == gpu), key=lambda g: g["started_at"])
-        busy = sum(g["ended_at"] - g["started_at"] for g in mine)
+    out = {"before_first_s": min(w[1] for w in work) - span["start"],
+           "after_last_s": span["end"] - max(w[2] for w in work)}
+    for gpu in sorted({w[0] for w in work}):
+        mine = sorted((w for w in work if w[0] == gpu), key=lambda w: w[1])
+        busy = sum(e - s for _, s, e in mine)
         out[f"gpu{gpu}_busy_s"] = busy
-        out[f"gpu{gpu}_gaps_s"] = mine[-1]["ended_at"] - mine[0]["started_at"] - busy
+        out[f"gpu{gpu}_gaps_s"] = mine[-1][2] - mine[0][1] - busy
     return out
 
 
@@ -84,13 +91,14 @@ def gate_results(root: Path) -> list[dict]:
                                             if isinstance(v.get(k), dict)},
                              "kernel": k, "gate": gate, "verdict": res.get("verdict"),
                              "gpu": res.get("gpu_index"), "elapsed_s": res.get("elapsed_s"),
+                             "shared": res.get("shared") if len(res.get("shared") or []) > 1 else None,
                              "wait_s": res.get("lease_wait_s"), "started_at": res.get("started_at"),
                              "ended_at": res.get("ended_at")})
     return rows
 
 
-def edit_references(root: Path, n: int) -> None:
-    for k in KERNELS:
+def edit_references(root: Path, n: int, kernels=KERNELS) -> None:
+    for k in kernels:
         ref = root / "kernels" / k / "reference.py"
         ref.write_text(ref.read_text() + f"# bench edit {n}\n")
 
@@ -136,6 +144,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--one", default="silu_mul_v2",
+                    help="then time this one kernel's validate+perf alone, -j1 and -j2 (2 rounds; '' skips)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile one more -j1 run and a no-op (scons --profile, into --out)")
     args = ap.parse_args()
@@ -154,6 +164,11 @@ def main() -> None:
             gates = gate_results(root)
             runs.append((r, jobs, wall, gates, where_time_went(LAST_SPAN, gates)))
     noop = [scons(root, log, "-k", "-j2", "stage=perf") for _ in range(3)]
+    one = {1: [], 2: []}                 # one kernel: the perf gate shares its variants at -j2
+    for r in range(2 if args.one else 0):
+        for jobs in (1, 2):
+            edit_references(root, f"one {r} {jobs}", kernels=(args.one,))
+            one[jobs].append(scons(root, log, "-k", f"-j{jobs}", f"kernel={args.one}", "stage=perf"))
     if args.profile and args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         edit_references(root, len(runs))
@@ -163,7 +178,7 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gpu_scale.log").write_text("\n".join(log))
         (args.out / "gpu_scale.json").write_text(json.dumps(
-            {"gpus": gpus, "noop_s": noop,
+            {"gpus": gpus, "noop_s": noop, "one_kernel": {"kernel": args.one, "j1_s": one[1], "j2_s": one[2]},
              "runs": [{"round": r, "jobs": j, "wall_s": w, "gates": g, "where": t}
                       for r, j, w, g, t in runs]}, indent=2))
     print(f"GPUs: {'; '.join(gpus)}; compile {t_compile:.1f} s, warm-up {t_warm:.1f} s; "
@@ -173,18 +188,23 @@ def main() -> None:
         print(f"round {r} -j{jobs}: {wall:6.2f} s  ({len(gates)} gates"
               + (f"; not pass: {', '.join(bad)}" if bad else "") + ")  "
               + " ".join(f"{k[:-2]} {v:.2f}" for k, v in went.items()))
+    # gpu: where the gate ran ("0+1": a perf gate whose variants a second GPU shared)
     print(f"\n{'kernel':<14} {'gate':<9} " + " ".join(f"r{r}-j{j} gpu/s/wait".rjust(22) for r, j, _, _, _ in runs))
     for i, g0 in enumerate(runs[0][3]):
         cells = []
         for _, _, _, gates, _ in runs:
             g = gates[i] if i < len(gates) else {}
-            cells.append(f"{g.get('gpu')}/{g.get('elapsed_s', 0) or 0:.2f}/{g.get('wait_s') or 0:.2f}".rjust(22))
+            where = "+".join(str(p["gpu_index"]) for p in g["shared"]) if g.get("shared") else g.get("gpu")
+            cells.append(f"{where}/{g.get('elapsed_s', 0) or 0:.2f}/{g.get('wait_s') or 0:.2f}".rjust(22))
         print(f"{g0['kernel']:<14} {g0['gate']:<9} " + " ".join(cells))
     gate_phases(runs, "validate")
     gate_phases(runs, "perf")
     failed = any(g["verdict"] != "pass" for g in runs[-1][3])
     print(f"\nno-op -j2: {', '.join(f'{t:.2f}' for t in noop)} s"
           + (" (not a no-op: a failed gate runs again each time)" if failed else ""))
+    if one[1]:
+        print(f"\n{args.one} alone (validate + perf): -j1 {', '.join(f'{t:.2f}' for t in one[1])} s, "
+              f"-j2 {', '.join(f'{t:.2f}' for t in one[2])} s")
     m1, m2 = statistics.median(walls[1]), statistics.median(walls[2])
     print(f"\nmedian -j1 {m1:.2f} s, median -j2 {m2:.2f} s: throughput ratio -j2/-j1 = {m1 / m2:.2f}")
     shutil.rmtree(root, ignore_errors=True)

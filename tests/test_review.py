@@ -3,7 +3,7 @@ the spec holds it to; every perf figure shows the rules it was judged by."""
 import json
 
 from mpkbuild import review
-from mpkbuild.runners.perf import check_thresholds, limits_by_variant
+from mpkbuild.perfcheck import check_thresholds, judge, limits_by_variant
 
 
 def figures(hot, base_hot, cold=None, base_cold=None, bw=0.9):
@@ -82,3 +82,13 @@ def test_the_summary_names_each_kernels_variants_slower_than_torch(tmp_path):
             for ln in (tmp_path / "review.md").read_text().splitlines() if ln.startswith("| ") and "---" not in ln}
     assert rows["linear_v2"] == "decode_m16_n7168_k2048 1.14×"
     assert rows["fast"] == "" and rows["new"] == "—"
+
+
+def test_a_shared_perf_gate_says_which_gpus_timed_its_variants(tmp_path):
+    perf = tmp_path / "perf.json"
+    variants = {k: dict(v, gpu_index=i % 2) for i, (k, v) in enumerate(VARIANTS.items())}
+    perf.write_text(json.dumps({"verdict": "pass", "message": "ok", "variants": variants,
+                                "shared": [{"gpu_index": 0, "variants": ["a", "b"]},
+                                           {"gpu_index": 1, "variants": ["c"]}]}))
+    page = review.render_kernel(review.kernel_review("k", tmp_path, [], "h200", {}, {"perf": perf}))
+    assert "Variants shared over GPUs (each timed whole on one): GPU 0 (2), GPU 1 (1)." in page

@@ -8,6 +8,8 @@ never raising for a gate that hung or crashed). `load()` picks one from the comm
 
 The local executor runs each gate as a subprocess in its own process group, holding a GPU
 lease (leases.py), through a warm per-GPU server when it can (warm.py) and cold otherwise.
+With -j2 or more, a perf gate shares its variants with any GPU that is free while it runs
+(`_run_shared`); the build judges the figures whoever timed them (perfcheck.py).
 `run_runner` is the cold path and the watchdog every backend shares: past the timeout the
 whole group is killed and the verdict is `hang` with the last lines of output; a runner that
 dies without writing its result is a `crash` with the CUDA error text from its output.
@@ -213,6 +215,7 @@ class LocalExecutor:
 
     name = "local"
     runner_package = None       # a test's stand-in runners; None: $MPK_RUNNER_PACKAGE or ours
+    jobs = 1                    # scons -j (set by the tool): GPUs one perf gate may use at once
     # what a gate after a perf on the same GPU waits for its CUDA context (the warm spare
     # makes it only once the timing gate is gone): 0.25-0.5 s over the usual 0.1 s on an H200
     after_timing_s = 0.3
@@ -220,6 +223,7 @@ class LocalExecutor:
     def __init__(self, options: dict | None = None):
         self.options = dict(options or {})
         self.warm = _flag(self.options, "warm", True)
+        self.share_perf = _flag(self.options, "share_perf", True)
         self._gpus = None
 
     def fingerprint(self) -> gpu_mod.GpuFingerprint | None:
@@ -260,10 +264,96 @@ class LocalExecutor:
             raise GateInterrupted(str(exc)) from None
         started_at = time.time()
         with lease:
-            result = self._run_on(job, lease, should_stop)
+            if self._may_share(job, gpus):
+                result = self._run_shared(job, lease, gpus, should_stop)
+            else:
+                result = self._run_on(job, lease, should_stop)
         result.update(gpu_index=lease.gpu.index, lease_wait_s=lease.waited_s,
                       started_at=round(started_at, 3), ended_at=round(time.time(), 3))
         return result
+
+    def _may_share(self, job: GateJob, gpus: list) -> bool:
+        variants = (job.payload.get("codegen") or {}).get("codegen", {}).get("variants") or ()
+        return (job.gate == "perf" and self.share_perf and self.jobs > 1 and len(gpus) > 1
+                and len(variants) > 1 and not job.sanitize)
+
+    def _run_shared(self, job: GateJob, lease, gpus: list, should_stop) -> dict:
+        """A perf gate whose variants any free GPU may take: its runners claim variants one
+        by one (longest first, by last run) from a claims folder, and while unclaimed ones
+        remain, a GPU that is free (a lease taken without waiting, at most -j GPUs in all)
+        starts another runner. Each variant is timed whole on one GPU, kernel and torch
+        baseline in one process; the figures are merged and say where they were timed. A
+        hang or crash in any runner stops the others claiming and is the gate's verdict."""
+        import shutil
+        import threading
+        from . import leases
+        began = time.monotonic()
+        expected = list(job.payload["codegen"]["codegen"]["variants"])
+        claims, helpers = job.workdir / ".perf-claims", job.workdir / ".perf-helpers"
+        for folder in (claims, helpers):
+            shutil.rmtree(folder, ignore_errors=True)
+        claims.mkdir(parents=True)
+        share = {"claims_dir": str(claims), "order": longest_first(job.workdir / "perf.json", expected)}
+        primary = _with(job, payload={**job.payload, "share": share})
+        parts: list[dict] = []
+
+        def run_part(part):
+            part["started_at"] = time.time()
+            try:
+                part["result"] = self._run_on(part["job"], part["lease"], should_stop)
+            except BaseException as exc:            # re-raised below, in the build's thread
+                part["error"] = exc
+            finally:
+                part["ended_at"] = time.time()
+                if part.get("result", {}).get("verdict") != "timed":
+                    (claims / "STOP").touch()
+                if part["lease"] is not lease:
+                    part["lease"].release()
+
+        def start(part_job, part_lease):
+            part = {"job": part_job, "lease": part_lease, "gpu": part_lease.gpu.index}
+            part["thread"] = threading.Thread(target=run_part, args=(part,), daemon=True)
+            parts.append(part)
+            part["thread"].start()
+
+        start(primary, lease)
+        while parts[0]["thread"].is_alive():
+            if (len(parts) < min(self.jobs, len(gpus)) and not (claims / "STOP").exists()
+                    and sum(1 for _ in claims.glob("*.claim")) < len(expected)):
+                held = {p["lease"].gpu.uuid for p in parts}
+                extra = leases.try_acquire([g for g in gpus if g.uuid not in held])
+                if extra is not None:
+                    folder = helpers / str(len(parts))
+                    folder.mkdir(parents=True)
+                    start(_with(primary, workdir=folder), extra)
+            parts[0]["thread"].join(0.05)
+        for part in parts:
+            part["thread"].join()
+        with open(job.log_file, "a") as log:       # one log holds every runner's output
+            for part in parts[1:]:
+                log.write(f"\n---- the runner that shared this gate on GPU {part['gpu']} ----\n")
+                try:
+                    log.write(part["job"].log_file.read_text(errors="replace"))
+                except OSError:
+                    log.write("(no output)\n")
+        shutil.rmtree(claims, ignore_errors=True)
+        shutil.rmtree(helpers, ignore_errors=True)
+        for part in parts:
+            if "error" in part:
+                raise part["error"]
+        bad = next((p for p in parts if p["result"].get("verdict") != "timed"), None)
+        if bad is not None:
+            return bad["result"] if bad is parts[0] else \
+                {**bad["result"], "message": f"(the runner on GPU {bad['gpu']}) {bad['result'].get('message', '')}"}
+        merged = dict(parts[0]["result"])
+        merged["variants"] = {name: {**figures, "gpu_index": p["gpu"]}
+                              for p in parts for name, figures in p["result"].get("variants", {}).items()}
+        merged["shared"] = [{"gpu_index": p["gpu"], "variants": list(p["result"].get("variants", {})),
+                             "started_at": round(p["started_at"], 3), "ended_at": round(p["ended_at"], 3)}
+                            for p in parts]
+        merged["message"] = f"timed {len(merged['variants'])} variants on {len(parts)} GPU(s)"
+        merged["elapsed_s"] = round(time.monotonic() - began, 3)
+        return merged
 
     def _run_on(self, job: GateJob, lease, should_stop) -> dict:
         env = lease.env if lease else {}
@@ -274,6 +364,17 @@ class LocalExecutor:
             except warm.WarmUnavailable as exc:
                 sys.stderr.write(f"mpk: warm runner unavailable ({exc}); running {job.gate} cold\n")
         return run_runner(job, should_stop, env, pass_fds=(lease.fd,) if lease else ())
+
+
+def longest_first(previous: Path, variants: list[str]) -> list[str]:
+    """The variants by how long each took in the last perf result (its phases), longest
+    first: with several GPUs claiming, the long ones start early. Spec order otherwise."""
+    try:
+        last = json.loads(previous.read_text()).get("variants") or {}
+    except (OSError, ValueError):
+        last = {}
+    took = {v: sum((last.get(v) or {}).get("timings_s", {}).values()) for v in variants}
+    return sorted(variants, key=lambda v: -took[v])       # stable: spec order among equals
 
 
 def _with(job: GateJob, **changes) -> GateJob:

@@ -15,11 +15,11 @@ from . import config
 from .fsutil import sha256_file, write_atomic, write_json_atomic
 from .gpu import NO_GPU_HELP, GpuFingerprint
 
-RUNNER_DIR = config.PACKAGE_DIR / "runners"
+# the code a gate's result depends on, package-relative (perf's verdict is made build-side)
 RUNNER_FILES = {
-    "validate": ("validate.py", "common.py"),
-    "perf": ("perf.py", "timing.py", "common.py"),
-    "bandwidth": ("bandwidth.py", "common.py"),
+    "validate": ("runners/validate.py", "runners/common.py"),
+    "perf": ("runners/perf.py", "runners/timing.py", "runners/common.py", "perfcheck.py"),
+    "bandwidth": ("runners/bandwidth.py", "runners/common.py"),
 }
 
 
@@ -28,7 +28,7 @@ class GateCannotRun(Exception):
 
 
 def runner_files(gate: str) -> list[Path]:
-    return [RUNNER_DIR / f for f in RUNNER_FILES[gate]]
+    return [config.PACKAGE_DIR / f for f in RUNNER_FILES[gate]]
 
 
 def input_lock(root: Path, sources: list[tuple[str, str | Path]]) -> dict:

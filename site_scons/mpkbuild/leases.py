@@ -103,11 +103,7 @@ def _open(path: Path) -> int:
     return fd
 
 
-def acquire(gpus: list[Gpu], *, shared: bool = False, should_stop=lambda: False,
-            poll_s: float = 0.05) -> Lease:
-    """Block until one of `gpus` is free (for a shared lease: free of exclusive holders)."""
-    if not gpus:
-        raise LeaseError("no GPU to lease (gpus= and CUDA_VISIBLE_DEVICES leave none of this model)")
+def _folder() -> Path:
     folder = lease_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -115,18 +111,39 @@ def acquire(gpus: list[Gpu], *, shared: bool = False, should_stop=lambda: False,
             os.chmod(folder, 0o1777)
     except OSError as exc:
         raise LeaseError(f"GPU lease folder {folder}: {exc.strerror} (set MPK_LEASE_DIR)") from None
+    return folder
+
+
+def _take_one(folder: Path, gpus: list[Gpu], shared: bool, started: float) -> Lease | None:
     mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
+    for gpu in gpus:
+        fd = _open(folder / f"{gpu.uuid}.lock")
+        try:
+            fcntl.flock(fd, mode)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        os.set_inheritable(fd, False)
+        return Lease(gpu, fd, shared, round(time.monotonic() - started, 3))
+    return None
+
+
+def acquire(gpus: list[Gpu], *, shared: bool = False, should_stop=lambda: False,
+            poll_s: float = 0.05) -> Lease:
+    """Block until one of `gpus` is free (for a shared lease: free of exclusive holders)."""
+    if not gpus:
+        raise LeaseError("no GPU to lease (gpus= and CUDA_VISIBLE_DEVICES leave none of this model)")
+    folder = _folder()
     started = time.monotonic()
     while True:
-        for gpu in gpus:
-            fd = _open(folder / f"{gpu.uuid}.lock")
-            try:
-                fcntl.flock(fd, mode)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            os.set_inheritable(fd, False)
-            return Lease(gpu, fd, shared, round(time.monotonic() - started, 3))
+        lease = _take_one(folder, gpus, shared, started)
+        if lease is not None:
+            return lease
         if should_stop():
             raise Interrupted("interrupted while waiting for a free GPU")
         time.sleep(poll_s)
+
+
+def try_acquire(gpus: list[Gpu]) -> Lease | None:
+    """One of `gpus` exclusively if one is free right now, else None (never waits)."""
+    return _take_one(_folder(), gpus, False, time.monotonic()) if gpus else None

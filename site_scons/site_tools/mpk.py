@@ -17,7 +17,7 @@ import SCons.Node
 import SCons.Script
 from SCons.Script import ARGUMENTS, GetOption
 
-from mpkbuild import codegen, config, gates, review, stages, wirestage
+from mpkbuild import codegen, config, gates, perfcheck, review, stages, wirestage
 from mpkbuild import gpu as gpu_mod
 from mpkbuild import graph as graph_mod
 from mpkbuild import status as status_mod
@@ -177,6 +177,8 @@ def _gate_action(target, source, env):
             result = _run_gate(job)
         except gates.GateCannotRun as exc:
             return _fail(str(exc))
+        if gate == "perf":       # the runners time; the verdict is made here, the same for every executor
+            result = perfcheck.judge(result, section["thresholds"], list(payload["codegen"]["codegen"]["variants"]))
     full = gates.record(result, gate=gate, kernel=k.name, fingerprint=fp,
                         lock=_lock_for(source, k.root, fp), result_path=Path(target[0].abspath),
                         verdict_path=Path(target[1].abspath))
@@ -334,7 +336,7 @@ def _wire_request() -> wirestage.WireRequest:
 def _help_text(root: Path) -> str:
     lines = ["mpk kernel build graph", "", "usage: scons [kernel=NAME[,NAME]|all] [stage=STAGE] "
              "[-n] [-c] [-k] [-jN]",
-             "       GPU gates: [gpus=0,1] [warm=0] [sanitize=memcheck|racecheck|synccheck]",
+             "       GPU gates: [gpus=0,1] [warm=0] [share_perf=0] [sanitize=memcheck|racecheck|synccheck]",
              "         executor=local (default; one GPU lease per running gate, -jN uses N GPUs)",
              "         executor=ssh gpu_host=USER@HOST [gpu_workdir=DIR] [gpu_python=python3]",
              "         executor=dask scheduler=tcp://HOST:8786   (pip install -e .[dask])",
@@ -507,6 +509,8 @@ def declare(env) -> list:
         _fail_early(str(exc))
     except (ValueError, ImportError, AttributeError) as exc:
         _fail_early(f"executor: {exc}")
+    if hasattr(_STATE["executor"], "jobs"):     # a perf gate may share its variants over -j GPUs
+        _STATE["executor"].jobs = int(GetOption("num_jobs") or 1)
     _STATE["sanitize"] = _sanitize_request()
     if "new" in ARGUMENTS:
         from mpkbuild import scaffold
