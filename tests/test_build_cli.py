@@ -137,3 +137,28 @@ def test_verdict_table_lists_what_the_stage_built_and_nothing_else(project):
     rows = {line.split()[1]: line for line in table.strip().splitlines()}
     assert "pass" in rows["validate"] and "pass" in rows["perf"]
     assert "compile sm_90a" in table and "compile sm_100a" not in table    # validate runs sm_90a
+
+
+@pytest.mark.nvcc
+def test_perf_figures_are_judged_by_the_build_against_the_spec(built):
+    """Perf runners only time; the build applies the spec's thresholds to the figures, and
+    the review shows what each was held to."""
+    timed = {"FAKE_GPU_VERDICT": json.dumps({"perf": "timed"})}
+    ref = built.path(f"kernels/{K}/reference.py")
+    ref.write_text(ref.read_text() + "# the gates run again\n")
+    built.scons("stage=review", env=timed)
+    perf = json.loads((built.root / "build" / K / "gpu" / GPU / "perf.json").read_text())
+    assert perf["verdict"] == "pass" and perf["message"] == "all thresholds met"
+    assert perf["variants"]["large_r16384_h7168"]["limits"] == [
+        {"variants": "large_r16384_*", "min_bandwidth_fraction": 0.9}]
+    review = (built.root / "build" / K / "review.md").read_text()
+    assert "Every variant at or below torch's time (hot)." in review
+    assert "| ≥ 90% BW |" in review and "| ≤ 1× torch |" in review
+    ref.write_text(ref.read_text() + "# and again\n")
+    run = built.scons("stage=perf", check=False,
+                      env={**timed, "FAKE_GPU_RATIO": json.dumps({"decode_r8_h7168": 1.3})})
+    assert run.returncode != 0
+    perf = json.loads((built.root / "build" / K / "gpu" / GPU / "perf.json").read_text())
+    assert perf["verdict"] == "fail"
+    assert perf["message"] == "decode_r8_h7168: 2.60 us is 1.30x the baseline's 2.00 us (limit 1.0x)"
+    assert "perf rmsnorm_v2: fail: decode_r8_h7168: 2.60 us is 1.30x" in run.stdout + run.stderr

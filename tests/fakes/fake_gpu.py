@@ -2,7 +2,9 @@
 
 It never touches a GPU: it reports a fixed fingerprint and answers each gate with a result
 whose verdict the test chooses through FAKE_GPU_VERDICT (default pass), after sleeping
-FAKE_GPU_SLEEP seconds. Each run appends one line to $FAKE_GPU_RUNS (when it starts) so
+FAKE_GPU_SLEEP seconds. A perf verdict of "timed" answers as the real perf runner does:
+figures for every variant (2 us torch, FAKE_GPU_RATIO {variant: time / torch}, default 0.5,
+95% of copy bandwidth), which the build then judges against the spec's thresholds. Each run appends one line to $FAKE_GPU_RUNS (when it starts) so
 tests can see which gates were really executed.
 """
 import json
@@ -39,4 +41,15 @@ class FakeGpuExecutor:
             return {"verdict": "pass", "copy_bandwidth_Bps": 4.0e12, "message": "fake copy 4.00 TB/s"}
         verdicts = json.loads(os.environ.get("FAKE_GPU_VERDICT", "{}"))   # {"gate[:kernel]": verdict}
         wanted = verdicts.get(f"{job.gate}:{job.kernel}", verdicts.get(job.gate, "pass"))
+        if job.gate == "perf" and wanted == "timed":
+            ratios = json.loads(os.environ.get("FAKE_GPU_RATIO", "{}"))
+            return {"verdict": "timed", "message": "stand-in perf timed", "copy_bandwidth_Bps": 4.0e12,
+                    "variants": {v: _figures(ratios.get(v, 0.5)) for v in job.payload["codegen"]["codegen"]["variants"]}}
         return {"verdict": wanted, "message": f"stand-in {job.gate} said {wanted}", "variants": {}}
+
+
+def _figures(ratio: float) -> dict:
+    hot, base = {"median_us": 2.0 * ratio}, {"median_us": 2.0}
+    return {"hot": hot, "cold": dict(hot), "baseline_hot": base, "baseline_cold": dict(base),
+            "slowcta": {"slowest_task_us": ratio}, "vs_baseline_hot": ratio, "vs_baseline_cold": ratio,
+            "hot_bandwidth_fraction": 0.95, "cold_bandwidth_fraction": 0.95}
