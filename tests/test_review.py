@@ -92,3 +92,9 @@ def test_a_shared_perf_gate_says_which_gpus_timed_its_variants(tmp_path):
                                            {"gpu_index": 1, "variants": ["c"]}]}))
     page = review.render_kernel(review.kernel_review("k", tmp_path, [], "h200", {}, {"perf": perf}))
     assert "Variants shared over GPUs (each timed whole on one): GPU 0 (2), GPU 1 (1)." in page
+    # a runner that started as the last variant was claimed timed nothing: not "shared"
+    perf.write_text(json.dumps({"verdict": "pass", "message": "ok", "variants": variants,
+                                "shared": [{"gpu_index": 0, "variants": ["a", "b", "c"]},
+                                           {"gpu_index": 1, "variants": []}]}))
+    page = review.render_kernel(review.kernel_review("k", tmp_path, [], "h200", {}, {"perf": perf}))
+    assert "Variants shared over GPUs" not in page
