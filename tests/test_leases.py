@@ -72,7 +72,7 @@ def test_shared_leases_share_but_never_beside_an_exclusive_one():
 
 
 def test_a_sigkilled_holder_leaves_no_stale_lease(lease_dir):
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import sys, time
         from mpkbuild import leases
         lease = leases.acquire([leases.Gpu(0, "GPU-0000aaaa", "NVIDIA H200")])
