@@ -35,10 +35,11 @@ from .leases import lease_dir
 GATES = ("validate", "perf", "bandwidth")
 SPARE = os.environ.get("MPK_WARM_SPARE", "1") != "0"       # a CUDA-ready child kept waiting
 # Gates a spare may make its CUDA context beside. Beside a timing gate (perf, bandwidth) it
-# only loads the driver (cuInit: no context, no work on the GPU, ~0.25 of the ~0.35 s a
-# gate's CUDA start costs on an H200) and makes its context once the GPU is free. On an H200,
-# 49 processes doing cuInit during 6 s of graph-timed replays left the medians (1.06 us,
-# 129.2 us) within the drift between two quiet phases (1.04-1.07 us, 128.9-129.2 us).
+# only loads the driver (cuInit: no context, no work on the GPU; 0.05-0.22 s of the
+# 0.2-0.35 s a gate's CUDA start costs on the H200 hosts measured) and makes its context
+# once the GPU is free. Processes looping on cuInit during graph-timed replays left the
+# medians where the quiet phases around them put them; looping on contexts moved a ~1 us
+# kernel's median by 3.6% in one of two runs (bench/spare_beside_timing.py, RESULTS.md).
 CONTEXT_BESIDE = frozenset({"validate"})
 START_TIMEOUT_S = 120.0
 
