@@ -133,6 +133,27 @@ def copy_project(dest: Path, kernels: tuple[str, ...] | None = ("rmsnorm_v2",)) 
     return Project(dest)
 
 
+def stand_in_runners(folder: Path, package: str, bodies: dict[str, str], monkeypatch) -> None:
+    """Runner modules `<package>.<name>` written under `folder`, importable here and in the
+    runner processes the executors start."""
+    pkg = folder / package
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for name, body in bodies.items():
+        (pkg / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv("PYTHONPATH", str(folder))
+
+
+def stand_in_tree(root: Path) -> Path:
+    """A kernel tree a gate job can point into: kernel k's reference and a pretend library."""
+    (root / "kernels/k").mkdir(parents=True)
+    (root / "kernels/k/reference.py").write_text("def ref(x):\n    return x\n")
+    (root / "build/k/sm_90a").mkdir(parents=True)
+    (root / "build/k/sm_90a/libk.so").write_bytes(b"\x7fELF not really a library")
+    return root
+
+
 @pytest.fixture(autouse=True)
 def fresh_gpu_query():
     """gpu.py reads nvidia-smi once per process (each scons run is one); tests swap the

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_processes_gone
+from conftest import assert_processes_gone, stand_in_tree
 from mpkbuild import bundle, remote
 from mpkbuild.executor import GateInterrupted, GateJob
 
@@ -27,11 +27,7 @@ INPUTS = ("build/k/sm_90a/libk.so", "kernels/k/reference.py")
 
 @pytest.fixture
 def tree(tmp_path) -> Path:
-    t = tmp_path / "tree"
-    (t / "kernels/k").mkdir(parents=True)
-    (t / "kernels/k/reference.py").write_text("def ref(x):\n    return x\n")
-    (t / "build/k/sm_90a").mkdir(parents=True)
-    (t / "build/k/sm_90a/libk.so").write_bytes(b"\x7fELF not really a library")
+    t = stand_in_tree(tmp_path / "tree")
     (t / "specs").mkdir()
     (t / "specs/k.yaml").write_text("kernel: k\n")            # part of the tree, not an input
     (t / "build/k/gpu/x").mkdir(parents=True)

@@ -3,6 +3,7 @@ import time
 
 import pytest
 
+from conftest import stand_in_runners
 from mpkbuild.executor import GateJob, LocalExecutor
 
 RUNNERS = {
@@ -15,13 +16,7 @@ RUNNERS = {
 
 @pytest.fixture
 def executor(tmp_path, monkeypatch):
-    pkg = tmp_path / "fake_runners"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    for name, body in RUNNERS.items():
-        (pkg / f"{name}.py").write_text(body)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    stand_in_runners(tmp_path, "fake_runners", RUNNERS, monkeypatch)
 
     class Stub(LocalExecutor):
         runner_package = "fake_runners"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Project, assert_processes_gone, clone_built, copy_project
+from conftest import Project, assert_processes_gone, clone_built, copy_project, stand_in_tree
 from mpkbuild.executor import ExecutorError, GateInterrupted, GateJob
 from mpkbuild.ssh_executor import SshExecutor
 
@@ -130,12 +130,7 @@ def sshd(sshd_server):
 # ---------------------------------------------------------------- the executor itself
 @pytest.fixture
 def tree(tmp_path) -> Path:
-    t = tmp_path / "tree"
-    (t / "kernels/k").mkdir(parents=True)
-    (t / "kernels/k/reference.py").write_text("def ref(x):\n    return x\n")
-    (t / "build/k/sm_90a").mkdir(parents=True)
-    (t / "build/k/sm_90a/libk.so").write_bytes(b"\x7fELF not really a library")
-    return t
+    return stand_in_tree(tmp_path / "tree")
 
 
 def make_job(tree: Path, timeout=30.0) -> GateJob:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import process_alive
+from conftest import process_alive, stand_in_runners
 from mpkbuild import warm
 from mpkbuild.executor import GateJob, LocalExecutor
 
@@ -58,18 +58,12 @@ esac
 
 @pytest.fixture
 def stage(tmp_path, monkeypatch):
-    pkg = tmp_path / "stand_in_runners"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    for name, body in RUNNERS.items():
-        (pkg / f"{name}.py").write_text(body)
+    stand_in_runners(tmp_path, "stand_in_runners", RUNNERS, monkeypatch)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "nvidia-smi").write_text(SMI)
     (bin_dir / "nvidia-smi").chmod(0o755)
     short = Path(tempfile.mkdtemp(prefix="mpkw"))      # unix socket paths must stay short
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("MPK_LEASE_DIR", str(short))
     monkeypatch.setenv("MPK_RUNNER_PACKAGE", "stand_in_runners")
