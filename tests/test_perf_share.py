@@ -9,34 +9,25 @@ from pathlib import Path
 
 import pytest
 
+from conftest import stand_in_runners
 from mpkbuild import leases, perfcheck
 from mpkbuild.executor import GateJob, LocalExecutor, longest_first
 
 FAKES = Path(__file__).parent / "fakes"
 
-# Times the variants it claims (sleep = the variant's "seconds"); "crash" variants die as a
-# CUDA fault does. Records where each ran (CUDA_VISIBLE_DEVICES).
+# Times the variants it claims through mpkbuild.claims, as the real runner does (sleep = the
+# variant's "seconds"); "crash" variants die as a CUDA fault does. Records where each ran
+# (CUDA_VISIBLE_DEVICES).
 STAND_IN_PERF = """
 import json, os, sys, time
+from mpkbuild.claims import claim          # the real runner's claims
 job = json.load(open(sys.argv[1]))
 share = job.get("share") or {}
 specs = job["codegen"]["codegen"]["variants"]
 order, folder = share.get("order") or list(specs), share.get("claims_dir")
-
-def claim(v):
-    if folder is None:
-        return True
-    if os.path.exists(os.path.join(folder, "STOP")):
-        return False
-    try:
-        os.close(os.open(os.path.join(folder, v + ".claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        return True
-    except FileExistsError:
-        return False
-
 done = {}
 for v in order:
-    if not claim(v):
+    if not claim(folder, v):
         continue
     print("perf variant", v, flush=True)
     if specs[v].get("crash"):
@@ -54,12 +45,7 @@ json.dump({"verdict": "timed", "device": {"name": "Fake H200"}, "copy_bandwidth_
 
 @pytest.fixture
 def two_gpus(tmp_path, monkeypatch):
-    pkg = tmp_path / "share_runners"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "perf.py").write_text(STAND_IN_PERF)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    stand_in_runners(tmp_path, "share_runners", {"perf": STAND_IN_PERF}, monkeypatch)
     monkeypatch.setenv("PATH", f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("MPK_LEASE_DIR", str(tmp_path / "leases"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

@@ -82,7 +82,7 @@ def test_pointer_sets_give_each_sets_addresses_without_views():
 
 
 def test_perf_runner_claims_each_variant_once_and_none_after_stop(tmp_path):
-    from mpkbuild.runners.perf import claim
+    from mpkbuild.claims import claim
     assert claim(None, "v0")                                   # no sharing: every variant
     assert claim(str(tmp_path), "v0") and not claim(str(tmp_path), "v0")
     (tmp_path / "STOP").touch()

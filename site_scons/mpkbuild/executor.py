@@ -286,6 +286,7 @@ class LocalExecutor:
         hang or crash in any runner stops the others claiming and is the gate's verdict."""
         import shutil
         import threading
+        from . import claims as claims_mod
         from . import leases
         began = time.monotonic()
         expected = list(job.payload["codegen"]["codegen"]["variants"])
@@ -306,7 +307,7 @@ class LocalExecutor:
             finally:
                 part["ended_at"] = time.time()
                 if part.get("result", {}).get("verdict") != "timed":
-                    (claims / "STOP").touch()
+                    claims_mod.stop(claims)
                 if part["lease"] is not lease:
                     part["lease"].release()
 
@@ -318,8 +319,8 @@ class LocalExecutor:
 
         start(primary, lease)
         while parts[0]["thread"].is_alive():
-            if (len(parts) < min(self.jobs, len(gpus)) and not (claims / "STOP").exists()
-                    and sum(1 for _ in claims.glob("*.claim")) < len(expected)):
+            if (len(parts) < min(self.jobs, len(gpus)) and not claims_mod.stopped(claims)
+                    and claims_mod.claimed(claims) < len(expected)):
                 held = {p["lease"].gpu.uuid for p in parts}
                 extra = leases.try_acquire([g for g in gpus if g.uuid not in held])
                 if extra is not None:

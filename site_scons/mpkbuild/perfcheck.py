@@ -24,8 +24,12 @@ def limits_by_variant(variants, thresholds: list) -> dict[str, list[dict]]:
 def check_thresholds(variants: dict, thresholds: list) -> list[str]:
     """Each rule applies to the variants its glob matches. Bandwidth is judged on the cold
     figure when there is one (DRAM, not L2); time limits on the hot figure."""
+    return _problems(variants, limits_by_variant(variants, thresholds))
+
+
+def _problems(variants: dict, limits: dict[str, list[dict]]) -> list[str]:
     problems = []
-    for name, rules in limits_by_variant(variants, thresholds).items():
+    for name, rules in limits.items():
         r = variants[name]
         for rule in rules:
             if "min_bandwidth_fraction" in rule:
@@ -54,9 +58,10 @@ def judge(result: dict, thresholds: list, expected: list[str]) -> dict:
         return {**result, "verdict": "crash",
                 "message": f"perf: no figures for {', '.join(missing)} (a runner stopped early)"}
     ordered = {name: variants[name] for name in expected}
-    for name, rules in limits_by_variant(ordered, thresholds).items():
+    limits = limits_by_variant(ordered, thresholds)
+    for name, rules in limits.items():
         ordered[name]["limits"] = rules
-    problems = check_thresholds(ordered, thresholds)
+    problems = _problems(ordered, limits)
     return {**result, "variants": ordered, "problems": problems,
             "verdict": "fail" if problems else "pass",
             "message": "; ".join(problems) if problems else "all thresholds met"}

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import time
 
 import torch
 
 from .. import expr
+from ..claims import claim
 from ..spec import variant_symbols
 from .common import (Harness, call_with_params, device_facts, load_function, pointer_sets,
                      random_tensor, run_main, tensor_specs)
@@ -116,21 +116,6 @@ def perf_variant(harness, job, variant, copy_bw, l2_bytes) -> dict:
 
 def _grid(codegen, sym) -> int:
     return int(expr.evaluate(codegen["grid"][0], sym))
-
-
-def claim(folder: str | None, variant: str) -> bool:
-    """With a claims folder (the local executor sharing a gate's variants over free GPUs),
-    a variant is this runner's if it creates `<variant>.claim` first; none once STOP is
-    there (another runner of the gate hung or crashed). Without one, every variant is."""
-    if folder is None:
-        return True
-    if os.path.exists(os.path.join(folder, "STOP")):
-        return False
-    try:
-        os.close(os.open(os.path.join(folder, f"{variant}.claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        return True
-    except FileExistsError:
-        return False
 
 
 def main(job: dict) -> dict:
