@@ -30,11 +30,25 @@ print('fine runner', os.getpid(), flush=True)
 json.dump({'verdict': 'pass', 'message': 'ok', 'warm': warm, 'pid': os.getpid(),
            'visible': os.environ.get('CUDA_VISIBLE_DEVICES'), 'started': started,
            'spare': os.environ.get('MPK_WARM_SPARE'),
+           'context_at': float(os.environ.get('MPK_WARM_CONTEXT_AT') or 0),
+           'ended': time.time()}, open(job['result_file'], 'w'))
+""",
+    # a timing runner: waits for "quiet" before it would time
+    "timer": """
+import json, os, sys, time
+from mpkbuild.runners import warmpipe
+job = json.load(open(sys.argv[1]))
+started = time.time()
+waited = warmpipe.wait_quiet()
+quiet_at = time.time()
+time.sleep(job.get('sleep', 0))
+json.dump({'verdict': 'pass', 'message': 'ok', 'pid': os.getpid(), 'started': started,
+           'waited': waited, 'quiet_at': quiet_at, 'spare': os.environ.get('MPK_WARM_SPARE'),
            'ended': time.time()}, open(job['result_file'], 'w'))
 """,
     # the server imports these once (as real runners, they act only as __main__)
     "validate": "import runpy\nif __name__ == '__main__':\n    runpy.run_module('stand_in_runners.fine', run_name='__main__')\n",
-    "perf": "import runpy\nif __name__ == '__main__':\n    runpy.run_module('stand_in_runners.fine', run_name='__main__')\n",
+    "perf": "import runpy\nif __name__ == '__main__':\n    runpy.run_module('stand_in_runners.timer', run_name='__main__')\n",
     "dies": "print('CUDA error: an illegal memory access was encountered', flush=True)\nimport os\nos._exit(3)\n",
     "sleepy": """
 import json, os, sys, time
@@ -107,6 +121,58 @@ def test_a_spare_makes_its_context_beside_a_validate_but_only_loads_the_driver_b
     assert beside["spare"] == spare
     after = warm.run(job(stage, "fine", name="after"), "GPU-0000aaaa", {}, lambda: False)
     assert after["spare"] == "context"
+
+
+def test_the_build_has_a_gates_answer_before_its_process_has_exited(stage, monkeypatch):
+    """The runner says "done" once its result is written; the CUDA teardown of its exit
+    (here a 2 s stand-in) is not on the build's clock."""
+    monkeypatch.setenv("MPK_WARM_TEST_DELAYS", '{"exit": 2.0}')
+    warm.run(job(stage, "fine", name="up"), "GPU-0000aaaa", {}, lambda: False)   # server up
+    started = time.monotonic()
+    result = warm.run(job(stage, "validate"), "GPU-0000aaaa", {}, lambda: False)
+    assert result["verdict"] == "pass"
+    assert time.monotonic() - started < 1.5
+    assert process_alive(result["pid"])                  # still exiting, off the clock
+    deadline = time.monotonic() + 10
+    while process_alive(result["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not process_alive(result["pid"])
+
+
+def test_a_timing_gate_starts_at_once_but_times_after_the_gate_before_has_exited(stage, monkeypatch):
+    monkeypatch.setenv("MPK_WARM_TEST_DELAYS", '{"exit": 1.5}')
+    warm.run(job(stage, "validate", name="up"), "GPU-0000aaaa", {}, lambda: False)
+    time.sleep(2.0)                                      # that one has exited
+    before = warm.run(job(stage, "validate", name="before"), "GPU-0000aaaa", {}, lambda: False)
+    answered = time.time()
+    perf = warm.run(job(stage, "perf", name="perf"), "GPU-0000aaaa", {}, lambda: False)
+    assert perf["verdict"] == "pass"
+    assert perf["started"] - answered < 0.5             # its untimed start overlapped the exit
+    assert perf["waited"] > 0.8                          # ... and its timing waited for it
+    assert perf["quiet_at"] - answered > 1.0
+    alone = warm.run(job(stage, "perf", name="alone"), "GPU-0000aaaa", {}, lambda: False)
+    assert alone["waited"] > 0.8                         # the perf before it was exiting too
+    time.sleep(2.0)
+    quiet = warm.run(job(stage, "perf", name="quiet"), "GPU-0000aaaa", {}, lambda: False)
+    assert quiet["waited"] < 0.3                         # nothing exiting or starting: no wait
+
+
+@pytest.mark.parametrize("spares", [1, 2])
+def test_a_gate_after_a_perf_finds_a_context_made_before_the_perf(stage, monkeypatch, spares):
+    """Beside a perf no context is made; with two spares, one made beforehand is still
+    waiting when the perf ends, so the next gate does not wait for a context. With one,
+    the context is made after the perf."""
+    monkeypatch.setenv("MPK_WARM_SPARES", str(spares))
+    monkeypatch.setenv("MPK_WARM_TEST_DELAYS", '{"context": 0.3}')
+    warm.run(job(stage, "validate", name="up"), "GPU-0000aaaa", {}, lambda: False)
+    time.sleep(1.0)                                      # spares made, idle
+    perf = warm.run(job(stage, "perf", name="perf", sleep=1.0), "GPU-0000aaaa", {}, lambda: False)
+    after = warm.run(job(stage, "validate", name="after"), "GPU-0000aaaa", {}, lambda: False)
+    assert after["spare"] == "context"
+    if spares == 2:
+        assert 0 < after["context_at"] < perf["started"]
+    else:
+        assert after["context_at"] > perf["ended"]
 
 
 def test_a_crashing_gate_takes_down_only_its_child(stage):

@@ -17,9 +17,10 @@ from .gpu import NO_GPU_HELP, GpuFingerprint
 
 # the code a gate's result depends on, package-relative (perf's verdict is made build-side)
 RUNNER_FILES = {
-    "validate": ("runners/validate.py", "runners/common.py"),
-    "perf": ("runners/perf.py", "runners/timing.py", "runners/common.py", "claims.py", "perfcheck.py"),
-    "bandwidth": ("runners/bandwidth.py", "runners/common.py"),
+    "validate": ("runners/validate.py", "runners/common.py", "runners/warmpipe.py"),
+    "perf": ("runners/perf.py", "runners/timing.py", "runners/common.py", "runners/warmpipe.py",
+             "claims.py", "perfcheck.py"),
+    "bandwidth": ("runners/bandwidth.py", "runners/common.py", "runners/warmpipe.py"),
 }
 
 

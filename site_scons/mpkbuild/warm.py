@@ -41,6 +41,15 @@ SPARE = os.environ.get("MPK_WARM_SPARE", "1") != "0"       # a CUDA-ready child 
 # medians where the quiet phases around them put them; looping on contexts moved a ~1 us
 # kernel's median by 3.6% in one of two runs (bench/spare_beside_timing.py, RESULTS.md).
 CONTEXT_BESIDE = frozenset({"validate"})
+# Spares kept per server, each with its context made while no timing gate ran: a gate after
+# a perf then finds one ready instead of waiting ~0.3 s for a context (each holds ~0.5 GB of
+# the GPU's memory while it waits).
+SPARES = max(1, int(os.environ.get("MPK_WARM_SPARES", "2")))
+# After a timing gate, no new context for this long: the next gate usually asks within it,
+# and one being made would delay that gate's timing (it waits for "quiet").
+AFTER_TIMING_S = 0.15
+# A child that said "done" but is still exiting this long no longer holds back "quiet".
+EXIT_WAIT_S = 10.0
 START_TIMEOUT_S = 120.0
 
 
@@ -165,29 +174,41 @@ def run(job: ex.GateJob, gpu_uuid: str, env: dict, should_stop) -> dict:
 
 
 # ---------------------------------------------------------------- the server
-def _spare(request_fd: int, package: str, context: bool) -> None:
+def _read_line(fd: int) -> bytes:
+    """One line, a byte at a time: what follows it (the server's "quiet") stays in the
+    pipe for the runner to read."""
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = os.read(fd, 1)
+        if not byte:
+            break
+        line += byte
+    return line
+
+
+def _spare(control_fd: int, package: str, context: bool) -> None:
     """A child forked ahead of its gate: it starts CUDA before the gate's clock does (0.3-0.4 s
     on an H200, more when two GPUs start theirs at once), then waits for one gate. With
-    `context` (the GPU idle or running validates) it makes its context; beside a timing gate
-    it only loads the driver, and makes the context when the server says the GPU is free.
-    The child is still fresh, used once, and alone in its session."""
+    `context` (no timing gate running) it makes its context and says "ready"; beside a timing
+    gate it only loads the driver, and makes the context when the server says so. The child
+    is still fresh, used once, and alone in its session."""
     os.setsid()
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     _start_cuda(context)
-    with os.fdopen(request_fd, "rb") as pipe:
-        while True:
-            line = pipe.readline()
-            if not line:
-                os._exit(0)
-            request = json.loads(line)
-            if request.get("make_context"):
-                _start_cuda(True)
-                continue
-            _child(request, package, new_session=False)
+    while True:
+        line = _read_line(control_fd)
+        if not line:
+            os._exit(0)
+        request = json.loads(line)
+        if request.get("make_context"):
+            _start_cuda(True)
+            continue
+        _child(request, package, new_session=False)
 
 
 def _start_cuda(context: bool) -> None:
+    from .runners import warmpipe
     os.environ["MPK_WARM_SPARE"] = "context" if context else "driver"
     try:
         if context:
@@ -199,6 +220,10 @@ def _start_cuda(context: bool) -> None:
             ctypes.CDLL("libcuda.so.1").cuInit(0)
     except Exception:         # no usable GPU: the runner meets it again and reports it
         pass
+    if context:
+        time.sleep(warmpipe.test_delay("context"))
+        os.environ["MPK_WARM_CONTEXT_AT"] = f"{time.time():.3f}"   # in the gate's log, for tests
+        warmpipe.say("ready")
 
 
 def _child(request: dict, package: str, new_session: bool = True) -> None:
@@ -229,12 +254,43 @@ def _child(request: dict, package: str, new_session: bool = True) -> None:
         try:
             sys.stdout.flush()
             sys.stderr.flush()
+            from .runners import warmpipe
+            warmpipe.done(code)
         finally:
             os._exit(code)
 
 
+class _Proc:
+    """A forked child as the server sees it: a spare, then a running gate, then exiting.
+    `control` and `status` are the server's ends of its two pipes (runners/warmpipe.py)."""
+
+    def __init__(self, pid: int, control: int, status: int, context: bool):
+        self.pid, self.control, self.status = pid, control, status
+        self.context = context          # makes, or has made, its CUDA context
+        self.ready = False              # ... and has made it
+        self.gate: str | None = None
+        self.conn: socket.socket | None = None
+        self.exiting_since: float | None = None
+        self.pending = b""
+
+    def tell(self, line: bytes) -> bool:
+        try:
+            os.write(self.control, line)
+            return True
+        except OSError:
+            return False
+
+
 def serve(path: Path, package: str, idle_s: float) -> None:
+    """One GPU's server. Besides forking a child per gate it keeps SPARES children ready and
+    keeps timing honest: a context is made (by a spare) only while no timing gate runs,
+    and not in the AFTER_TIMING_S after one (its successor usually asks by then and takes
+    a spare made earlier); a timing gate is told "quiet" once no context is being made or
+    torn down by another child of this server. A gate's answer goes to the build when its
+    runner says "done", before its exit; a child that dies without saying so is answered
+    when it is reaped, with its exit status."""
     import torch  # noqa: F401  (the point: import once; CUDA stays uninitialised)
+    from .runners.warmpipe import CONTROL_FD, QUIET, STATUS_FD
     for gate in GATES:
         try:
             importlib.import_module(f"{package}.{gate}")
@@ -252,42 +308,116 @@ def serve(path: Path, package: str, idle_s: float) -> None:
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
-    children: dict[int, tuple[socket.socket, str]] = {}    # pid -> (client connection, gate)
-    by_conn: dict[socket.socket, int] = {}
+    procs: dict[int, _Proc] = {}          # every child not yet reaped, by pid
+    spares: list[_Proc] = []
+    by_status: dict[int, _Proc] = {}
+    by_conn: dict[socket.socket, _Proc] = {}
+    quiet_wanted: list[_Proc] = []
     last_busy = time.monotonic()
-    spare = None                  # [pid, request pipe, has context] of the child waiting for a gate
+    timing_ended = float("-inf")
     spare_deaths = 0
 
-    def fork_child(target, *args) -> int:
+    def running() -> list[_Proc]:
+        return [p for p in procs.values() if p.gate is not None and p.exiting_since is None]
+
+    def spawn(context: bool, request: dict | None = None) -> _Proc:
+        control_r, control_w = os.pipe()
+        status_r, status_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            listener.close()
-            os.close(wake_r)
-            os.close(wake_w)
-            for c in by_conn:
-                c.close()
-            target(*args)
-        return pid
+            try:
+                listener.close()
+                for fd in (wake_r, wake_w, control_w, status_r,
+                           *(f for p in procs.values() for f in (p.control, p.status) if f >= 0)):
+                    os.close(fd)
+                for c in by_conn:
+                    c.close()
+                os.environ[CONTROL_FD], os.environ[STATUS_FD] = str(control_r), str(status_w)
+                if request is None:
+                    _spare(control_r, package, context)
+                else:
+                    _child(request, package)
+            finally:
+                os._exit(1)
+        os.close(control_r)
+        os.close(status_w)
+        proc = _Proc(pid, control_w, status_r, context)
+        procs[pid], by_status[status_r] = proc, proc
+        return proc
 
-    def make_spare(context: bool):
-        r, w = os.pipe()
-        pid = fork_child(lambda: (os.close(w), _spare(r, package, context)))
-        os.close(r)
-        return [pid, w, context]
+    def answer(proc: _Proc, code: int) -> None:
+        """The gate is over for the build: its exit code to its client."""
+        nonlocal timing_ended, last_busy
+        if proc.conn is not None:
+            by_conn.pop(proc.conn, None)
+            try:
+                proc.conn.sendall((json.dumps({"exit": code}) + "\n").encode())
+            except OSError:
+                pass
+            proc.conn.close()
+            proc.conn = None
+        if proc in quiet_wanted:
+            quiet_wanted.remove(proc)
+        if proc.gate is not None and proc.gate not in CONTEXT_BESIDE:
+            timing_ended = time.monotonic()
+        proc.exiting_since = time.monotonic()
+        last_busy = time.monotonic()
+
+    def forget(proc: _Proc) -> None:
+        procs.pop(proc.pid, None)
+        if proc in spares:
+            spares.remove(proc)
+        if proc in quiet_wanted:
+            quiet_wanted.remove(proc)
+        for attr in ("control", "status"):
+            fd = getattr(proc, attr)
+            if fd >= 0:
+                by_status.pop(fd, None)
+                os.close(fd)
+                setattr(proc, attr, -1)
+
+    def take_spare() -> _Proc | None:
+        for wanted in ((True, True), (True, False), (False, False)):
+            for proc in spares:
+                if (proc.context, proc.ready) == wanted:
+                    spares.remove(proc)
+                    return proc
+        return None
+
     print(f"warm server {os.getpid()} on {path} (CUDA_VISIBLE_DEVICES="
-          f"{os.environ.get('CUDA_VISIBLE_DEVICES')})", flush=True)
+          f"{os.environ.get('CUDA_VISIBLE_DEVICES')}, {SPARES} spare(s))", flush=True)
     try:
-        while children or time.monotonic() - last_busy < idle_s:
-            context_ok = all(gate in CONTEXT_BESIDE for _, gate in children.values())
-            if spare is None and spare_deaths < 3 and SPARE:
-                spare = make_spare(context_ok)     # beside timing: the driver only
-            elif spare is not None and context_ok and not spare[2]:
-                try:                               # the timing gate is gone: context now
-                    os.write(spare[1], b'{"make_context": true}\n')
-                    spare[2] = True
-                except OSError:
-                    pass
-            ready, _, _ = select.select([listener, wake_r, *by_conn], [], [], 1.0)
+        while running() or time.monotonic() - last_busy < idle_s:
+            now = time.monotonic()
+            gates = running()
+            settling = now - timing_ended < AFTER_TIMING_S
+            beside_ok = all(p.gate in CONTEXT_BESIDE for p in gates)
+            if SPARE:
+                while len(spares) < SPARES and spare_deaths < 3:
+                    # beside timing, or just after it: the driver only
+                    spares.append(spawn(beside_ok and not settling))
+                # just after a timing gate, one context at most, and only if none is ready
+                # or being made: the next gate would otherwise make its own
+                upgrades = [p for p in spares if not p.context] if beside_ok else []
+                if settling and any(p.context for p in spares):
+                    upgrades = []
+                for proc in upgrades[:1] if settling else upgrades:
+                    if proc.tell(b'{"make_context": true}\n'):
+                        proc.context = True
+            if quiet_wanted:
+                busy = any(p.context and not p.ready for p in spares) or any(
+                    p.exiting_since is not None and now - p.exiting_since < EXIT_WAIT_S
+                    for p in procs.values())
+                if not busy:
+                    for proc in quiet_wanted:
+                        proc.tell(QUIET)
+                    quiet_wanted.clear()
+            wait = 1.0
+            if quiet_wanted:
+                wait = 0.25          # an exit past EXIT_WAIT_S stops counting without an event
+            if settling:
+                wait = min(wait, max(0.0, AFTER_TIMING_S - (now - timing_ended)) + 0.001)
+            ready, _, _ = select.select([listener, wake_r, *by_conn, *by_status], [], [], wait)
             for s in ready:
                 if s == wake_r:
                     os.read(wake_r, 512)
@@ -301,26 +431,42 @@ def serve(path: Path, package: str, idle_s: float) -> None:
                     except (OSError, ValueError):
                         conn.close()
                         continue
-                    pid = None
-                    if spare is not None:
-                        pid, pipe, _ = spare
-                        spare = None
-                        try:
-                            os.write(pipe, line if line.endswith(b"\n") else line + b"\n")
-                        except OSError:
-                            pid = None            # it died meanwhile: fork afresh
-                        os.close(pipe)
-                    if pid is None:
-                        pid = fork_child(_child, request, package)
-                    conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
-                    children[pid], by_conn[conn] = (conn, str(request.get("gate"))), pid
+                    proc = take_spare()
+                    if proc is not None and not proc.tell(line if line.endswith(b"\n") else line + b"\n"):
+                        proc = None               # it died meanwhile: fork afresh
+                    if proc is None:
+                        proc = spawn(False, request)
+                    proc.gate, proc.conn = str(request.get("gate")), conn
+                    by_conn[conn] = proc
+                    if proc.gate not in CONTEXT_BESIDE:
+                        quiet_wanted.append(proc)
+                    conn.sendall((json.dumps({"pid": proc.pid}) + "\n").encode())
+                elif isinstance(s, int):                    # a child's status pipe
+                    proc = by_status.get(s)
+                    if proc is None:
+                        continue
+                    chunk = os.read(s, 256)
+                    if not chunk:
+                        by_status.pop(s, None)
+                        os.close(s)
+                        proc.status = -1
+                        continue
+                    proc.pending += chunk
+                    while b"\n" in proc.pending:
+                        said, proc.pending = proc.pending.split(b"\n", 1)
+                        if said == b"ready":
+                            proc.ready = True
+                        elif said.startswith(b"done ") and proc.gate is not None \
+                                and proc.exiting_since is None:
+                            answer(proc, int(said.split()[1]))
                 elif not s.recv(1, socket.MSG_PEEK):        # the client went away
+                    proc = by_conn.pop(s)
+                    proc.conn = None
                     try:
-                        os.killpg(by_conn[s], signal.SIGKILL)
+                        os.killpg(proc.pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
                     s.close()
-                    children.pop(by_conn.pop(s), None)
             while True:
                 try:
                     pid, status = os.waitpid(-1, os.WNOHANG)
@@ -328,24 +474,22 @@ def serve(path: Path, package: str, idle_s: float) -> None:
                     break
                 if pid == 0:
                     break
-                code = os.waitstatus_to_exitcode(status)
-                if spare is not None and pid == spare[0]:      # died before any gate
-                    os.close(spare[1])
-                    spare, spare_deaths = None, spare_deaths + 1
+                proc = procs.get(pid)
+                if proc is None:
                     continue
-                conn, _ = children.pop(pid, (None, None))
-                if conn is not None:
-                    by_conn.pop(conn, None)
-                    try:
-                        conn.sendall((json.dumps({"exit": code}) + "\n").encode())
-                    except OSError:
-                        pass
-                    conn.close()
+                if proc in spares:                          # died before any gate
+                    spare_deaths += 1
+                elif proc.gate is not None and proc.exiting_since is None:   # no "done"
+                    answer(proc, os.waitstatus_to_exitcode(status))
+                forget(proc)
                 last_busy = time.monotonic()
     finally:
         path.unlink(missing_ok=True)
-        if spare is not None:
-            os.kill(spare[0], signal.SIGKILL)
+        for proc in spares:
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 if __name__ == "__main__":

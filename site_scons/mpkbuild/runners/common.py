@@ -17,6 +17,7 @@ import torch
 
 from ..fsutil import write_json_atomic
 from ..spec import tensor_shape, variant_symbols
+from . import warmpipe
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
           "int32": torch.int32, "int64": torch.int64}
@@ -168,6 +169,8 @@ def run_main(body) -> None:
             raise
     finish(job, result)
     sys.stdout.flush()
+    sys.stderr.flush()
+    warmpipe.done(0)          # the result is written: the build need not wait for the exit
     # Skip interpreter teardown: after a CUDA fault, freeing device memory can hang.
     import os
     os._exit(0)

@@ -23,6 +23,7 @@ from ..claims import claim
 from ..spec import variant_symbols
 from .common import (Harness, call_with_params, device_facts, load_function, pointer_sets,
                      random_tensor, run_main, tensor_specs)
+from . import warmpipe
 from .timing import capture, time_graph
 
 MAX_COLD_LAUNCHES = 8192
@@ -74,6 +75,8 @@ def perf_variant(harness, job, variant, copy_bw, l2_bytes) -> dict:
     def timed(step, launches: int, warmup: int) -> dict:
         graph = capture(step, launches)
         lap("capture")
+        warmpipe.wait_quiet()       # once: no context made or torn down beside the timing
+        lap("quiet")
         figures = time_graph(graph, launches, pcfg["repeats"], warmup)
         lap("replay")
         return figures
