@@ -140,3 +140,41 @@ def test_the_build_judges_timed_figures_and_a_missing_variant_is_no_pass():
     short = perfcheck.judge(timed, [], ["a", "b", "c"])
     assert short["verdict"] == "crash" and "no figures for c" in short["message"]
     assert perfcheck.judge({"verdict": "hang", "message": "x"}, rules, ["a"]) == {"verdict": "hang", "message": "x"}
+
+
+def test_a_gpu_between_two_gates_of_the_build_is_left_to_the_next_gate(two_gpus):
+    """When a gate ends, SCons hands its GPU the next gate within a few tens of ms: a
+    helper of a running perf gate must not take the GPU in that gap (the next gate would
+    wait for the helper's variant), only once the slot has stayed idle."""
+    ex = executor()
+    one = lambda name, seconds: {name: {"seconds": seconds, "us": 1.0}}   # noqa: E731
+    results = {}
+
+    def long_gate():
+        results["a"] = ex.run(perf_job(two_gpus, SIX))
+
+    def two_in_a_row():
+        results["b"] = ex.run(perf_job(two_gpus / "b", one("b", 0.6)))
+        time.sleep(0.08)                                 # SCons picking the next gate
+        results["c"] = ex.run(perf_job(two_gpus / "c", one("c", 0.4)))
+
+    threads = [threading.Thread(target=long_gate), threading.Thread(target=two_in_a_row)]
+    threads[0].start()
+    time.sleep(0.05)
+    threads[1].start()
+    for t in threads:
+        t.join()
+    assert results["b"]["gpu_index"] == results["c"]["gpu_index"] == 1
+    assert results["c"]["lease_wait_s"] < 0.05
+    parts = results["a"]["shared"]
+    assert [p["gpu_index"] for p in parts] == [0, 1]    # GPU 1 joined once it stayed free
+    assert parts[1]["started_at"] >= results["c"]["ended_at"]
+
+
+def test_no_helper_for_variants_too_short_to_pay_for_its_start(two_gpus):
+    job = perf_job(two_gpus, SIX)
+    job.workdir.joinpath("perf.json").write_text(json.dumps(
+        {"variants": {v: {"timings_s": {"replay": 0.02}} for v in SIX}}))
+    result = executor().run(job)
+    assert result["verdict"] == "timed" and len(result["variants"]) == 6
+    assert [p["gpu_index"] for p in result["shared"]] == [0]

@@ -26,8 +26,8 @@ def claim(folder: str | None, variant: str) -> bool:
         return False
 
 
-def claimed(folder: Path) -> int:
-    return sum(1 for _ in folder.glob("*.claim"))
+def claimed_names(folder: Path) -> set[str]:
+    return {p.name[:-len(".claim")] for p in folder.glob("*.claim")}
 
 
 def stop(folder: Path) -> None:

@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,15 +217,28 @@ class LocalExecutor:
     name = "local"
     runner_package = None       # a test's stand-in runners; None: $MPK_RUNNER_PACKAGE or ours
     jobs = 1                    # scons -j (set by the tool): GPUs one perf gate may use at once
-    # what a gate after a perf on the same GPU waits for its CUDA context (the warm spare
-    # makes it only once the timing gate is gone): 0.25-0.5 s over the usual 0.1 s on an H200
-    after_timing_s = 0.3
+    # what a gate after a perf on the same GPU waits for its CUDA context, on average: the
+    # warm server's two spares make contexts only while no timing gate runs, so the gate
+    # after a perf takes one made before it (~0.02 s on the H200s) unless perfs in a row used
+    # both up (~0.2 s, then the spare's context is made while that gate waits)
+    after_timing_s = 0.1
+    # A free GPU joins a running perf gate only once no gate of this build has started or
+    # ended for this long while a job slot is idle: SCons has had its chance to give that GPU
+    # a gate of its own (a helper that took it first kept a validate waiting 0.35 s on the
+    # H200s) ...
+    helper_grace_s = 0.15
+    # ... and only while the unclaimed variants took at least this long last run (a helper's
+    # start, fork to first variant, costs ~0.2 s).
+    helper_min_work_s = 0.3
 
     def __init__(self, options: dict | None = None):
         self.options = dict(options or {})
         self.warm = _flag(self.options, "warm", True)
         self.share_perf = _flag(self.options, "share_perf", True)
         self._gpus = None
+        self._slots = threading.Lock()
+        self._active = 0                   # gates of this build inside run(), leased or waiting
+        self._changed_at = time.monotonic()
 
     def fingerprint(self) -> gpu_mod.GpuFingerprint | None:
         fp = gpu_mod.detect()
@@ -252,6 +266,25 @@ class LocalExecutor:
         return self._gpus
 
     def run(self, job: GateJob, should_stop=lambda: False) -> dict:
+        self._count(+1)
+        try:
+            return self._run(job, should_stop)
+        finally:
+            self._count(-1)
+
+    def _count(self, step: int) -> None:
+        with self._slots:
+            self._active += step
+            self._changed_at = time.monotonic()
+
+    def _slot_idle_s(self) -> float:
+        """How long a job slot has been idle with no gate starting or ending (0: none idle)."""
+        with self._slots:
+            if self._active >= self.jobs:
+                return 0.0
+            return time.monotonic() - self._changed_at
+
+    def _run(self, job: GateJob, should_stop) -> dict:
         from . import leases
         if self.runner_package and not job.runner_package:
             job = _with(job, runner_package=self.runner_package)
@@ -281,11 +314,11 @@ class LocalExecutor:
         """A perf gate whose variants any free GPU may take: its runners claim variants one
         by one (longest first, by last run) from a claims folder, and while unclaimed ones
         remain, a GPU that is free (a lease taken without waiting, at most -j GPUs in all)
-        starts another runner. Each variant is timed whole on one GPU, kernel and torch
+        starts another runner, once SCons has left a job slot idle for `helper_grace_s` and
+        the unclaimed variants are worth a runner's start (`helper_min_work_s`). Each variant is timed whole on one GPU, kernel and torch
         baseline in one process; the figures are merged and say where they were timed. A
         hang or crash in any runner stops the others claiming and is the gate's verdict."""
         import shutil
-        import threading
         from . import claims as claims_mod
         from . import leases
         began = time.monotonic()
@@ -294,7 +327,8 @@ class LocalExecutor:
         for folder in (claims, helpers):
             shutil.rmtree(folder, ignore_errors=True)
         claims.mkdir(parents=True)
-        share = {"claims_dir": str(claims), "order": longest_first(job.workdir / "perf.json", expected)}
+        took = variant_seconds(job.workdir / "perf.json", expected)
+        share = {"claims_dir": str(claims), "order": sorted(expected, key=lambda v: -(took[v] or 0.0))}
         primary = _with(job, payload={**job.payload, "share": share})
         parts: list[dict] = []
 
@@ -317,10 +351,16 @@ class LocalExecutor:
             parts.append(part)
             part["thread"].start()
 
+        def work_left() -> float:
+            taken = claims_mod.claimed_names(claims)
+            left = [took[v] for v in expected if v not in taken]
+            return float("inf") if None in left else sum(left)
+
         start(primary, lease)
         while parts[0]["thread"].is_alive():
             if (len(parts) < min(self.jobs, len(gpus)) and not claims_mod.stopped(claims)
-                    and claims_mod.claimed(claims) < len(expected)):
+                    and self._slot_idle_s() >= self.helper_grace_s
+                    and work_left() >= self.helper_min_work_s):
                 held = {p["lease"].gpu.uuid for p in parts}
                 extra = leases.try_acquire([g for g in gpus if g.uuid not in held])
                 if extra is not None:
@@ -367,15 +407,21 @@ class LocalExecutor:
         return run_runner(job, should_stop, env, pass_fds=(lease.fd,) if lease else ())
 
 
-def longest_first(previous: Path, variants: list[str]) -> list[str]:
-    """The variants by how long each took in the last perf result (its phases), longest
-    first: with several GPUs claiming, the long ones start early. Spec order otherwise."""
+def variant_seconds(previous: Path, variants: list[str]) -> dict:
+    """{variant: seconds its runner spent on it in the last perf result (its phases), or
+    None when unknown}. Claims go longest first (with several GPUs claiming, the long ones
+    start early; spec order among equals), and a helper starts only for enough work."""
     try:
         last = json.loads(previous.read_text()).get("variants") or {}
     except (OSError, ValueError):
         last = {}
-    took = {v: sum((last.get(v) or {}).get("timings_s", {}).values()) for v in variants}
-    return sorted(variants, key=lambda v: -took[v])       # stable: spec order among equals
+    return {v: (sum(last[v]["timings_s"].values()) if (last.get(v) or {}).get("timings_s") else None)
+            for v in variants}
+
+
+def longest_first(previous: Path, variants: list[str]) -> list[str]:
+    took = variant_seconds(previous, variants)
+    return sorted(variants, key=lambda v: -(took[v] or 0.0))
 
 
 def _with(job: GateJob, **changes) -> GateJob:
