@@ -98,3 +98,27 @@ def test_a_shared_perf_gate_says_which_gpus_timed_its_variants(tmp_path):
                                            {"gpu_index": 1, "variants": []}]}))
     page = review.render_kernel(review.kernel_review("k", tmp_path, [], "h200", {}, {"perf": perf}))
     assert "Variants shared over GPUs" not in page
+
+
+def test_a_time_limit_on_the_cold_figure_judges_cold_and_the_review_says_so(tmp_path):
+    """A working set over twice the L2: the hot figure is one buffer set's placement (bimodal
+    on the H200s for linear_v2 m16 n14336_k4096), the cold one the rotation's."""
+    bimodal = {"decode_m16_n14336_k4096": figures(33.97, 30.33, 31.51, 30.99)}
+    on_hot = [{"variants": "decode_m16_*", "max_time_vs_baseline": 1.05}]
+    on_cold = [dict(on_hot[0], time_figure="cold")]
+    (problem,) = check_thresholds(bimodal, on_hot)
+    assert problem.startswith("decode_m16_n14336_k4096: 33.97 us is 1.12x")
+    assert check_thresholds(bimodal, on_cold) == []
+    slower = {"decode_m16_n14336_k4096": figures(33.97, 30.33, 33.0, 30.99)}
+    (problem,) = check_thresholds(slower, on_cold)
+    assert problem.startswith("decode_m16_n14336_k4096: cold 33.00 us is 1.06x the baseline's 30.99 us")
+    hot_only = {"decode_x": figures(1.0, 2.0)}
+    (problem,) = check_thresholds(hot_only, [{"variants": "*", "max_us": 5, "time_figure": "cold"}])
+    assert "no cold figure" in problem
+    variants = {k: dict(v, limits=limits_by_variant(bimodal, on_cold)[k]) for k, v in bimodal.items()}
+    perf = tmp_path / "perf.json"
+    perf.write_text(json.dumps({"verdict": "pass", "message": "ok", "variants": variants}))
+    page = review.render_kernel(review.kernel_review("linear_v2", tmp_path, [], "h200", {}, {"perf": perf}))
+    line = next(ln for ln in page.splitlines() if ln.startswith("- decode_m16_n14336_k4096"))
+    assert line.endswith("held to ≤ 1.05× (cold) by `decode_m16_*`")
+    assert "≤ 1.05× torch (cold)" in page
