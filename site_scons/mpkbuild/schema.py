@@ -68,8 +68,8 @@ _THRESHOLD = {
         "min_bandwidth_fraction": {"type": "number", "exclusiveMinimum": 0, "maximum": 1.5},
         "max_time_vs_baseline": {"type": "number", "exclusiveMinimum": 0},
         "max_us": {"type": "number", "exclusiveMinimum": 0},
-        "time_figure": {"enum": ["hot", "cold"], "default": "hot",
-                        "description": "the figure max_time_vs_baseline and max_us judge"},
+        "time_figure": {"enum": ["hot", "cold"],
+                        "description": "the figure max_time_vs_baseline and max_us judge (hot when absent)"},
     },
 }
 
