@@ -5,6 +5,9 @@ it. The server imports torch and the runner modules but never touches CUDA; each
 child forked from it that starts its own session, initialises CUDA itself and dies at the
 end, so a kernel that crashes or corrupts its context takes down only that child. The
 executor supervises the child exactly as it does a cold runner (watchdog, group kill).
+Spares start CUDA ahead of their gate; a gate is answered as soon as its runner says its
+result is written, and a timing gate times only once no other child of the server is making
+or tearing down a context (`serve`, runners/warmpipe.py).
 
 A server is keyed by GPU and by the code it imported (mpkbuild's sources, the runner
 package, the Python): an edit to the runners starts a new server, and the old one exits
