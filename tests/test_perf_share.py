@@ -11,7 +11,7 @@ import pytest
 
 from conftest import stand_in_runners
 from mpkbuild import leases, perfcheck
-from mpkbuild.executor import GateJob, LocalExecutor, longest_first
+from mpkbuild.executor import GateJob, LocalExecutor, longest_first, variant_seconds
 
 FAKES = Path(__file__).parent / "fakes"
 
@@ -123,8 +123,8 @@ def test_claims_go_longest_first_by_the_last_result(tmp_path):
     previous.write_text(json.dumps({"variants": {"a": {"timings_s": {"replay": 0.1}},
                                                  "b": {"timings_s": {"capture": 0.5, "replay": 0.4}},
                                                  "c": {"timings_s": {"replay": 0.3}}}}))
-    assert longest_first(previous, ["a", "b", "c", "d"]) == ["b", "c", "a", "d"]
-    assert longest_first(tmp_path / "none.json", ["a", "b"]) == ["a", "b"]
+    assert longest_first(variant_seconds(previous, ["a", "b", "c", "d"])) == ["b", "c", "a", "d"]
+    assert longest_first(variant_seconds(tmp_path / "none.json", ["a", "b"])) == ["a", "b"]
 
 
 def test_the_build_judges_timed_figures_and_a_missing_variant_is_no_pass():

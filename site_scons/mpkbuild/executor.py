@@ -315,9 +315,10 @@ class LocalExecutor:
         by one (longest first, by last run) from a claims folder, and while unclaimed ones
         remain, a GPU that is free (a lease taken without waiting, at most -j GPUs in all)
         starts another runner, once SCons has left a job slot idle for `helper_grace_s` and
-        the unclaimed variants are worth a runner's start (`helper_min_work_s`). Each variant is timed whole on one GPU, kernel and torch
-        baseline in one process; the figures are merged and say where they were timed. A
-        hang or crash in any runner stops the others claiming and is the gate's verdict."""
+        the unclaimed variants are worth a runner's start (`helper_min_work_s`). Each
+        variant is timed whole on one GPU, kernel and torch baseline in one process; the
+        figures are merged and say where they were timed. A hang or crash in any runner
+        stops the others claiming and is the gate's verdict."""
         import shutil
         from . import claims as claims_mod
         from . import leases
@@ -328,7 +329,7 @@ class LocalExecutor:
             shutil.rmtree(folder, ignore_errors=True)
         claims.mkdir(parents=True)
         took = variant_seconds(job.workdir / "perf.json", expected)
-        share = {"claims_dir": str(claims), "order": sorted(expected, key=lambda v: -(took[v] or 0.0))}
+        share = {"claims_dir": str(claims), "order": longest_first(took)}
         primary = _with(job, payload={**job.payload, "share": share})
         parts: list[dict] = []
 
@@ -419,9 +420,9 @@ def variant_seconds(previous: Path, variants: list[str]) -> dict:
             for v in variants}
 
 
-def longest_first(previous: Path, variants: list[str]) -> list[str]:
-    took = variant_seconds(previous, variants)
-    return sorted(variants, key=lambda v: -(took[v] or 0.0))
+def longest_first(took: dict) -> list[str]:
+    """variant_seconds' variants, longest first (unknown last; stable among equals)."""
+    return sorted(took, key=lambda v: -(took[v] or 0.0))
 
 
 def _with(job: GateJob, **changes) -> GateJob:
