@@ -16,13 +16,15 @@ from mpkbuild import scaffold
 from mpkbuild.kernel import discover
 from mpkbuild.spec import load_spec
 
-CATALOG = ("silu_mul_v2", "embedding_v2", "argmax_v2", "linear_v2")
+CATALOG = ("silu_mul_v2", "embedding_v2", "argmax_v2", "argmax_fp32_v2", "linear_v2")
 STARTERS = {f"starter_{f.lower()}": f for f in "ABCDE"}
 ARCHS = ("sm_90a", "sm_100a")
 
 
 def _module(kernel: str):
-    path = REPO / "kernels" / kernel / "reference.py"
+    """The kernel's reference module, found through its spec (argmax_fp32_v2 shares one)."""
+    ref = load_spec(REPO / "specs" / f"{kernel}.yaml", REPO).data["validate"]["reference"]
+    path = REPO / ref.rsplit(":", 1)[0]
     spec = importlib.util.spec_from_file_location(f"catalog_ref_{kernel}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -48,6 +50,34 @@ def test_argmax_compares_exactly():
     spec = load_spec(REPO / "specs" / "argmax_v2.yaml", REPO)
     assert spec.data["validate"]["compare"] == "exact"
     assert [r["name"] for r in spec.data["codegen"]["smem"]["regions"]] == ["ring", "warp_best"]
+
+
+def test_argmax_fp32_is_argmax_v2s_body_over_fp32():
+    bf16 = load_spec(REPO / "specs" / "argmax_v2.yaml", REPO).data
+    fp32 = load_spec(REPO / "specs" / "argmax_fp32_v2.yaml", REPO).data
+    assert fp32["codegen"]["body"] == bf16["codegen"]["body"]
+    assert fp32["validate"]["reference"] == bf16["validate"]["reference"]
+    assert fp32["validate"]["compare"] == "exact"
+    assert [t["dtype"] for t in fp32["codegen"]["inputs"]] == ["fp32"]
+    assert set(fp32["codegen"]["variants"]) == set(bf16["codegen"]["variants"])
+    assert fp32["wiring"]["layer"] != bf16["op"]        # its own MPK layer and task type
+
+
+def test_argmax_fp32_generator_ties_the_row_maximum():
+    """fp32 draws are all distinct in practice; the spec's step makes the lowest-index rule
+    meet ties (what the GPU gate then checks exactly)."""
+    from mpkbuild.runners.common import random_tensor
+    gen = load_spec(REPO / "specs" / "argmax_fp32_v2.yaml", REPO).data["generators"]["logits"]
+    rows = random_tensor((256, 129280), torch.float32, gen, torch.Generator().manual_seed(7),
+                         device="cpu")
+    step = gen["step"]
+    assert torch.equal(rows, torch.round(rows / step) * step)
+    tied = (rows == rows.max(dim=1, keepdim=True).values).sum(dim=1) > 1
+    assert 0.02 < tied.float().mean().item() < 0.2
+    unrounded = {k: v for k, v in gen.items() if k != "step"}
+    plain = random_tensor((256, 129280), torch.float32, unrounded, torch.Generator().manual_seed(7),
+                          device="cpu")
+    assert int(((plain == plain.max(dim=1, keepdim=True).values).sum(dim=1) > 1).sum()) == 0
 
 
 def test_embedding_generator_draws_out_of_range_ids_on_both_sides():

@@ -231,3 +231,12 @@ def test_perf_generator_for_an_unknown_input(root):
 def test_perf_generator_randint_on_a_float_input(root):
     edit(root, PERF_COLD, PERF_COLD + "\n  generators:\n    input: {dist: randint, low: 0, high: 4}")
     expect_error(root, "input: {dist: randint", "perf.generators.input.dist", "randint is for integer inputs")
+
+
+def test_generator_step_is_for_float_draws_only(root):
+    edit(root, "input:  {dist: normal, mean: 0.0, std: 1.0}",
+         "input:  {dist: normal, mean: 0.0, std: 1.0, step: 0.25}")
+    before = load_spec(spec_path(root), root)
+    assert before.data["generators"]["input"]["step"] == 0.25
+    edit(root, PERF_COLD, PERF_COLD + "\n  generators:\n    input: {dist: randint, low: 0, high: 4, step: 2}")
+    expect_error(root, "input: {dist: randint", "perf.generators.input.step", "randint is already whole")

@@ -56,6 +56,9 @@ _GENERATOR = {
         "dist": {"enum": ["normal", "uniform", "randint"]},
         "mean": {"type": "number"}, "std": {"type": "number", "exclusiveMinimum": 0},
         "low": {"type": "number"}, "high": {"type": "number"},
+        # round normal/uniform draws to multiples of step: equal values on purpose (ties)
+        # in a dtype finer than the spacing the kernel's rule must be tested on
+        "step": {"type": "number", "exclusiveMinimum": 0},
     },
 }
 

@@ -111,6 +111,8 @@ def _generator_problems(where: tuple, gens: dict, input_names: dict):
                 yield (*where, gname, key), f"dist {gen['dist']} needs {key!r}"
         if gen["dist"] != "normal" and "low" in gen and "high" in gen and gen["low"] >= gen["high"]:
             yield (*where, gname), "low must be below high"
+        if "step" in gen and gen["dist"] == "randint":
+            yield (*where, gname, "step"), "step rounds normal or uniform draws; randint is already whole"
         is_int = input_names[gname]["dtype"].startswith("int")
         if is_int != (gen["dist"] == "randint"):
             yield (*where, gname, "dist"), (f"input {gname!r} is {input_names[gname]['dtype']}: "

@@ -118,18 +118,20 @@ def tensor_specs(codegen: dict, variant: str) -> tuple[list, list]:
     return ins, outs
 
 
-def random_tensor(shape, dtype, gen_spec: dict | None, generator, lead=()) -> torch.Tensor:
+def random_tensor(shape, dtype, gen_spec: dict | None, generator, lead=(), device="cuda") -> torch.Tensor:
     """Fresh random data from the spec's generator (never zeros)."""
     gen_spec = gen_spec or {"dist": "normal", "mean": 0.0, "std": 1.0}
     full = (*lead, *shape)
     if gen_spec["dist"] == "randint":
         return torch.randint(int(gen_spec["low"]), int(gen_spec["high"]), full, dtype=dtype,
-                             device="cuda", generator=generator)
-    t = torch.empty(full, dtype=torch.float32, device="cuda")
+                             device=device, generator=generator)
+    t = torch.empty(full, dtype=torch.float32, device=device)
     if gen_spec["dist"] == "normal":
         t.normal_(gen_spec["mean"], gen_spec["std"], generator=generator)
     else:
         t.uniform_(gen_spec["low"], gen_spec["high"], generator=generator)
+    if "step" in gen_spec:
+        t.div_(gen_spec["step"]).round_().mul_(gen_spec["step"])
     return t.to(dtype)
 
 
