@@ -63,13 +63,16 @@ def test_embedding_gate_catches_a_body_that_reads_row_zero_for_bad_ids(project_a
     assert "large_r16384_h7168" in v["message"]
 
 
-def test_argmax_gate_catches_highest_index_ties(project_all):
-    # `>=` instead of torch's strict order keeps the LAST of equal maxima: exact compare fails
-    project, k = project_all, "argmax_v2"
+@pytest.mark.parametrize("k", ("argmax_v2", "argmax_fp32_v2"))
+def test_argmax_gate_catches_highest_index_ties(project_all, k):
+    # `>=` instead of torch's strict order keeps the LAST of equal maxima: exact compare
+    # fails, in bf16 (ties from its coarse spacing) and in fp32 (ties from the generator's step)
+    project = project_all
     only_sm90(project, k)
-    project.edit(f"kernels/{k}/{k}.cuh.j2", "if (best_idx < 0 || greater(cm, best)) {",
+    body = "kernels/argmax_v2/argmax_v2.cuh.j2"          # both specs' body
+    project.edit(body, "if (best_idx < 0 || greater(cm, best)) {",
                  "if (best_idx < 0 || greater(cm, best) || cm == best) {")
-    project.edit(f"kernels/{k}/{k}.cuh.j2", "            if (same(Vec<T>::at(v[u], k), cm)) j = k;",
+    project.edit(body, "            if (same(Vec<T>::at(v[u], k), cm)) j = k;",
                  "            if (same(Vec<T>::at(v[u], k), cm)) { j = k; break; }")
     run = project.scons(f"kernel={k}", "stage=validate", fake_gpu=False, check=False)
     v = gate_result(project, k, "validate")
