@@ -94,28 +94,32 @@ class Harness:
                 stream = torch.cuda.current_stream().cuda_stream
             check(fn(ins, outs, spans.data_ptr() if spans is not None else None, stream))
 
-        def launch_pointers(ins, outs, stream):
-            """The same launch from ready ctypes pointer arrays (see pointer_sets): the perf
-            gate's cold graphs capture thousands of launches, and building tensor views and
-            arrays per launch was most of the Python time."""
-            check(fn(ins, outs, None, stream))
+        sets_fn = self.lib[f"{self.kernel}_launch_sets_{variant}"]
+        sets_fn.restype = ctypes.c_int
+        sets_fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+
+        def launch_sets(table, nsets: int, count: int, stream):
+            """`count` launches, launch i on set i % nsets of a pointer_table, enqueued by the
+            library in one call (the perf gate's cold graphs capture thousands)."""
+            check(sets_fn(table, nsets, count, stream))
 
         def check(code):
             if code != 0:
                 raise CudaFault(f"CUDA error {code} from {self.kernel}_launch_{variant}: "
                                 f"{err(code).decode()}")
-        launch.pointers = launch_pointers
+        launch.sets = launch_sets
         return launch
 
 
-def pointer_sets(stacked: list[torch.Tensor], count: int) -> list:
-    """For tensors stacked along a leading set axis, one ctypes array per set holding each
-    tensor's set-j address (base + j * the set stride), made without a tensor view each."""
+def pointer_table(stacked: list[torch.Tensor], count: int):
+    """For tensors stacked along a leading set axis, one flat ctypes array, set-major: set j's
+    addresses (base + j * each tensor's set stride) in the order given, made without a tensor
+    view each."""
     bases = [(t.data_ptr(), t.stride(0) * t.element_size()) for t in stacked]
     for t in stacked:
         assert t.is_contiguous() and t.shape[0] >= count, "set-stacked tensors only"
-    array = ctypes.c_void_p * len(stacked)
-    return [array(*[base + j * step for base, step in bases]) for j in range(count)]
+    return (ctypes.c_void_p * (count * len(stacked)))(
+        *[base + j * step for j in range(count) for base, step in bases])
 
 
 def tensor_specs(codegen: dict, variant: str) -> tuple[list, list]:

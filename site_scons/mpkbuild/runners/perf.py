@@ -21,10 +21,10 @@ import torch
 from .. import expr
 from ..claims import claim
 from ..spec import variant_symbols
-from .common import (Harness, bind_params, device_facts, load_function, pointer_sets,
+from .common import (Harness, bind_params, device_facts, load_function, pointer_table,
                      random_tensor, run_main, tensor_specs)
 from . import warmpipe
-from .timing import capture, time_graph
+from .timing import capture, each, time_graph
 
 MAX_COLD_LAUNCHES = 8192
 
@@ -72,8 +72,8 @@ def perf_variant(harness, job, variant, copy_bw, l2_bytes) -> dict:
         phases[name] = round(phases.get(name, 0.0) + now - clock, 4)
         clock = now
 
-    def timed(step, launches: int, warmup: int) -> dict:
-        graph = capture(step, launches)
+    def timed(enqueue, launches: int, warmup: int) -> dict:
+        graph = capture(enqueue, launches)
         lap("capture")
         warmpipe.wait_quiet()       # once: no context made or torn down beside the timing
         lap("quiet")
@@ -85,9 +85,9 @@ def perf_variant(harness, job, variant, copy_bw, l2_bytes) -> dict:
     inputs = [t[0] for t in _sets(ins, gens, 1, gen)]
     outputs = [torch.empty(shape, dtype=dtype, device="cuda") for _, shape, dtype in outs]
     lap("inputs")
-    hot = timed(lambda i, s: launch(inputs, outputs, stream=s), L, pcfg["warmup"])
+    hot = timed(each(lambda i, s: launch(inputs, outputs, stream=s)), L, pcfg["warmup"])
     base = bind_params(baseline, codegen["params"])
-    base_hot = timed(lambda i, s: base(*inputs), L, pcfg["warmup"])
+    base_hot = timed(each(lambda i, s: base(*inputs)), L, pcfg["warmup"])
     result = {"bytes": nbytes, "hot": hot, "baseline_hot": base_hot,
               "slowcta": slow_cta(launch, inputs, outputs, _grid(codegen, sym), pcfg["repeats"])}
     lap("slowcta")
@@ -99,11 +99,11 @@ def perf_variant(harness, job, variant, copy_bw, l2_bytes) -> dict:
         nsets = min(nsets, n_launch)
         in_sets = _sets(ins, gens, nsets, gen)
         out_sets = [torch.empty((nsets, *shape), dtype=dtype, device="cuda") for _, shape, dtype in outs]
-        in_ptrs, out_ptrs = pointer_sets(in_sets, nsets), pointer_sets(out_sets, nsets)
+        table = pointer_table(in_sets + out_sets, nsets)
         set_inputs = [[t[j] for t in in_sets] for j in range(nsets)]     # the baseline's views
         lap("inputs")
-        cold = timed(lambda i, s: launch.pointers(in_ptrs[i % nsets], out_ptrs[i % nsets], s), n_launch, 0)
-        base_cold = timed(lambda i, s: base(*set_inputs[i % nsets]), n_launch, 0)
+        cold = timed(lambda count, s: launch.sets(table, nsets, count, s), n_launch, 0)
+        base_cold = timed(each(lambda i, s: base(*set_inputs[i % nsets])), n_launch, 0)
         result.update(cold=cold, baseline_cold=base_cold, cold_sets=nsets, cold_launches=n_launch)
         del in_sets, out_sets, set_inputs
     for key in ("hot", "cold"):

@@ -2,7 +2,7 @@
 
 A graph of `launches` calls is captured once and replayed; each repeat is one replay
 between two CUDA events, and the per-launch time is the replay time over `launches`. The
-launcher gets the *capture* stream, read inside the capture context (a stream taken
+enqueuer gets the *capture* stream, read inside the capture context (a stream taken
 before capture records nothing).
 """
 from __future__ import annotations
@@ -12,20 +12,23 @@ import statistics
 import torch
 
 
-def capture(step, launches: int) -> torch.cuda.CUDAGraph:
-    """step(i, stream_handle) enqueues launch i; returns the captured graph."""
+def each(step):
+    """A per-launch step(i, stream_handle) as an enqueue(count, stream_handle) for capture."""
+    return lambda count, handle: [step(i, handle) for i in range(count)]
+
+
+def capture(enqueue, launches: int) -> torch.cuda.CUDAGraph:
+    """enqueue(count, stream_handle) enqueues launches 0 .. count-1; returns the graph of all
+    `launches` (after a warm-up of up to three outside the capture)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):          # warm-up outside capture (lazy init, attributes)
-        for i in range(min(launches, 3)):
-            step(i, torch.cuda.current_stream().cuda_stream)
+        enqueue(min(launches, 3), torch.cuda.current_stream().cuda_stream)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        handle = torch.cuda.current_stream().cuda_stream
-        for i in range(launches):
-            step(i, handle)
+        enqueue(launches, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     return graph
 
