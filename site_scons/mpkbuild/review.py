@@ -66,14 +66,14 @@ def slower_than_baseline(perf: dict) -> list[dict]:
         if not isinstance(r.get("vs_baseline_hot"), (int, float)) or r["vs_baseline_hot"] <= 1.0:
             continue
         limits = [rule for rule in r.get("limits", []) if "max_time_vs_baseline" in rule]
+        tightest = min(limits, key=lambda rule: rule["max_time_vs_baseline"], default=None)
         rows.append({"variant": name, "hot_us": r["hot"]["median_us"],
                      "baseline_hot_us": r["baseline_hot"]["median_us"], "ratio_hot": r["vs_baseline_hot"],
                      "cold_us": (r.get("cold") or {}).get("median_us"),
                      "baseline_cold_us": (r.get("baseline_cold") or {}).get("median_us"),
                      "ratio_cold": r.get("vs_baseline_cold"),
-                     "limit": min((rule["max_time_vs_baseline"] for rule in limits), default=None),
-                     "limit_figure": next((rule.get("time_figure", "hot") for rule in sorted(
-                         limits, key=lambda rule: rule["max_time_vs_baseline"])), None),
+                     "limit": tightest["max_time_vs_baseline"] if tightest else None,
+                     "limit_figure": tightest.get("time_figure", "hot") if tightest else None,
                      "rules": [rule["variants"] for rule in limits]})
     return rows
 
