@@ -147,6 +147,31 @@ def test_scaffolded_kernels_are_ordinary_kernels(catalog_build):
     assert "SMEM_TILE_OFFSET" in (proj.root / "build" / "starter_b" / "gen" / "starter_b_spec.h").read_text()
 
 
+@pytest.mark.nvcc
+def test_one_gpu_runs_each_perf_after_a_validate_when_the_runner_keeps_spares(catalog_build):
+    """-j1 over the whole catalog: without spares to count, every validate first; with the
+    warm runner's two, each kernel's validate then its perf (no run of perfs that would use
+    the spares up). The scaffolded kernels are in the build too."""
+    proj, run = catalog_build
+    assert run.returncode == 0
+    kernels = (*discover(REPO), *STARTERS)
+
+    def gates_run(env: dict) -> list[tuple[str, str]]:
+        proj.runs_file.write_text("")
+        proj.scons("-j1", "stage=perf", env=env, timeout=900)
+        lines = [line.split() for line in proj.runs_file.read_text().splitlines()]
+        return [(gate, kernel) for gate, kernel in lines if gate in ("validate", "perf")]
+
+    order = gates_run({})
+    assert [g for g, _ in order] == ["validate"] * len(kernels) + ["perf"] * len(kernels)
+    for ref in proj.root.glob("kernels/*/reference.py"):     # argmax_fp32_v2 reads argmax_v2's
+        proj.edit(str(ref.relative_to(proj.root)), "\n", "\n# edited: validate and perf re-run\n")
+    order = gates_run({"FAKE_GPU_SPARES": "2"})
+    assert sorted(order) == sorted((g, k) for k in kernels for g in ("validate", "perf"))
+    assert [g for g, _ in order] == ["validate", "perf"] * len(kernels)
+    assert [k for _, k in order[::2]] == [k for _, k in order[1::2]]
+
+
 # ---------------------------------------------------------------- references (CPU)
 def test_silu_mul_reference_matches_torch():
     mod = _module("silu_mul_v2")

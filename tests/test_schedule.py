@@ -93,9 +93,8 @@ def test_one_gpu_gives_every_validate_first_then_the_perfs_shortest_first():
 
 
 def test_a_wait_after_a_timing_gate_counts_in_the_plan():
-    """On the warm runner a gate after a perf waits for its CUDA context: the plan keeps a
-    GPU's validates together rather than putting one behind a perf."""
-    after_perf = lambda prev, g: 0.3 if prev and prev[1] == "perf" else 0.0
+    """switch gets the gates run before on the same slot: a gate after a perf there waits."""
+    after_perf = lambda history, g: 0.3 if history and history[-1][1] == "perf" else 0.0
     sec = {("a", "validate"): 1.0, ("a", "perf"): 2.0, ("b", "validate"): 1.0}
     needs = {("a", "perf"): [("a", "validate")]}
     order = [("a", "validate"), ("a", "perf"), ("b", "validate")]
@@ -107,6 +106,52 @@ def test_a_wait_after_a_timing_gate_counts_in_the_plan():
         without = plan(gates, RECORDED, needs, slots)
         assert (schedule.simulate(with_wait, RECORDED, needs, slots, after_perf)
                 <= schedule.simulate(without, RECORDED, needs, slots, after_perf))
+
+
+def test_context_wait_counts_only_a_run_of_timing_gates_as_long_as_the_spares():
+    """The warm server's spares make contexts beside a validate only; each gate takes one."""
+    wait = schedule.context_wait(lambda g: g[1] == "perf", spares=2, wait_s=0.2)
+    v, p = ("k", "validate"), ("k", "perf")
+    assert wait([], p) == 0.0 and wait([p], p) == 0.0 and wait([v, p], p) == 0.0
+    assert wait([p, p], v) == 0.2 and wait([v, p, p], p) == 0.2
+    assert wait([p, p, v], p) == 0.0
+    assert schedule.context_wait(lambda g: g[1] == "perf", spares=3, wait_s=0.2)([p, p], p) == 0.0
+
+
+CONTEXT_WAIT = schedule.context_wait(lambda g: g[1] == "perf", spares=2, wait_s=0.2)
+
+
+def test_one_gpu_puts_each_perf_after_a_validate_when_perfs_in_a_row_would_wait():
+    """Six validates then six perfs: the last four perfs wait for a context (the fifth
+    session's -j1 builds, ~1 s). Kernel by kernel, shortest first, none waits."""
+    times = {**RECORDED, ("argmax_fp32_v2", "validate"): 0.5, ("argmax_fp32_v2", "perf"): 1.4}
+    gates, needs = catalog(times)
+    by_kind = plan(gates, times, needs, 1, kind_rank=lambda g: g[1] == "perf")
+    order = plan(gates, times, needs, 1, kind_rank=lambda g: g[1] == "perf", switch=CONTEXT_WAIT)
+    assert sorted(order) == sorted(gates) and precedence_kept(order, needs)
+    assert [g for _, g in order] == ["validate", "perf"] * 6
+    assert [k for k, _ in order[::2]] == [k for k, _ in order[1::2]]
+    pair = lambda k: times[(k, "validate")] + times[(k, "perf")]
+    assert [pair(k) for k, _ in order[::2]] == sorted(pair(k) for k, _ in order[::2])
+    total = sum(times.values())
+    assert schedule.simulate(order, times, needs, 1, CONTEXT_WAIT) == pytest.approx(total)
+    assert schedule.simulate(by_kind, times, needs, 1, CONTEXT_WAIT) == pytest.approx(total + 0.8)
+
+
+def test_one_gpu_keeps_every_validate_first_when_nothing_waits():
+    """stage=validate, or perfs alone (their validates up to date): the order by kind costs
+    no more than chains, so the correctness verdicts still come first."""
+    validates = {g: t for g, t in RECORDED.items() if g[1] == "validate"}
+    perfs = {g: t for g, t in RECORDED.items() if g[1] == "perf"}
+    for times in (validates, perfs):
+        gates, needs = catalog(times)
+        order = plan(gates, times, needs, 1, kind_rank=lambda g: g[1] == "perf", switch=CONTEXT_WAIT)
+        assert order == sorted(gates, key=times.get)
+    # two kernels: validate, validate, perf, perf waits for nothing with two spares
+    two = {g: t for g, t in RECORDED.items() if g[0] in ("rmsnorm_v2", "argmax_v2")}
+    gates, needs = catalog(two)
+    order = plan(gates, two, needs, 1, kind_rank=lambda g: g[1] == "perf", switch=CONTEXT_WAIT)
+    assert [g for _, g in order] == ["validate", "validate", "perf", "perf"]
 
 
 def test_a_gate_never_timed_is_expected_to_take_the_median_of_its_kind():

@@ -217,11 +217,11 @@ class LocalExecutor:
     name = "local"
     runner_package = None       # a test's stand-in runners; None: $MPK_RUNNER_PACKAGE or ours
     jobs = 1                    # scons -j (set by the tool): GPUs one perf gate may use at once
-    # what a gate after a perf on the same GPU waits for its CUDA context, on average: the
-    # warm server's two spares make contexts only while no timing gate runs, so the gate
-    # after a perf takes one made before it (~0.02 s on the H200s) unless perfs in a row used
-    # both up (~0.2 s, then the spare's context is made while that gate waits)
-    after_timing_s = 0.1
+    # What a gate waits for its CUDA context when the warm server has none made for it: its
+    # spares make contexts only beside a validate, so perfs in a row use them up and the
+    # next gate's context is made while it waits (~0.2 s on the H200s; a -j1 catalog build
+    # with every perf after every validate paid it four times).
+    context_wait_s = 0.2
     # A free GPU joins a running perf gate only once no gate of this build has started or
     # ended for this long while a job slot is idle: SCons has had its chance to give that GPU
     # a gate of its own (a helper that took it first kept a validate waiting 0.35 s on the
@@ -396,6 +396,14 @@ class LocalExecutor:
         merged["message"] = f"timed {len(merged['variants'])} variants on {len(parts)} GPU(s)"
         merged["elapsed_s"] = round(time.monotonic() - began, 3)
         return merged
+
+    def context_spares(self) -> tuple[int, frozenset] | None:
+        """For the plan: contexts the warm server keeps made per GPU and the gates it makes
+        them beside; None when every gate makes its own (cold runners: order is no matter)."""
+        if not self.warm:
+            return None
+        from . import warm
+        return (warm.SPARES, warm.CONTEXT_BESIDE) if warm.SPARE else None
 
     def _run_on(self, job: GateJob, lease, should_stop) -> dict:
         env = lease.env if lease else {}

@@ -9,9 +9,9 @@ waits for. On the catalog's gate times from six recorded runs on two H200s, each
 from one run and judged on the other five, the GPUs finished 0.21 s after an even split on
 average, against 0.28 s for "every validate, then perfs longest first": gate times move
 ±10% between runs, so a plan made from last run's times buys part of the gap, not all.
-A gate after a perf on the same GPU waits for its CUDA context (the warm runner's spare
-makes none beside a timing gate; the executor says how long, `after_timing_s`): the plan
-counts that wait, and one GPU runs every validate before any perf.
+The warm runner's spares make CUDA contexts only beside gates that do not time (a
+validate), so a gate that follows as many timing gates in a row as there are spares on its
+GPU makes its own context and waits for it (`context_wait`); the plan counts that wait.
 SCons still decides what runs; this only orders what it is given.
 """
 from __future__ import annotations
@@ -27,9 +27,9 @@ Gate = Hashable
 def simulate(order: Sequence[Gate], seconds: dict, needs: dict, slots: int,
              switch=None) -> float:
     """When the last gate ends, if each free slot takes the first ready gate in `order`.
-    switch(previous gate on the slot or None, gate): extra seconds the gate waits there."""
+    switch(gates run before on the slot, oldest first; gate): extra seconds it waits there."""
     free = [0.0] * max(1, slots)
-    previous: list = [None] * len(free)
+    previous: list = [[] for _ in free]
     ends: dict = {}
     pending = list(order)
     while pending:
@@ -46,7 +46,7 @@ def simulate(order: Sequence[Gate], seconds: dict, needs: dict, slots: int,
             pick = pending[0]      # (an order that breaks precedence: take it as it comes)
         pending.remove(pick)
         free[slot] = now + seconds[pick] + (switch(previous[slot], pick) if switch else 0.0)
-        previous[slot] = pick
+        previous[slot].append(pick)
         ends[pick] = free[slot]
     return max(free)
 
@@ -74,11 +74,46 @@ def _in_precedence(ordered: list, needs: dict) -> list:
     return out
 
 
-def one_gpu_order(gates: Sequence[Gate], seconds: dict, needs: dict, kind_rank) -> list:
+def context_wait(is_timing, spares: int, wait_s: float):
+    """A plan's `switch` for the warm runner: a gate waits `wait_s` for its CUDA context when
+    the last `spares` gates on its GPU all timed (a spare makes its context only beside a
+    gate that does not time, and each gate takes one)."""
+    def switch(history: Sequence[Gate], gate: Gate) -> float:
+        recent = history[-spares:] if spares > 0 else []
+        return wait_s if len(recent) == spares and all(map(is_timing, recent)) else 0.0
+    return switch
+
+
+def one_gpu_order(gates: Sequence[Gate], seconds: dict, needs: dict, kind_rank,
+                  switch=None) -> list:
     """For one GPU: every gate of the first kind (validate) before the next, each kind
-    shortest first. The most verdicts soonest, correctness before speed, and no gate waits
-    behind a timing gate for its CUDA context (see plan's `switch`)."""
-    return _in_precedence(sorted(gates, key=lambda g: (kind_rank(g), seconds[g])), needs)
+    shortest first (the most verdicts soonest, correctness before speed), unless that lines
+    up timing gates that wait for their CUDA context (`switch`): then each chain (a validate
+    and the perf after it) in turn, the shortest first, so that every perf follows a validate.
+    Six kernels' perfs in a row cost a -j1 build ~1 s on the H200s."""
+    by_kind = _in_precedence(sorted(gates, key=lambda g: (kind_rank(g), seconds[g])), needs)
+    if switch is None:
+        return by_kind
+    by_chain = _in_precedence(sorted(by_kind, key=_chain_key(gates, seconds, needs)), needs)
+    return min((by_kind, by_chain), key=lambda o: simulate(o, seconds, needs, 1, switch))
+
+
+def _chain_key(gates: Sequence[Gate], seconds: dict, needs: dict):
+    """Sort key: a gate's chain (the gate it waits for first, back to one that waits for
+    none) by the chain's total seconds, then the chain, then the gate's place within it."""
+    inside = set(gates)
+    root: dict = {}
+
+    def find(g, seen=()):
+        if g not in root:
+            up = next((d for d in needs.get(g, ()) if d in inside and d not in seen), None)
+            root[g] = g if up is None else find(up, (*seen, g))
+        return root[g]
+    total: dict = {}
+    for g in gates:
+        total[find(g)] = total.get(find(g), 0.0) + seconds[g]
+    rank = {r: i for i, r in enumerate(sorted(total, key=lambda r: (total[r], gates.index(r))))}
+    return lambda g: rank[find(g)]
 
 
 def critical_path_order(gates: Sequence[Gate], seconds: dict, needs: dict) -> list:
@@ -102,10 +137,10 @@ def plan(gates: Sequence[Gate], seconds: dict, needs: dict, slots: int, kind_ran
          switch=None, trials: int = 600, budget_s: float = 0.05, seed: int = 0) -> list:
     """The target order for `slots` GPUs: critical path first, then up to `trials` swaps
     (fewer if budget_s of wall time runs out, so a large build's start-up stays short).
-    switch(previous, gate) is what a gate waits for after `previous` on the same GPU (the
-    local executor's warm runner: a gate after a perf waits ~0.2-0.35 s for its context)."""
+    switch(history, gate) is what a gate waits for after the gates before it on the same GPU
+    (the local executor's warm runner: `context_wait`)."""
     if slots <= 1:
-        return one_gpu_order(gates, seconds, needs, kind_rank)
+        return one_gpu_order(gates, seconds, needs, kind_rank, switch)
     order = critical_path_order(gates, seconds, needs)
     if len(order) < 3:
         return order

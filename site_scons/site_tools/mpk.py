@@ -597,9 +597,14 @@ def _gpu_work_first(g, targets: list[str], kernels: list[Kernel], closure) -> li
              for name, gate in gates}
     seconds = schedule.estimates(gates, last, kind=lambda x: x[1])
     rank = {gate: i for i, gate in enumerate(stages.GPU_GATES)}
-    after_timing = getattr(_STATE.get("executor"), "after_timing_s", 0.0)
+    ex = _STATE.get("executor")
+    spares = ex.context_spares() if hasattr(ex, "context_spares") else None
+    switch = None
+    if spares is not None:
+        count, beside = spares
+        switch = schedule.context_wait(lambda x: x[1] not in beside, count, ex.context_wait_s)
     order = schedule.plan(gates, seconds, needs, _gate_slots(), kind_rank=lambda x: rank[x[1]],
-                          switch=lambda prev, x: after_timing if prev and prev[1] == "perf" else 0.0)
+                          switch=switch)
     # the gate's result, not its check: a failed verdict must not stop the others
     first = [os.path.relpath(by_name[name].gate_result(gate, g.gpu_key), g.root) for name, gate in order]
     return list(dict.fromkeys(first + targets))

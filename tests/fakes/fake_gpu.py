@@ -16,6 +16,12 @@ from mpkbuild.gpu import GpuFingerprint
 
 class FakeGpuExecutor:
     name = "fake"
+    context_wait_s = 0.2
+
+    def context_spares(self):
+        """As the local executor's warm runner would say, when FAKE_GPU_SPARES is set."""
+        spares = os.environ.get("FAKE_GPU_SPARES")
+        return (int(spares), frozenset({"validate"})) if spares else None
 
     def fingerprint(self):
         return GpuFingerprint(name=os.environ.get("FAKE_GPU_NAME", "Fake GPU"),
