@@ -399,7 +399,7 @@ class LocalExecutor:
 
     def context_spares(self) -> tuple[int, frozenset] | None:
         """For the plan: contexts the warm server keeps made per GPU and the gates it makes
-        them beside; None when every gate makes its own (cold runners: order is no matter)."""
+        them beside; None when every gate makes its own (cold runners: the order changes nothing)."""
         if not self.warm:
             return None
         from . import warm

@@ -99,8 +99,9 @@ def one_gpu_order(gates: Sequence[Gate], seconds: dict, needs: dict, kind_rank,
 
 
 def _chain_key(gates: Sequence[Gate], seconds: dict, needs: dict):
-    """Sort key: a gate's chain (the gate it waits for first, back to one that waits for
-    none) by the chain's total seconds, then the chain, then the gate's place within it."""
+    """Sort key: the rank of a gate's chain (the gate it waits for, back to one that waits
+    for none) by the chain's total seconds, ties by where the chain starts in `gates`. A
+    stable sort keeps each chain's gates in the order they came."""
     inside = set(gates)
     root: dict = {}
 
