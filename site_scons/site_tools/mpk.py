@@ -589,13 +589,13 @@ def _gpu_work_first(g, targets: list[str], kernels: list[Kernel], closure) -> li
     the order schedule.plan makes from each gate's time last run, for as many GPUs as this
     build runs gates on at once: the longest chains start first and the GPUs finish together."""
     from mpkbuild import schedule
-    gates = [(k.name, gate) for gate in stages.GPU_GATES if gate in closure for k in kernels]
+    gate_ids = [(k.name, gate) for gate in stages.GPU_GATES if gate in closure for k in kernels]
     by_name = {k.name: k for k in kernels}
     last = {(name, gate): g.last_elapsed.get(by_name[name].gate_result(gate, g.gpu_key), 0.0)
-            for name, gate in gates}
+            for name, gate in gate_ids}
     needs = {(name, gate): [(name, d) for d in stages.BY_NAME[gate].after if d in stages.GPU_GATES]
-             for name, gate in gates}
-    seconds = schedule.estimates(gates, last, kind=lambda x: x[1])
+             for name, gate in gate_ids}
+    seconds = schedule.estimates(gate_ids, last, kind=lambda x: x[1])
     rank = {gate: i for i, gate in enumerate(stages.GPU_GATES)}
     ex = _STATE.get("executor")
     spares = ex.context_spares() if hasattr(ex, "context_spares") else None
@@ -603,7 +603,7 @@ def _gpu_work_first(g, targets: list[str], kernels: list[Kernel], closure) -> li
     if spares is not None:
         count, beside = spares
         switch = schedule.context_wait(lambda x: x[1] not in beside, count, ex.context_wait_s)
-    order = schedule.plan(gates, seconds, needs, _gate_slots(), kind_rank=lambda x: rank[x[1]],
+    order = schedule.plan(gate_ids, seconds, needs, _gate_slots(), kind_rank=lambda x: rank[x[1]],
                           switch=switch)
     # the gate's result, not its check: a failed verdict must not stop the others
     first = [os.path.relpath(by_name[name].gate_result(gate, g.gpu_key), g.root) for name, gate in order]
