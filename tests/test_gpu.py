@@ -29,6 +29,7 @@ def test_rmsnorm_passes_every_gate_on_this_gpu(project):
     v = validate_result(project)
     assert v["verdict"] == "pass", v
     assert v["gpu"]["name"] == v["device"]["name"]
+    assert v["device"]["wait"] == "blocking_sync"       # no CPU spun beside another gate
     assert set(v["variants"]) == set(v["variants"]) and len(v["variants"]) == 8
     for res in v["variants"].values():
         assert res["cos_min_seen"] >= 0.999 and res["rel_max_seen"] <= 3e-2
@@ -36,6 +37,7 @@ def test_rmsnorm_passes_every_gate_on_this_gpu(project):
     (perf_path,) = list((project.root / "build" / K / "gpu").glob("*/perf.json"))
     perf = json.loads(perf_path.read_text())
     assert perf["verdict"] == "pass", perf["message"]
+    assert perf["device"]["wait"] == "blocking_sync"
     for res in perf["variants"].values():
         assert res["hot"]["median_us"] > 0 and res["slowcta"]["slowest_task_us"] > 0
         assert res["baseline_hot"]["median_us"] > 0

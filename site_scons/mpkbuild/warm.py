@@ -216,6 +216,8 @@ def _start_cuda(context: bool) -> None:
     try:
         if context:
             import torch
+            from .runners import gpuwait
+            gpuwait.block_while_waiting()
             torch.cuda.init()
             torch.empty(1, device="cuda")
         else:

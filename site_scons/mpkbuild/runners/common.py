@@ -18,7 +18,7 @@ import torch
 
 from ..fsutil import write_json_atomic
 from ..spec import tensor_shape, variant_symbols
-from . import warmpipe
+from . import gpuwait, warmpipe
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
           "int32": torch.int32, "int64": torch.int64}
@@ -46,7 +46,8 @@ def device_facts() -> dict:
     return {"name": props.name, "compute_capability": f"{props.major}.{props.minor}",
             "sm_count": props.multi_processor_count,
             "l2_bytes": getattr(props, "L2_cache_size", 50 * 2**20),
-            "torch": torch.__version__, "cuda": torch.version.cuda}
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "wait": gpuwait.wait_mode(torch.cuda.current_device())}
 
 
 def load_function(root: str, ref: str):
@@ -167,6 +168,7 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 def run_main(body) -> None:
     """Run a runner body; a CUDA fault becomes a crash result with the CUDA error text."""
     job = load_job()
+    gpuwait.block_while_waiting()       # before the body's first CUDA call makes the context
     try:
         result = body(job)
     except CudaFault as exc:

@@ -1,0 +1,43 @@
+"""Gate processes wait for the GPU asleep (runners/gpuwait.py): the flag is set before the
+context exists, and a context made before it is left alone."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mpkbuild.runners import gpuwait
+
+PROBE = """
+import sys, torch
+from mpkbuild.runners import gpuwait
+early = {early}
+if early:
+    set_count = gpuwait.block_while_waiting()
+torch.empty(1, device="cuda")
+late = gpuwait.block_while_waiting()
+print(set_count if early else "-", late, gpuwait.wait_mode(0))
+"""
+
+
+def probe(early: bool) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", PROBE.format(early=early)], check=True,
+                         capture_output=True, text=True, env={**os.environ,
+                                                              "CUDA_VISIBLE_DEVICES": "0"})
+    return out.stdout.split()
+
+
+@pytest.mark.gpu
+def test_flag_set_before_the_context_makes_it_block():
+    assert probe(early=True) == ["1", "0", "blocking_sync"]
+
+
+@pytest.mark.gpu
+def test_a_context_made_first_is_left_as_it_was():
+    assert probe(early=False) == ["-", "0", "auto"]
+
+
+def test_without_a_cuda_driver_nothing_is_set(monkeypatch):
+    monkeypatch.setattr(gpuwait, "_driver", lambda: None)
+    assert gpuwait.block_while_waiting() == 0
+    assert gpuwait.wait_mode() == "unknown"
