@@ -175,6 +175,45 @@ def test_a_gate_after_a_perf_finds_a_context_made_before_the_perf(stage, monkeyp
         assert after["context_at"] > perf["ended"]
 
 
+def _processes_of(server_socket: Path) -> int:
+    """The server and its children (spares, gates: forked, they share its command line)."""
+    out = subprocess.run(["pgrep", "-f", str(server_socket)], capture_output=True, text=True)
+    return len(out.stdout.split())
+
+
+def _eventually(check, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_only_the_server_that_ran_the_latest_gate_on_a_gpu_keeps_spares(stage, monkeypatch):
+    """Two servers on one GPU (other code: another checkout, an edited runner): once the
+    second runs a gate there, the first's spares exit, so their idle contexts do not slow
+    the second's gates; the first's next gate is forked afresh and takes the GPU back."""
+    shutil.copytree(stage / "stand_in_runners", stage / "stand_in_other")
+    first = warm.socket_path("GPU-0000aaaa", "stand_in_runners")
+    second = warm.socket_path("GPU-0000aaaa", "stand_in_other")
+    assert first != second and warm.gpu_claim_path(first) == warm.gpu_claim_path(second)
+    assert warm.run(job(stage, "fine", name="a1"), "GPU-0000aaaa", {}, lambda: False)["verdict"] == "pass"
+    assert _eventually(lambda: _processes_of(first) == 1 + warm.SPARES)
+
+    monkeypatch.setenv("MPK_RUNNER_PACKAGE", "stand_in_other")
+    assert warm.run(job(stage, "fine", name="b1"), "GPU-0000aaaa", {}, lambda: False)["verdict"] == "pass"
+    assert _eventually(lambda: _processes_of(first) == 1), "the first server kept its spares"
+    assert _eventually(lambda: _processes_of(second) == 1 + warm.SPARES)
+
+    monkeypatch.setenv("MPK_RUNNER_PACKAGE", "stand_in_runners")
+    back = warm.run(job(stage, "fine", name="a2"), "GPU-0000aaaa", {}, lambda: False)
+    assert back["verdict"] == "pass" and back["warm"]
+    assert back["spare"] is None                         # no spare waited: forked for it
+    assert _eventually(lambda: _processes_of(second) == 1)
+    assert _eventually(lambda: _processes_of(first) == 1 + warm.SPARES)
+
+
 def test_a_crashing_gate_takes_down_only_its_child(stage):
     crash = warm.run(job(stage, "dies"), "GPU-0000aaaa", {}, lambda: False)
     assert crash["verdict"] == "crash"

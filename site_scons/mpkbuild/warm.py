@@ -11,8 +11,9 @@ or tearing down a context (`serve`, runners/warmpipe.py).
 
 A server is keyed by GPU and by the code it imported (mpkbuild's sources, the runner
 package, the Python): an edit to the runners starts a new server, and the old one exits
-after being idle (MPK_WARM_IDLE_S, default 900 s). When the client that asked for a gate
-goes away (killed build), the server kills that gate's child.
+after being idle (MPK_WARM_IDLE_S, default 900 s); meanwhile only the server that ran the
+latest gate on a GPU keeps spares there (`gpu_claim_path`). When the client that asked for
+a gate goes away (killed build), the server kills that gate's child.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ import traceback
 from pathlib import Path
 
 from . import executor as ex
+from .fsutil import write_atomic
 from .leases import lease_dir
 
 GATES = ("validate", "perf", "bandwidth")
@@ -77,6 +79,13 @@ def _code_hash(package: str) -> str:
 def socket_path(gpu_uuid: str, package: str) -> Path:
     short = gpu_uuid.replace("GPU-", "")[:13]
     return lease_dir() / "warm" / f"{os.getuid()}-{short}-{_code_hash(package)}.sock"
+
+
+def gpu_claim_path(server_socket: Path) -> Path:
+    """Names the server (of this user, on this GPU) that ran the latest gate there: only
+    that one keeps spare contexts. Idle contexts are not free: 60 of them, left by servers
+    of finished test projects, made every gate on an H200 ~45% slower (RESULTS.md)."""
+    return server_socket.with_name(server_socket.name.rsplit("-", 1)[0] + ".claim")
 
 
 def _connect(path: Path) -> socket.socket | None:
@@ -276,6 +285,7 @@ class _Proc:
         self.gate: str | None = None
         self.conn: socket.socket | None = None
         self.exiting_since: float | None = None
+        self.retired = False            # a spare told to exit unused
         self.pending = b""
 
     def tell(self, line: bytes) -> bool:
@@ -318,6 +328,7 @@ def serve(path: Path, package: str, idle_s: float) -> None:
     by_status: dict[int, _Proc] = {}
     by_conn: dict[socket.socket, _Proc] = {}
     quiet_wanted: list[_Proc] = []
+    claim = gpu_claim_path(path)
     last_busy = time.monotonic()
     timing_ended = float("-inf")
     spare_deaths = 0
@@ -381,6 +392,21 @@ def serve(path: Path, package: str, idle_s: float) -> None:
                 os.close(fd)
                 setattr(proc, attr, -1)
 
+    def holds_gpu() -> bool:
+        try:
+            return claim.read_text() == path.name
+        except OSError:
+            return True                 # nobody claimed it yet
+
+    def retire_spares() -> None:
+        """Closing a spare's control pipe ends it; a timing gate that starts meanwhile
+        waits for its context to go (exiting_since, as for a finished gate)."""
+        for proc in spares:
+            proc.retired, proc.exiting_since = True, time.monotonic()
+            os.close(proc.control)
+            proc.control = -1
+        spares.clear()
+
     def take_spare() -> _Proc | None:
         for wanted in ((True, True), (True, False), (False, False)):
             for proc in spares:
@@ -397,7 +423,9 @@ def serve(path: Path, package: str, idle_s: float) -> None:
             gates = running()
             settling = now - timing_ended < AFTER_TIMING_S
             beside_ok = all(p.gate in CONTEXT_BESIDE for p in gates)
-            if SPARE:
+            if not gates and not holds_gpu():
+                retire_spares()         # another server's gates run here now
+            elif SPARE:
                 while len(spares) < SPARES and spare_deaths < 3:
                     # beside timing, or just after it: the driver only
                     spares.append(spawn(beside_ok and not settling))
@@ -436,6 +464,7 @@ def serve(path: Path, package: str, idle_s: float) -> None:
                     except (OSError, ValueError):
                         conn.close()
                         continue
+                    write_atomic(claim, path.name)
                     proc = take_spare()
                     if proc is not None and not proc.tell(line if line.endswith(b"\n") else line + b"\n"):
                         proc = None               # it died meanwhile: fork afresh
@@ -487,7 +516,8 @@ def serve(path: Path, package: str, idle_s: float) -> None:
                 elif proc.gate is not None and proc.exiting_since is None:   # no "done"
                     answer(proc, os.waitstatus_to_exitcode(status))
                 forget(proc)
-                last_busy = time.monotonic()
+                if not proc.retired:
+                    last_busy = time.monotonic()
     finally:
         path.unlink(missing_ok=True)
         for proc in spares:
