@@ -172,16 +172,45 @@ def root(tmp_path) -> Path:
     return copy_project(tmp_path / "specs-only", kernels=("rmsnorm_v2",)).root
 
 
+def stop_warm_servers(root: Path) -> list[int]:
+    """Ends the warm servers that builds in `root` started (a server runs in its build's
+    folder). Each test's copy of the code is its own server, which would otherwise sit
+    idle for MPK_WARM_IDLE_S with torch imported; its spares exit when it does."""
+    stopped = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if b"mpkbuild.warm" not in (entry / "cmdline").read_bytes():
+                continue
+            if not Path(os.readlink(entry / "cwd")).is_relative_to(root):
+                continue
+            os.kill(int(entry.name), 15)
+            stopped.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return stopped
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_warm_server_outlives_the_tests(tmp_path_factory):
+    """Module fixtures' projects (and any a test made itself) live under the base temp."""
+    yield
+    stop_warm_servers(tmp_path_factory.getbasetemp())
+
+
 @pytest.fixture
-def project(tmp_path) -> Project:
+def project(tmp_path):
     """A copy holding rmsnorm_v2 only: the contract tests count its actions exactly."""
-    return copy_project(tmp_path / "proj")
+    yield copy_project(tmp_path / "proj")
+    stop_warm_servers(tmp_path / "proj")
 
 
 @pytest.fixture
-def project_all(tmp_path) -> Project:
+def project_all(tmp_path):
     """A copy holding every kernel of the catalog."""
-    return copy_project(tmp_path / "proj", kernels=None)
+    yield copy_project(tmp_path / "proj", kernels=None)
+    stop_warm_servers(tmp_path / "proj")
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +218,8 @@ def built_project(tmp_path_factory) -> Project:
     """A copy already built through review with the stand-in GPU (shared by a module)."""
     proj = copy_project(tmp_path_factory.mktemp("built") / "proj")
     proj.scons("-j2", "stage=review")
-    return proj
+    yield proj
+    stop_warm_servers(proj.root)
 
 
 def clone_built(built: Project, dest: Path) -> Project:

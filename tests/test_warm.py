@@ -304,3 +304,23 @@ def test_gates_that_may_share_a_gpu_run_together_on_one(stage):
     a, b = _run_two(LocalExecutor({"warm": "0", "gpus": "0"}), stage, share=True)
     assert a["visible"] == b["visible"] == "GPU-0000aaaa"
     assert a["started"] < b["ended"] and b["started"] < a["ended"]
+
+
+def test_the_tests_stop_the_warm_servers_their_projects_started(tmp_path):
+    """conftest.stop_warm_servers: a server runs in its build's folder; one started from
+    the project is stopped, one started elsewhere is not."""
+    from conftest import stop_warm_servers
+    inside, outside = tmp_path / "proj" / "sub", tmp_path / "elsewhere"
+    inside.mkdir(parents=True)
+    outside.mkdir()
+    stand_in = "import time; time.sleep(60)  # mpkbuild.warm"
+    procs = [subprocess.Popen([sys.executable, "-c", stand_in], cwd=d) for d in (inside, outside)]
+    try:
+        time.sleep(0.2)
+        assert stop_warm_servers(tmp_path / "proj") == [procs[0].pid]
+        assert procs[0].wait(timeout=10) == -signal.SIGTERM
+        assert procs[1].poll() is None
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
