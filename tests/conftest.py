@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -175,7 +176,8 @@ def root(tmp_path) -> Path:
 def stop_warm_servers(root: Path) -> list[int]:
     """Ends the warm servers that builds in `root` started (a server runs in its build's
     folder). Each test's copy of the code is its own server, which would otherwise sit
-    idle for MPK_WARM_IDLE_S with torch imported; its spares exit when it does."""
+    idle for MPK_WARM_IDLE_S with torch imported. Its forked children share its command
+    line and folder, so they are stopped with it."""
     stopped = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -185,7 +187,7 @@ def stop_warm_servers(root: Path) -> list[int]:
                 continue
             if not Path(os.readlink(entry / "cwd")).is_relative_to(root):
                 continue
-            os.kill(int(entry.name), 15)
+            os.kill(int(entry.name), signal.SIGTERM)
             stopped.append(int(entry.name))
         except (OSError, ValueError):
             continue
