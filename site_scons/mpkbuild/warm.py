@@ -220,18 +220,14 @@ def _spare(control_fd: int, package: str, context: bool) -> None:
 
 
 def _start_cuda(context: bool) -> None:
-    from .runners import warmpipe
+    from .runners import gpuwait, warmpipe
     os.environ["MPK_WARM_SPARE"] = "context" if context else "driver"
     try:
+        gpuwait.block_while_waiting()       # loads the driver (cuInit), before any context
         if context:
             import torch
-            from .runners import gpuwait
-            gpuwait.block_while_waiting()
             torch.cuda.init()
             torch.empty(1, device="cuda")
-        else:
-            import ctypes
-            ctypes.CDLL("libcuda.so.1").cuInit(0)
     except Exception:         # no usable GPU: the runner meets it again and reports it
         pass
     if context:
