@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_scale import copy_tree  # noqa: E402
+from gpu_scale import copy_tree, phase_seconds  # noqa: E402
 
 LEAD_S = 8.0                # the background runs this long (torch import included) before the gate
 
@@ -43,12 +43,8 @@ def gate_body(job_file: str, reps: int) -> None:
     for rep in range(reps):
         start = time.perf_counter()
         res = runner.main(job)
-        phases: dict = dict(res.get("timings_s") or {})
-        for v in (res.get("variants") or {}).values():
-            for name, sec in (v.get("timings_s") or {}).items():
-                phases[name] = phases.get(name, 0.0) + sec
         print(json.dumps({"rep": rep, "wall_s": time.perf_counter() - start,
-                          "verdict": res.get("verdict"), "phases": phases}), flush=True)
+                          "verdict": res.get("verdict"), "phases": phase_seconds(res)}), flush=True)
     os._exit(0)
 
 

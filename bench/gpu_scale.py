@@ -76,6 +76,16 @@ def where_time_went(span: dict, gates: list[dict]) -> dict:
     return out
 
 
+def phase_seconds(result: dict) -> dict:
+    """A gate result's own time by phase: validate records the whole gate's, perf each
+    variant's (summed here)."""
+    phases: dict = dict(result.get("timings_s") or {})
+    for v in (result.get("variants") or {}).values():
+        for name, sec in (v.get("timings_s") or {}).items():
+            phases[name] = phases.get(name, 0.0) + sec
+    return phases
+
+
 def gate_results(root: Path) -> list[dict]:
     rows = []
     for k in KERNELS:
@@ -83,11 +93,7 @@ def gate_results(root: Path) -> list[dict]:
             for path in sorted((root / "build" / k / "gpu").glob(f"*/{gate}.json")):
                 res = json.loads(path.read_text())
                 variants = res.get("variants") or {}
-                phases: dict = dict(res.get("timings_s") or {})      # validate: the whole gate's
-                for v in variants.values():                             # perf: per variant
-                    for name, sec in (v.get("timings_s") or {}).items():
-                        phases[name] = phases.get(name, 0.0) + sec
-                rows.append({"phases": phases,
+                rows.append({"phases": phase_seconds(res),
                              "medians_us": {f"{n}:{k}": v[k]["median_us"] for n, v in variants.items()
                                             for k in ("hot", "cold", "baseline_hot", "baseline_cold")
                                             if isinstance(v.get(k), dict)},
