@@ -91,6 +91,15 @@ def job(tmp_path, gate, timeout=60.0, name="w", **payload):
     return GateJob(gate=gate, kernel="k", payload=payload, workdir=tmp_path / name, timeout_s=timeout)
 
 
+def _eventually(check, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def test_warm_server_forks_a_fresh_child_per_gate(stage):
     first = warm.run(job(stage, "fine"), "GPU-0000aaaa", {}, lambda: False)
     second = warm.run(job(stage, "fine"), "GPU-0000aaaa", {}, lambda: False)
@@ -133,10 +142,7 @@ def test_the_build_has_a_gates_answer_before_its_process_has_exited(stage, monke
     assert result["verdict"] == "pass"
     assert time.monotonic() - started < 1.5
     assert process_alive(result["pid"])                  # still exiting, off the clock
-    deadline = time.monotonic() + 10
-    while process_alive(result["pid"]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not process_alive(result["pid"])
+    assert _eventually(lambda: not process_alive(result["pid"]), timeout=10)
 
 
 def test_a_timing_gate_starts_at_once_but_times_after_the_gate_before_has_exited(stage, monkeypatch):
@@ -181,15 +187,6 @@ def _processes_of(server_socket: Path) -> int:
     return len(out.stdout.split())
 
 
-def _eventually(check, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
 def test_only_the_server_that_ran_the_latest_gate_on_a_gpu_keeps_spares(stage, monkeypatch):
     """Two servers on one GPU (other code: another checkout, an edited runner): once the
     second runs a gate there, the first's spares exit, so their idle contexts do not slow
@@ -229,10 +226,7 @@ def test_a_hanging_gate_is_killed_and_the_server_goes_on(stage):
     assert hang["verdict"] == "hang" and "about to spin" in hang["message"]
     assert time.monotonic() - started < 30
     pid = int((stage / "pid").read_text())
-    deadline = time.monotonic() + 5
-    while process_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not process_alive(pid)
+    assert _eventually(lambda: not process_alive(pid), timeout=5)
     assert warm.run(job(stage, "fine"), "GPU-0000aaaa", {}, lambda: False)["verdict"] == "pass"
 
 
@@ -247,17 +241,13 @@ def test_a_killed_build_leaves_no_runner_behind(stage, warm_flag):
                     workdir=Path({str(stage / 'c')!r}), timeout_s=600)
         LocalExecutor({{"warm": {warm_flag!r}}}).run(j)
         """)])
-    deadline = time.monotonic() + 60
-    while not pid_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    assert _eventually(pid_file.exists, timeout=60)
     runner = int(pid_file.read_text())
     assert process_alive(runner)
     client.send_signal(signal.SIGKILL)
     client.wait()
-    deadline = time.monotonic() + 10
-    while process_alive(runner) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not process_alive(runner), "the runner outlived the build that started it"
+    assert _eventually(lambda: not process_alive(runner), timeout=10), \
+        "the runner outlived the build that started it"
     result = LocalExecutor({"warm": warm_flag, "gpus": "0"}).run(job(stage, "fine"))
     assert result["verdict"] == "pass" and result["lease_wait_s"] < 5
 
