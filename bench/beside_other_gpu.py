@@ -37,7 +37,7 @@ def gate_body(job_file: str, reps: int) -> None:
     job.pop("share", None)
     job["result_file"] = f"/tmp/beside-{os.getpid()}.json"
     runner = importlib.import_module(f"mpkbuild.runners.{job['gate']}")
-    gpuwait.block_while_waiting()
+    gpuwait.prepare_context()
     import torch
     torch.empty(1, device="cuda")
     for rep in range(reps):

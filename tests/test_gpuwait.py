@@ -1,5 +1,5 @@
-"""Gate processes wait for the GPU asleep (runners/gpuwait.py): the flag is set before the
-context exists, and a context made before it is left alone."""
+"""Gate processes wait for the GPU asleep and open one work queue (runners/gpuwait.py): the
+flag is set before the context exists, and a context made before it is left alone."""
 import os
 import subprocess
 import sys
@@ -41,3 +41,14 @@ def test_without_a_cuda_driver_nothing_is_set(monkeypatch):
     monkeypatch.setattr(gpuwait, "_driver", lambda: None)
     assert gpuwait.block_while_waiting() == 0
     assert gpuwait.wait_mode() == "unknown"
+
+
+def test_a_gate_context_opens_one_work_queue_unless_the_user_chose(monkeypatch):
+    monkeypatch.setattr(gpuwait, "_driver", lambda: None)
+    monkeypatch.delenv(gpuwait.WORK_QUEUES, raising=False)
+    assert gpuwait.work_queues() == "8 (driver default)"
+    gpuwait.prepare_context()
+    assert os.environ[gpuwait.WORK_QUEUES] == "1" and gpuwait.work_queues() == "1"
+    monkeypatch.setenv(gpuwait.WORK_QUEUES, "4")
+    gpuwait.prepare_context()
+    assert gpuwait.work_queues() == "4"

@@ -223,7 +223,7 @@ def _start_cuda(context: bool) -> None:
     from .runners import gpuwait, warmpipe
     os.environ["MPK_WARM_SPARE"] = "context" if context else "driver"
     try:
-        gpuwait.block_while_waiting()       # loads the driver (cuInit), before any context
+        gpuwait.prepare_context()           # loads the driver (cuInit), before any context
         if context:
             import torch
             torch.cuda.init()

@@ -47,7 +47,8 @@ def device_facts() -> dict:
             "sm_count": props.multi_processor_count,
             "l2_bytes": getattr(props, "L2_cache_size", 50 * 2**20),
             "torch": torch.__version__, "cuda": torch.version.cuda,
-            "wait": gpuwait.wait_mode(torch.cuda.current_device())}
+            "wait": gpuwait.wait_mode(torch.cuda.current_device()),
+            "work_queues": gpuwait.work_queues()}
 
 
 def load_function(root: str, ref: str):
@@ -168,7 +169,7 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 def run_main(body) -> None:
     """Run a runner body; a CUDA fault becomes a crash result with the CUDA error text."""
     job = load_job()
-    gpuwait.block_while_waiting()       # before the body's first CUDA call makes the context
+    gpuwait.prepare_context()           # before the body's first CUDA call makes the context
     try:
         result = body(job)
     except CudaFault as exc:

@@ -1,4 +1,5 @@
-"""Gate processes wait for the GPU asleep, not spinning on a CPU.
+"""A gate process's CUDA context, set up before it exists: it waits for the GPU asleep, not
+spinning on a CPU, and opens one hardware work queue.
 
 CUDA's default (CU_CTX_SCHED_AUTO with fewer contexts than CPUs) spins the waiting thread.
 A perf gate spends about half its time waiting for graph replays, and with -jN another
@@ -9,11 +10,21 @@ of host time, none of the GPU time the events measure).
 The flag belongs to the primary context, so it must be set before the context exists:
 a warm spare sets it before it makes its context, a cold runner before torch makes one.
 Driver calls only (no torch), so a spare that only loads the driver can use it too.
+
+The same goes for the number of hardware work queues a context opens
+(CUDA_DEVICE_MAX_CONNECTIONS, 8 by default): a gate runs one stream at a time, and with one
+queue a context is made in ~0.1 s instead of ~0.17 s and torn down in ~0.085 s instead of
+~0.125 s on an H200. That driver work is what slows the other GPU's gate at -jN (graph
+capture, cudaFree); with one queue the -j2/-j1 throughput rose from 1.66-1.81 to 1.89-1.92
+and the timed figures stayed put (bench/RESULTS.md, ninth session). A value the user set
+is kept.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 
+WORK_QUEUES = "CUDA_DEVICE_MAX_CONNECTIONS"
 CU_CTX_SCHED_MASK = 0x07
 CU_CTX_SCHED_BLOCKING_SYNC = 0x04
 SCHED_NAMES = {0x00: "auto", 0x01: "spin", 0x02: "yield", 0x04: "blocking_sync"}
@@ -37,6 +48,18 @@ def _devices(cuda):
         if cuda.cuDeviceGet(ctypes.byref(dev), ordinal) == 0:
             devices.append(dev)
     return devices
+
+
+def prepare_context() -> int:
+    """What a gate process sets before its first driver call: one work queue (unless the
+    user chose), blocking sync. Returns how many GPUs got blocking sync."""
+    os.environ.setdefault(WORK_QUEUES, "1")
+    return block_while_waiting()
+
+
+def work_queues() -> str:
+    """The work-queue count this process's contexts open, for the gate's result."""
+    return os.environ.get(WORK_QUEUES, "8 (driver default)")
 
 
 def block_while_waiting() -> int:
