@@ -160,7 +160,8 @@ def wrap(tool: str, cmd: list[str], log_file: Path, kernel: str | None = None) -
 
 
 # ---------------------------------------------------------------- reading the report
-_SUMMARY_ERRORS = re.compile(r"ERROR SUMMARY:\s*([\d,]+) errors?")
+# not "ERROR SUMMARY: 204 errors were not printed" (past --print-limit; already counted)
+_SUMMARY_ERRORS = re.compile(r"ERROR SUMMARY:\s*([\d,]+) errors?\b(?!\s+were not printed)")
 _SUMMARY_RACE = re.compile(r"RACECHECK SUMMARY:\s*([\d,]+) hazards? displayed\s*"
                            r"\(([\d,]+) errors?,\s*([\d,]+) warnings?\)")
 _SEVERITY = r"(?:Error|ERROR|Warning|WARNING|WARN|Info|INFO)\s*(?:\([^)]*\))?\s*:\s*"
@@ -188,8 +189,9 @@ _NOISE = re.compile(r"^(?:Saved host backtrace|Host Frame|Device Frame|\.\.\.|\[
 # detail lines a collapsed report may print without their indentation
 _DETAIL = re.compile(r"^(?:at |and |by thread|in |Address |Access |Read Thread|Write Thread|"
                      r"Current Value|Device Frame|Saved host backtrace|Host Frame)")
-# "name(const float *, float *)+0x70" -> "name+0x70": the parameter lists only add noise
-_PARAMS = re.compile(r"(\w)\((?:[^()]|\([^()]*\))*\)(?=\+0x|:0x)")
+# "name(const float *, float *)+0x70" -> "name+0x70" (also after "name<128>"): the parameter
+# lists only add noise
+_PARAMS = re.compile(r"([\w>])\((?:[^()]|\([^()]*\))*\)(?=\+0x|:0x)")
 _HARNESS_KERNEL = re.compile(r"\b([A-Za-z_]\w*?)__([A-Za-z_]\w*)(?=\+0x|:0x|\(| in |\b)")
 
 
@@ -204,8 +206,11 @@ class Finding:
         if self.kind == "race":
             head = re.sub(rf"^{_SEVERITY}", "", head)
         details = [_PARAMS.sub(r"\1", d) for d in self.lines[1:] if not _NOISE.match(d)]
-        text = ", ".join([_PARAMS.sub(r"\1", head).rstrip(" :"), *details])
-        m = _HARNESS_KERNEL.search(text)
+        text = ", ".join([_PARAMS.sub(r"\1", head).rstrip(" :."), *details])
+        # the variant: from the finding's own location, else from its device frames (a fault
+        # inside the inlined task function is located there; the harness kernel is a frame)
+        m = _HARNESS_KERNEL.search(text) or next(
+            (m for line in self.lines[1:] if (m := _HARNESS_KERNEL.search(line))), None)
         return f"variant {m.group(2)}: {text}" if m else text
 
 
