@@ -1,5 +1,6 @@
 """The fault-injection suite (tests/fixtures/faults): kernels that hang, crash, write out of
-bounds, produce NaN, leave output unwritten, compute the wrong thing, race, or do not compile.
+bounds, produce NaN, leave output unwritten, compute the wrong thing, race, meet at divergent
+barriers, or do not compile.
 
 CPU part: every fixture spec loads; the runner's own compare() says what each numeric fault
 must get (the expectations in faultsuite.CASES are pinned to the runner's real wording);
@@ -48,7 +49,7 @@ def test_the_suite_covers_every_fixture_and_every_fault_kind():
     kinds = {c.verdict for c in faultsuite.CASES}
     assert {"hang", "crash", "fail", "pass", "compile-fail"} <= kinds
     assert {c.check for c in faultsuite.CASES if c.check} >= {
-        "numeric", "determinism", "sanitize:memcheck", "sanitize:racecheck"}
+        "numeric", "determinism", "sanitize:memcheck", "sanitize:racecheck", "sanitize:synccheck"}
     assert all(c.gate_after for c in faultsuite.CASES if c.verdict in ("hang", "crash"))
 
 
@@ -134,6 +135,15 @@ def test_smem_race_reference_is_what_the_body_computes():
     ref = _reference("fault_smem_race", "pair_product_reference")(x.to(torch.float64))
     body = x * torch.cat([x[:, 64:], x[:, :64]], dim=1)   # stage[(c + COLS/2) % COLS]
     assert runner.compare(body, ref, VCFG)[1] is None
+
+
+def test_sync_divergent_reference_is_what_the_body_computes():
+    x = _inputs((4, 128))
+    ref = _reference("fault_sync_divergent", "half_pair_product_reference")(x.to(torch.float64))
+    body = x.clone()
+    body[:, :64] = x[:, :64] * torch.cat([x[:, 32:64], x[:, :32]], dim=1)  # stage[(c + 32) % 64]
+    assert runner.compare(body, ref, VCFG)[1] is None
+    assert not torch.equal(ref[:, :64], x[:, :64].to(torch.float64))     # the exchange matters
 
 
 def test_oob_small_output_is_not_a_multiple_of_the_allocator_block():
