@@ -50,6 +50,14 @@ def _devices(cuda):
     return devices
 
 
+def _primary_state(cuda, dev) -> tuple[int, bool] | None:
+    """The primary context's flags and whether it is made; None if the driver would not say."""
+    flags, active = ctypes.c_uint(), ctypes.c_int()
+    if cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)) != 0:
+        return None
+    return flags.value, bool(active.value)
+
+
 def prepare_context() -> int:
     """What a gate process sets before its first driver call: one work queue (unless the
     user chose), blocking sync. Returns how many GPUs got blocking sync."""
@@ -71,12 +79,10 @@ def block_while_waiting() -> int:
     set_flags = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or cuda.cuDevicePrimaryCtxSetFlags
     done = 0
     for dev in _devices(cuda):
-        flags, active = ctypes.c_uint(), ctypes.c_int()
-        if cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)) != 0:
-            continue
-        if active.value:
+        state = _primary_state(cuda, dev)
+        if state is None or state[1]:
             continue            # made by whoever forked us, or already made: leave it
-        wanted = (flags.value & ~CU_CTX_SCHED_MASK) | CU_CTX_SCHED_BLOCKING_SYNC
+        wanted = (state[0] & ~CU_CTX_SCHED_MASK) | CU_CTX_SCHED_BLOCKING_SYNC
         if set_flags(dev, ctypes.c_uint(wanted)) == 0:
             done += 1
     return done
@@ -88,7 +94,8 @@ def wait_mode(ordinal: int = 0) -> str:
     devices = _devices(cuda) if cuda is not None else []
     if ordinal >= len(devices):
         return "unknown"
-    flags, active = ctypes.c_uint(), ctypes.c_int()
-    if cuda.cuDevicePrimaryCtxGetState(devices[ordinal], ctypes.byref(flags), ctypes.byref(active)) != 0:
+    state = _primary_state(cuda, devices[ordinal])
+    if state is None:
         return "unknown"
-    return SCHED_NAMES.get(flags.value & CU_CTX_SCHED_MASK, hex(flags.value & CU_CTX_SCHED_MASK))
+    sched = state[0] & CU_CTX_SCHED_MASK
+    return SCHED_NAMES.get(sched, hex(sched))
