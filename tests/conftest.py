@@ -105,12 +105,20 @@ def process_alive(pid: int) -> bool:
         return False
 
 
+def eventually(check, timeout: float = 15.0) -> bool:
+    """Polls `check` every 0.1 s until it is true (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def assert_processes_gone(pids, within: float = 10.0, what: str = "runner") -> None:
     assert pids, f"the {what} never started"
-    deadline = time.monotonic() + within
-    while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(process_alive(p) for p in pids), f"{what} still alive: {pids}"
+    assert eventually(lambda: not any(process_alive(p) for p in pids), timeout=within), \
+        f"{what} still alive: {pids}"
 
 
 def copy_project(dest: Path, kernels: tuple[str, ...] | None = ("rmsnorm_v2",)) -> Project:

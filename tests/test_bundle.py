@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_processes_gone, stand_in_tree
+from conftest import assert_processes_gone, eventually, stand_in_tree
 from mpkbuild import bundle, remote
 from mpkbuild.executor import GateInterrupted, GateJob
 
@@ -197,9 +197,7 @@ def test_bootstrap_kills_its_runner_when_stdin_closes(tree, far_side):
     proc = bootstrap(far_side / "remote")
     proc.stdin.write(remote.frame(bundle.pack(make_job(tree, timeout=300))))
     proc.stdin.flush()
-    deadline = time.monotonic() + 30
-    while not runner_pids(far_side) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    eventually(lambda: runner_pids(far_side), timeout=30)
     pids = runner_pids(far_side)
     proc.stdin.close()                              # what a dead ssh client looks like
     assert proc.wait(timeout=15) == 3

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAKES, Project, clone_built, copy_project
+from conftest import FAKES, Project, clone_built, copy_project, eventually
 
 distributed = pytest.importorskip(
     "distributed", reason="dask.distributed is not installed (pip install -e '.[dask]'); CI installs it")
@@ -201,10 +201,8 @@ def test_an_interrupted_build_cancels_its_future(cluster, dask_built, tmp_path):
             scons.kill()
     assert scons.returncode != 0
     assert "interrupted" in out and "nothing was recorded" in out, out
-    deadline = time.monotonic() + 10
-    while _alive(runner) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(runner), "the runner on the worker outlived the cancelled task"
+    assert eventually(lambda: not _alive(runner), timeout=10), \
+        "the runner on the worker outlived the cancelled task"
     with cluster.client() as client:
         deadline = time.monotonic() + 10
         while (left := client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.tasks))) \

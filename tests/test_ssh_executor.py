@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Project, assert_processes_gone, clone_built, copy_project, stand_in_tree
+from conftest import Project, assert_processes_gone, clone_built, copy_project, eventually, stand_in_tree
 from mpkbuild.executor import ExecutorError, GateInterrupted, GateJob
 from mpkbuild.ssh_executor import SshExecutor
 
@@ -195,17 +195,13 @@ def test_interrupt_kills_ssh_and_the_remote_runner(sshd, tree):
     stop = threading.Event()
 
     def stop_when_running():
-        deadline = time.monotonic() + 30
-        while not sshd.runner_pids() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        eventually(sshd.runner_pids, timeout=30)
         stop.set()
     threading.Thread(target=stop_when_running, daemon=True).start()
     with pytest.raises(GateInterrupted):
         SshExecutor(sshd.options()).run(make_job(tree, timeout=300), should_stop=stop.is_set)
     assert_processes_gone(sshd.runner_pids(), what="remote runner")
-    deadline = time.monotonic() + 10
-    while remote_leftovers(sshd) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    eventually(lambda: not remote_leftovers(sshd), timeout=10)
     assert remote_leftovers(sshd) == []
 
 
@@ -226,9 +222,7 @@ def test_a_killed_ssh_client_stops_the_remote_runner(sshd, tree, monkeypatch):
     t = threading.Thread(target=lambda: done.update(r=_run_catching(ex, make_job(tree, timeout=300))),
                          daemon=True)
     t.start()
-    deadline = time.monotonic() + 30
-    while not sshd.runner_pids() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    eventually(sshd.runner_pids, timeout=30)
     assert clients and sshd.runner_pids()
     os.killpg(clients[0].pid, signal.SIGKILL)
     t.join(30)

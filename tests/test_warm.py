@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import process_alive, stand_in_runners
+from conftest import eventually, process_alive, stand_in_runners
 from mpkbuild import warm
 from mpkbuild.executor import GateJob, LocalExecutor
 
@@ -91,15 +91,6 @@ def job(tmp_path, gate, timeout=60.0, name="w", **payload):
     return GateJob(gate=gate, kernel="k", payload=payload, workdir=tmp_path / name, timeout_s=timeout)
 
 
-def _eventually(check, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
 def test_warm_server_forks_a_fresh_child_per_gate(stage):
     first = warm.run(job(stage, "fine"), "GPU-0000aaaa", {}, lambda: False)
     second = warm.run(job(stage, "fine"), "GPU-0000aaaa", {}, lambda: False)
@@ -142,7 +133,7 @@ def test_the_build_has_a_gates_answer_before_its_process_has_exited(stage, monke
     assert result["verdict"] == "pass"
     assert time.monotonic() - started < 1.5
     assert process_alive(result["pid"])                  # still exiting, off the clock
-    assert _eventually(lambda: not process_alive(result["pid"]), timeout=10)
+    assert eventually(lambda: not process_alive(result["pid"]), timeout=10)
 
 
 def test_a_timing_gate_starts_at_once_but_times_after_the_gate_before_has_exited(stage, monkeypatch):
@@ -196,19 +187,19 @@ def test_only_the_server_that_ran_the_latest_gate_on_a_gpu_keeps_spares(stage, m
     second = warm.socket_path("GPU-0000aaaa", "stand_in_other")
     assert first != second and warm.gpu_claim_path(first) == warm.gpu_claim_path(second)
     assert warm.run(job(stage, "fine", name="a1"), "GPU-0000aaaa", {}, lambda: False)["verdict"] == "pass"
-    assert _eventually(lambda: _processes_of(first) == 1 + warm.SPARES)
+    assert eventually(lambda: _processes_of(first) == 1 + warm.SPARES)
 
     monkeypatch.setenv("MPK_RUNNER_PACKAGE", "stand_in_other")
     assert warm.run(job(stage, "fine", name="b1"), "GPU-0000aaaa", {}, lambda: False)["verdict"] == "pass"
-    assert _eventually(lambda: _processes_of(first) == 1), "the first server kept its spares"
-    assert _eventually(lambda: _processes_of(second) == 1 + warm.SPARES)
+    assert eventually(lambda: _processes_of(first) == 1), "the first server kept its spares"
+    assert eventually(lambda: _processes_of(second) == 1 + warm.SPARES)
 
     monkeypatch.setenv("MPK_RUNNER_PACKAGE", "stand_in_runners")
     back = warm.run(job(stage, "fine", name="a2"), "GPU-0000aaaa", {}, lambda: False)
     assert back["verdict"] == "pass" and back["warm"]
     assert back["spare"] is None                         # no spare waited: forked for it
-    assert _eventually(lambda: _processes_of(second) == 1)
-    assert _eventually(lambda: _processes_of(first) == 1 + warm.SPARES)
+    assert eventually(lambda: _processes_of(second) == 1)
+    assert eventually(lambda: _processes_of(first) == 1 + warm.SPARES)
 
 
 def test_a_crashing_gate_takes_down_only_its_child(stage):
@@ -226,7 +217,7 @@ def test_a_hanging_gate_is_killed_and_the_server_goes_on(stage):
     assert hang["verdict"] == "hang" and "about to spin" in hang["message"]
     assert time.monotonic() - started < 30
     pid = int((stage / "pid").read_text())
-    assert _eventually(lambda: not process_alive(pid), timeout=5)
+    assert eventually(lambda: not process_alive(pid), timeout=5)
     assert warm.run(job(stage, "fine"), "GPU-0000aaaa", {}, lambda: False)["verdict"] == "pass"
 
 
@@ -241,12 +232,12 @@ def test_a_killed_build_leaves_no_runner_behind(stage, warm_flag):
                     workdir=Path({str(stage / 'c')!r}), timeout_s=600)
         LocalExecutor({{"warm": {warm_flag!r}}}).run(j)
         """)])
-    assert _eventually(pid_file.exists, timeout=60)
+    assert eventually(pid_file.exists, timeout=60)
     runner = int(pid_file.read_text())
     assert process_alive(runner)
     client.send_signal(signal.SIGKILL)
     client.wait()
-    assert _eventually(lambda: not process_alive(runner), timeout=10), \
+    assert eventually(lambda: not process_alive(runner), timeout=10), \
         "the runner outlived the build that started it"
     result = LocalExecutor({"warm": warm_flag, "gpus": "0"}).run(job(stage, "fine"))
     assert result["verdict"] == "pass" and result["lease_wait_s"] < 5
