@@ -2,6 +2,7 @@
 they deserve (unwritten output, NaN, state that changes between steps, a CUDA fault, a
 hang). Marked `gpu`: skipped with a reason where there is no CUDA GPU; run on the GPU box."""
 import json
+import statistics
 
 import pytest
 
@@ -44,6 +45,10 @@ def test_rmsnorm_passes_every_gate_on_this_gpu(project):
     for res in perf["variants"].values():
         assert res["hot"]["median_us"] > 0 and res["slowcta"]["slowest_task_us"] > 0
         assert res["baseline_hot"]["median_us"] > 0
+        for fig in ("hot", "cold"):         # the kernel's and torch's replays were paired
+            kernel, torch_ = res[fig]["samples_us"], res[f"baseline_{fig}"]["samples_us"]
+            assert len(kernel) == len(torch_) == 7
+            assert res[f"vs_baseline_{fig}"] == statistics.median(k / t for k, t in zip(kernel, torch_))
     assert "verdicts:" in run.stdout
 
 

@@ -1,15 +1,20 @@
-"""CUDA-graph timing shared by the perf and bandwidth runners.
+"""CUDA-graph timing for the perf runner (the bandwidth runner shares its warm-up floor).
 
 A graph of `launches` calls is captured once and replayed; each repeat is one replay
-between two CUDA events, and the per-launch time is the replay time over `launches`. The
+between two CUDA events, and the per-launch time is the replay time over `launches`. A
+kernel and its baseline are timed in one interleaved loop and compared pair by pair. The
 enqueuer gets the *capture* stream, read inside the capture context (a stream taken
 before capture records nothing).
 """
 from __future__ import annotations
 
+import math
 import statistics
+import time
 
 import torch
+
+MIN_WARMUP_S = 0.025
 
 
 def each(step):
@@ -38,18 +43,50 @@ def capture(enqueue, launches: int) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def time_graph(graph: torch.cuda.CUDAGraph, launches: int, repeats: int, warmup: int) -> dict:
-    """Per-launch microseconds: median, min, max and the list over repeats."""
-    for _ in range(max(1, warmup // max(1, launches) + 1)):
+def time_graphs(graphs: list, launches: int, repeats: int, warmup: int,
+                prime: bool = False) -> list[dict]:
+    """Per-launch microseconds for each graph (median, min, max and the samples over
+    repeats), their replays interleaved: each repeat replays every graph once, in reversed
+    order on alternate repeats, so a clock or thermal drift during the timing lands on all
+    of them alike and the i-th samples of two graphs can be compared as a pair. `prime`: an
+    untimed replay of the same graph just before each timed one, so that every timed replay
+    follows its own graph as back-to-back replays would (after the other graph, the short
+    hot replays of 1-2 us kernels on an H200 took ~5% longer)."""
+    _warm_up(graphs, max(1, warmup // max(1, launches) + 1))
+    samples = [[] for _ in graphs]
+    for r in range(repeats):
+        order = range(len(graphs)) if r % 2 == 0 else reversed(range(len(graphs)))
+        for i in order:
+            if prime:
+                graphs[i].replay()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graphs[i].replay()
+            end.record()
+            end.synchronize()
+            samples[i].append(start.elapsed_time(end) * 1000.0 / launches)
+    return [{"median_us": statistics.median(times), "min_us": min(times), "max_us": max(times),
+             "spread": (max(times) - min(times)) / statistics.median(times), "samples_us": times}
+            for times in samples]
+
+
+def _warm_up(graphs: list, rounds: int) -> None:
+    """At least `rounds` replays of each graph and MIN_WARMUP_S of them in all. On an H200
+    embedding_v2's first 4-6 replays after its capture (10-15 ms) ran ~10% slower, in hot
+    and cold alike; with one warm-up replay, 4-5 of 7 samples fell there (bench/RESULTS.md)."""
+    start = time.perf_counter()
+    for graph in graphs:
         graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / launches)
-    return {"median_us": statistics.median(times), "min_us": min(times), "max_us": max(times),
-            "spread": (max(times) - min(times)) / statistics.median(times), "samples_us": times}
+    one_round = max(time.perf_counter() - start, 1e-6)
+    for _ in range(max(rounds - 1, math.ceil((MIN_WARMUP_S - one_round) / one_round))):
+        for graph in graphs:
+            graph.replay()
+    torch.cuda.synchronize()
+
+
+def paired_ratio(figures: dict, baseline: dict) -> float:
+    """The median over repeats of kernel time / baseline time, from time_graphs' paired
+    samples: a drift between repeats cancels in each pair, which a ratio of the two medians
+    does not do."""
+    return statistics.median(k / b for k, b in zip(figures["samples_us"], baseline["samples_us"]))
