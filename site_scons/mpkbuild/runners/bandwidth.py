@@ -26,7 +26,7 @@ def main(job: dict) -> dict:
     dst = torch.empty_like(src)
     warmpipe.wait_quiet()             # no context made or torn down beside the timing
     start, copies = time.perf_counter(), 0
-    while copies < 3 or time.perf_counter() - start < MIN_WARMUP_S:   # past the clock ramp
+    while copies < 3 or time.perf_counter() - start < MIN_WARMUP_S:   # past a slow start
         dst.copy_(src)
         torch.cuda.synchronize()
         copies += 1
