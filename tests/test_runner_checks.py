@@ -1,5 +1,7 @@
-"""The validate runner's checks, on CPU tensors: poison, NaN, tolerances, exact mode."""
+"""The GPU runners' host-side logic on CPU: validate's checks (poison, NaN, tolerances, exact
+mode) and the timing warm-up."""
 import math
+import time
 
 import torch
 
@@ -86,3 +88,23 @@ def test_perf_runner_claims_each_variant_once_and_none_after_stop(tmp_path):
     assert claim(str(tmp_path), "v0") and not claim(str(tmp_path), "v0")
     (tmp_path / "STOP").touch()
     assert not claim(str(tmp_path), "v1")
+
+
+def test_warm_up_lasts_the_floor_even_when_the_first_round_is_slow(monkeypatch):
+    # a slow first round (a graph's upload) must not set the count: warm-up goes on until
+    # MIN_WARMUP_S has passed; a step slower than the floor still runs `rounds` times
+    from mpkbuild.runners import timing
+    monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda: None)
+    calls = []
+
+    def step():
+        calls.append(time.perf_counter())
+        time.sleep(0.020 if len(calls) == 1 else 0.0005)
+
+    start = time.perf_counter()
+    timing.warm_up([step], rounds=1)
+    assert time.perf_counter() - start >= timing.MIN_WARMUP_S
+    assert len(calls) > 3
+    calls.clear()
+    timing.warm_up([lambda: (calls.append(1), time.sleep(0.03))], rounds=3)
+    assert len(calls) == 3

@@ -1,4 +1,4 @@
-"""CUDA-graph timing for the perf runner (the bandwidth runner shares its warm-up floor).
+"""CUDA-graph timing for the perf runner (the bandwidth runner shares its warm-up).
 
 A graph of `launches` calls is captured once and replayed; each repeat is one replay
 between two CUDA events, and the per-launch time is the replay time over `launches`. A
@@ -52,7 +52,7 @@ def time_graphs(graphs: list, launches: int, repeats: int, warmup: int,
     untimed replay of the same graph just before each timed one, so that every timed replay
     follows its own graph as back-to-back replays would (after the other graph, the short
     hot replays of 1-2 us kernels on an H200 took ~5% longer)."""
-    _warm_up(graphs, max(1, warmup // max(1, launches) + 1))
+    warm_up([graph.replay for graph in graphs], max(1, warmup // max(1, launches) + 1))
     samples = [[] for _ in graphs]
     for r in range(repeats):
         order = range(len(graphs)) if r % 2 == 0 else reversed(range(len(graphs)))
@@ -70,19 +70,24 @@ def time_graphs(graphs: list, launches: int, repeats: int, warmup: int,
             for times in samples]
 
 
-def _warm_up(graphs: list, rounds: int) -> None:
-    """At least `rounds` replays of each graph and MIN_WARMUP_S of them in all. On an H200
-    embedding_v2's first 4-6 replays after its capture (10-15 ms) ran ~10% slower, in hot
-    and cold alike; with one warm-up replay, 4-5 of 7 samples fell there (bench/RESULTS.md)."""
-    start = time.perf_counter()
-    for graph in graphs:
-        graph.replay()
-    torch.cuda.synchronize()
-    one_round = max(time.perf_counter() - start, 1e-6)
-    for _ in range(max(rounds - 1, math.ceil((MIN_WARMUP_S - one_round) / one_round))):
-        for graph in graphs:
-            graph.replay()
-    torch.cuda.synchronize()
+def warm_up(steps: list, rounds: int) -> None:
+    """Each step (a graph replay, a copy) at least `rounds` times, and rounds of them until
+    MIN_WARMUP_S has passed. On an H200 embedding_v2's first 4-6 replays after its capture
+    (10-15 ms) ran ~10% slower, in hot and cold alike; with one warm-up replay, 4-5 of 7
+    samples fell there (bench/RESULTS.md). The rounds go in batches without a sync between
+    them, each batch sized from the time so far: the first round (a graph's upload, a
+    kernel's load) may take longer than the rest, so it alone does not set the count."""
+    start, done, batch = time.perf_counter(), 0, 1
+    while True:
+        for _ in range(batch):
+            for step in steps:
+                step()
+        torch.cuda.synchronize()
+        done += batch
+        elapsed = time.perf_counter() - start
+        if done >= rounds and elapsed >= MIN_WARMUP_S:
+            return
+        batch = max(1, rounds - done, math.ceil((MIN_WARMUP_S - elapsed) * done / max(elapsed, 1e-6)))
 
 
 def paired_ratio(figures: dict, baseline: dict) -> float:
