@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAKES, Project, clone_built, copy_project, eventually
+from conftest import FAKES, Project, clone_built, copy_project, eventually, process_alive
 
 distributed = pytest.importorskip(
     "distributed", reason="dask.distributed is not installed (pip install -e '.[dask]'); CI installs it")
@@ -169,14 +169,6 @@ def test_a_hung_runner_is_killed_by_the_workers_watchdog(cluster, dask_built, tm
     assert result(proj, "rmsnorm_v2")["verdict"] == "pass"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_an_interrupted_build_cancels_its_future(cluster, dask_built, tmp_path):
     proj = clone_built(dask_built[0], tmp_path / "proj")
     proj.edit("specs/rmsnorm_v2.yaml", "timeout_s: 300", "timeout_s: 302")
@@ -201,7 +193,7 @@ def test_an_interrupted_build_cancels_its_future(cluster, dask_built, tmp_path):
             scons.kill()
     assert scons.returncode != 0
     assert "interrupted" in out and "nothing was recorded" in out, out
-    assert eventually(lambda: not _alive(runner), timeout=10), \
+    assert eventually(lambda: not process_alive(runner), timeout=10), \
         "the runner on the worker outlived the cancelled task"
     with cluster.client() as client:
         deadline = time.monotonic() + 10

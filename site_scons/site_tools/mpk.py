@@ -510,7 +510,7 @@ def declare(env) -> list:
     except (ValueError, ImportError, AttributeError) as exc:
         _fail_early(f"executor: {exc}")
     if hasattr(_STATE["executor"], "jobs"):     # a perf gate may share its variants over -j GPUs
-        _STATE["executor"].jobs = int(GetOption("num_jobs") or 1)
+        _STATE["executor"].jobs = _jobs()
     _STATE["sanitize"] = _sanitize_request()
     if "new" in ARGUMENTS:
         from mpkbuild import scaffold
@@ -610,9 +610,13 @@ def _gpu_work_first(g, targets: list[str], kernels: list[Kernel], closure) -> li
     return list(dict.fromkeys(first + targets))
 
 
+def _jobs() -> int:
+    return int(GetOption("num_jobs") or 1)
+
+
 def _gate_slots() -> int:
     """How many GPU gates run at once: -j, capped by the GPUs a local build may lease."""
-    jobs = int(GetOption("num_jobs") or 1)
+    jobs = _jobs()
     gpus = getattr(_STATE.get("executor"), "gpus", None)
     if callable(gpus):
         try:
