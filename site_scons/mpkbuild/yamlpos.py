@@ -125,8 +125,12 @@ def load_with_lines(text: str) -> tuple[object, dict[tuple, int]]:
         try:
             value = constructor.construct_object(n, deep=True)
         except Exception as exc:   # noqa: BLE001 - `!!int x`, 5000-digit ints: any of several
+            if n.tag == "tag:yaml.org,2002:merge":
+                raise YamlPosError(n.start_mark.line + 1, path + ("<<",),
+                                   "YAML merge keys (<<) are not allowed in a spec: write the fields out") from None
+            reason = (str(exc).splitlines() or [type(exc).__name__])[0][:80]
             raise YamlPosError(n.start_mark.line + 1, path,
-                               f"YAML value {_short(n.value)} cannot be read: {_short(str(exc), 80)[1:-1]}") from None
+                               f"YAML value {_short(n.value)} cannot be read: {reason}") from None
         if isinstance(value, float) and not math.isfinite(value):
             raise YamlPosError(n.start_mark.line + 1, path,
                                f"{n.value} is not a finite number (a spec has no use for inf or nan)")
