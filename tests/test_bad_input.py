@@ -312,3 +312,16 @@ def test_body_symlinked_out_of_the_repository_is_refused_with_a_fresh_cache(tmp_
         and "escapes the repository" in run.stderr, run.stderr
     after = {p: p.stat().st_mtime_ns for p in (proj.root / "build").rglob("*") if p.is_file()}
     assert after == before                           # nothing written, nothing removed
+
+
+@pytest.mark.parametrize("suffix", [".cuh.j2", ".cuh"])
+def test_non_utf8_body_is_one_located_error_at_generate(root, suffix):
+    from mpkbuild import codegen
+    spec = load_spec(root / SPEC, root)
+    body = root / "kernels" / K / f"{K}{suffix}"
+    text = (root / "kernels" / K / f"{K}.cuh.j2").read_bytes()
+    body.write_bytes(text.replace(b"// One task = one row.", b"// One task \xff one row.", 1))
+    line = body.read_bytes().split(b"\n").index(next(l for l in body.read_bytes().split(b"\n") if b"\xff" in l)) + 1
+    with pytest.raises(codegen.TemplateError) as info:
+        codegen.render_file("body", spec.sections["codegen"], spec.file, body, root)
+    assert str(info.value) == f"kernels/{K}/{K}{suffix}:{line}: not UTF-8 text (byte 0xff)"
