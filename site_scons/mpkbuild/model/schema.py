@@ -101,18 +101,21 @@ SPEC_SCHEMA: dict = {
                 "body": {"type": "string", "pattern": REPO_PATH,
                          "description": "task body: a .cuh, or a .cuh.j2 rendered with the codegen section"},
                 "threads": {"type": "integer", "minimum": 32, "maximum": 1024},
-                "params": {"type": "object", "default": {},
+                "params": {"type": "object", "default": {}, "maxProperties": 64,
                            "propertyNames": {"pattern": C_IDENT},
                            "additionalProperties": {"type": ["number", "boolean"]}},
-                "template_params": {"type": "array", "default": [], "uniqueItems": True,
+                "template_params": {"type": "array", "default": [], "uniqueItems": True, "maxItems": 16,
                                     "items": {"type": "string", "pattern": C_IDENT}},
                 "variants": {"type": "object", "minProperties": 1,
+                             "maxProperties": config.MAX_VARIANTS,
                              "propertyNames": {"pattern": C_IDENT},
                              "additionalProperties": {
-                                 "type": "object", "minProperties": 1,
+                                 "type": "object", "minProperties": 1, "maxProperties": 32,
                                  "propertyNames": {"pattern": C_IDENT},
-                                 "additionalProperties": {"type": "integer", "minimum": 0}}},
-                "tiling": {"type": "array", "default": [], "items": {
+                                 # `constexpr int` in K_spec.h, and template arguments
+                                 "additionalProperties": {"type": "integer", "minimum": 0,
+                                                          "maximum": config.INT32_MAX}}},
+                "tiling": {"type": "array", "default": [], "maxItems": 16, "items": {
                     "type": "object", "additionalProperties": False,
                     "required": ["symbol", "multiple_of"],
                     "properties": {"symbol": {"type": "string", "pattern": C_IDENT},
@@ -125,7 +128,7 @@ SPEC_SCHEMA: dict = {
                 "inputs": {"type": "array", "minItems": 1, "maxItems": 7, "items": _TENSOR},
                 "outputs": {"type": "array", "minItems": 1, "maxItems": 3, "items": _TENSOR},
                 # no default: a spec without overrides keeps its codegen signature
-                "overrides": {"type": "array", "items": _OVERRIDE,
+                "overrides": {"type": "array", "maxItems": 64, "items": _OVERRIDE,
                               "description": "per-variant tensor partitions (a variant glob each); "
                                              "a tensor takes at most one override per variant"},
                 "smem": {
@@ -140,12 +143,14 @@ SPEC_SCHEMA: dict = {
                                            "bytes": {**INT_OR_EXPR, "description":
                                                      "an expression over threads, params and the "
                                                      "variant's symbols (the plan may differ per variant)"},
-                                           "align": {"type": "integer", "minimum": 1, "default": 16}}}},
+                                           # the harness aligns the SMEM base to 1024 bytes only
+                                           "align": {"type": "integer", "minimum": 1, "maximum": 1024,
+                                                     "default": 16}}}},
                     },
                 },
             },
         },
-        "generators": {"type": "object", "default": {},
+        "generators": {"type": "object", "default": {}, "maxProperties": 16,
                        "description": "input name -> random distribution (validate and perf); "
                                       "float inputs default to normal(0, 1)",
                        "propertyNames": {"pattern": C_IDENT},
@@ -161,11 +166,11 @@ SPEC_SCHEMA: dict = {
                             "description": "exact: bitwise equality (indices); tolerances do not apply"},
                 "cos_min": {"type": "number", "minimum": 0, "maximum": 1,
                             "default": config.DEFAULT_COS_MIN},
-                "rel_max": {"type": "number", "minimum": 0, "default": config.DEFAULT_REL_MAX,
-                            "description": "max |out-ref| / max |ref|"},
-                "trials": {"type": "integer", "minimum": 1, "default": 3},
-                "steps": {"type": "integer", "minimum": 3, "default": 3},
-                "timeout_s": {"type": "number", "exclusiveMinimum": 0,
+                "rel_max": {"type": "number", "minimum": 0, "maximum": 1, "default": config.DEFAULT_REL_MAX,
+                            "description": "max |out-ref| / max |ref| (above 1 it checks nothing)"},
+                "trials": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 3},
+                "steps": {"type": "integer", "minimum": 3, "maximum": 1000, "default": 3},
+                "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": config.MAX_TIMEOUT_S,
                               "default": config.DEFAULT_GATE_TIMEOUT_S},
                 "share_gpu": {"type": "boolean", "default": False,
                               "description": "validate may run beside other sharing validates on "
@@ -180,9 +185,9 @@ SPEC_SCHEMA: dict = {
                 "baseline": {"type": "string", "pattern": REF_PATH,
                              "description": "the torch op the kernel must beat, timed the same way"},
                 "bytes": {**INT_OR_EXPR, "description": "bytes moved per launch (roofline)"},
-                "launches_per_graph": {"type": "integer", "minimum": 1, "default": 20},
-                "repeats": {"type": "integer", "minimum": 5, "default": 7},
-                "warmup": {"type": "integer", "minimum": 0, "default": 16},
+                "launches_per_graph": {"type": "integer", "minimum": 1, "maximum": 8192, "default": 20},
+                "repeats": {"type": "integer", "minimum": 5, "maximum": 1000, "default": 7},
+                "warmup": {"type": "integer", "minimum": 0, "maximum": 100000, "default": 16},
                 "cold": {"type": "boolean", "default": True},
                 # no default: a spec without it keeps its perf signature
                 "generators": {"type": "object",
@@ -191,9 +196,9 @@ SPEC_SCHEMA: dict = {
                                               "may need inputs a real workload never sees)",
                                "propertyNames": {"pattern": C_IDENT},
                                "additionalProperties": _GENERATOR},
-                "timeout_s": {"type": "number", "exclusiveMinimum": 0,
+                "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": config.MAX_TIMEOUT_S,
                               "default": config.DEFAULT_GATE_TIMEOUT_S},
-                "thresholds": {"type": "array", "default": [], "items": _THRESHOLD},
+                "thresholds": {"type": "array", "default": [], "maxItems": 64, "items": _THRESHOLD},
             },
         },
     },

@@ -14,11 +14,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from mpkbuild.util import expr
-from mpkbuild.util.expr import grid_size, tensor_shape, variant_symbols
 from mpkbuild.model import schema
-from mpkbuild.util.fsutil import sha256_bytes, sha256_json, write_json_atomic
 from mpkbuild.model.yamlpos import format_path, line_for
+from mpkbuild.util import config, expr
+from mpkbuild.util.expr import grid_size, tensor_shape, variant_symbols
+from mpkbuild.util.fsutil import dump_json, sha256_bytes, sha256_json, write_json_atomic
 
 # yaml (in .yamlpos) and jsonschema are imported by load_spec only: a no-op build or a
 # status reads cached specs and never needs them.
@@ -34,6 +34,12 @@ SECTIONS = {
 # present only when the spec has the last key; archs ride along (the wire stage renders per arch)
 OPTIONAL_SECTIONS = {"wiring": ("archs", "wiring")}
 COSMETIC_KEYS = {"description"}
+# what a generator may draw for an input of each dtype: float -> largest finite magnitude,
+# int -> (lowest, highest) value
+DTYPE_RANGE = {"bf16": 3.3895313892515355e38, "fp16": 65504.0, "fp32": config.FLOAT32_MAX,
+               "int32": (-2**31, 2**31 - 1), "int64": (-2**63, 2**63 - 1)}
+INT64_MAX = 2**63 - 1
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8}
 
 
 class SpecError(Exception):
@@ -74,9 +80,30 @@ def _strip_cosmetic(obj):
     return obj
 
 
+def _short(value, limit: int = 60) -> str:
+    """A value as a message may show it: a 100,000-item list is not one line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+_LIMIT_NOTES = {config.INT32_MAX: " (it becomes a C++ int)",
+                config.MAX_VARIANTS: " (the variant cap: each is a kernel in one harness)"}
+
+
 def _schema_error(err) -> tuple[tuple, str]:
     """Turn a jsonschema error into (field path, plain message) pointing at the bad field."""
     path = tuple(err.absolute_path)
+    if err.validator in ("maxItems", "maxProperties"):
+        what = "items" if err.validator == "maxItems" else "entries"
+        return path, (f"has {len(err.instance)} {what}, at most {err.validator_value}"
+                      + _LIMIT_NOTES.get(err.validator_value, ""))
+    if err.validator == "maxLength":
+        return path, f"is {len(err.instance)} characters long, at most {err.validator_value}"
+    if err.validator in ("maximum", "minimum", "exclusiveMinimum", "exclusiveMaximum"):
+        words = {"maximum": "above the maximum", "minimum": "below the minimum",
+                 "exclusiveMinimum": "not above", "exclusiveMaximum": "not below"}[err.validator]
+        return path, (f"{_short(err.instance)} is {words} {err.validator_value}"
+                      + _LIMIT_NOTES.get(err.validator_value, ""))
     if "propertyNames" in err.schema_path and isinstance(err.instance, str):
         return path + (err.instance,), f"name {err.instance!r} is not a C identifier"
     if err.validator == "additionalProperties" and isinstance(err.instance, dict):
@@ -84,21 +111,21 @@ def _schema_error(err) -> tuple[tuple, str]:
         extra = sorted(k for k in err.instance if k not in allowed)
         if extra:
             hint = f" (allowed: {', '.join(sorted(allowed))})" if allowed else ""
-            return path + (extra[0],), f"unknown field {extra[0]!r}{hint}"
+            return path + (extra[0],), f"unknown field {_short(extra[0])}{hint}"
     if err.validator == "required":
         missing = [k for k in err.validator_value if k not in err.instance]
         return path + (missing[0],), f"missing required field {missing[0]!r}"
     if err.validator == "type":
         want = err.validator_value
         want = " or ".join(want) if isinstance(want, list) else want
-        return path, f"expected {want}, got {type(err.instance).__name__} {err.instance!r}"
+        return path, f"expected {want}, got {type(err.instance).__name__} {_short(err.instance)}"
     if err.validator == "pattern":
         what = "a C identifier" if err.validator_value == schema.C_IDENT else \
             f"a value matching {err.validator_value}"
-        return path, f"{err.instance!r} is not {what}"
+        return path, f"{_short(err.instance)} is not {what}"
     if err.validator == "enum":
-        return path, f"{err.instance!r} is not one of {err.validator_value}"
-    return path, err.message
+        return path, f"{_short(err.instance)} is not one of {err.validator_value}"
+    return path, err.message if len(err.message) <= 200 else err.message[:197] + "..."
 
 
 def _generator_problems(where: tuple, gens: dict, input_names: dict):
@@ -114,10 +141,25 @@ def _generator_problems(where: tuple, gens: dict, input_names: dict):
             yield (*where, gname), "low must be below high"
         if "step" in gen and gen["dist"] == "randint":
             yield (*where, gname, "step"), "step rounds normal or uniform draws; randint is already whole"
-        is_int = input_names[gname]["dtype"].startswith("int")
+        dtype = input_names[gname]["dtype"]
+        is_int = dtype.startswith("int")
         if is_int != (gen["dist"] == "randint"):
-            yield (*where, gname, "dist"), (f"input {gname!r} is {input_names[gname]['dtype']}: "
+            yield (*where, gname, "dist"), (f"input {gname!r} is {dtype}: "
                                             + ("use randint" if is_int else "randint is for integer inputs"))
+            continue
+        for key in ("mean", "std", "low", "high", "step"):
+            if key not in gen:
+                continue
+            value = gen[key]
+            if is_int:
+                lo, hi = DTYPE_RANGE[dtype]
+                if not float(value).is_integer():
+                    yield (*where, gname, key), f"randint bound {value!r} is not a whole number"
+                elif not lo <= value <= hi + (key == "high"):     # high is exclusive
+                    yield (*where, gname, key), f"{_short(value)} is outside {dtype}'s range {lo}..{hi}"
+            elif abs(value) > DTYPE_RANGE[dtype]:
+                yield (*where, gname, key), (f"{value!r} is beyond {dtype}'s largest finite value "
+                                             f"{DTYPE_RANGE[dtype]:g}")
 
 
 def _py_function_exists(root: Path, ref: str) -> str | None:
@@ -139,11 +181,24 @@ def _py_function_exists(root: Path, ref: str) -> str | None:
 
 @functools.lru_cache(maxsize=None)
 def _top_level_functions(path: str, mtime_ns: int, size: int, rel: str) -> frozenset | str:
-    """The names defined at a file's top level (parsed once per version of the file)."""
+    """The names defined at a file's top level (parsed once per version of the file), or
+    why it cannot be read: any bytes give a message, never a traceback."""
+    if size > config.MAX_SOURCE_BYTES:
+        return f"{rel} is {size} bytes, more than the {config.MAX_SOURCE_BYTES} a reference may be"
     try:
-        tree = ast.parse(Path(path).read_text(), filename=rel)
+        raw = Path(path).read_bytes()
+        text = raw.decode("utf-8")
+    except OSError as exc:
+        return f"cannot read {rel}: {exc.strerror}"
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        return f"{rel}:{line} is not UTF-8 text (byte 0x{raw[exc.start]:02x})"
+    try:
+        tree = ast.parse(text, filename=rel)
     except SyntaxError as exc:
         return f"{rel}:{exc.lineno} does not parse: {exc.msg}"
+    except (ValueError, RecursionError, MemoryError) as exc:
+        return f"{rel} does not parse: {type(exc).__name__}: {str(exc)[:80]}"
     return frozenset(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
 
 
@@ -180,6 +235,15 @@ def _semantic_errors(data: dict, root: Path, stem: str):
         yield ("codegen", "threads"), f"threads={cg['threads']} is not a multiple of the warp size 32"
     consts = {"threads": cg["threads"], **{k: v for k, v in cg["params"].items()
                                           if not isinstance(v, bool)}}
+    for pname, value in cg["params"].items():
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int) and not -2**31 <= value <= config.INT32_MAX:
+            yield ("codegen", "params", pname), (f"{_short(value)} does not fit the C++ int it "
+                                                 f"becomes ({-2**31}..{config.INT32_MAX})")
+        elif isinstance(value, float) and abs(value) > config.FLOAT32_MAX:
+            yield ("codegen", "params", pname), (f"{value!r} does not fit the C++ float it becomes "
+                                                 f"(|x| <= {config.FLOAT32_MAX:g})")
     # tensors
     names = set()
     shapes = {t["name"]: t["shape"] for kind in ("inputs", "outputs") for t in cg[kind]}
@@ -229,8 +293,8 @@ def _semantic_errors(data: dict, root: Path, stem: str):
                 yield ("codegen", "tiling", i, "symbol"), (
                     f"symbol {rule['symbol']!r} is not bound by variant {vname!r}")
                 continue
-            try:
-                mult = expr.evaluate(rule["multiple_of"], symbols)
+            try:   # static_assert'ed as C++ int arithmetic in K_spec.h
+                mult = expr.evaluate(rule["multiple_of"], symbols, cpp_int=True)
             except expr.ExprError as exc:
                 yield ("codegen", "tiling", i, "multiple_of"), str(exc)
                 continue
@@ -255,6 +319,10 @@ def _semantic_errors(data: dict, root: Path, stem: str):
         if not isinstance(grid, int) or grid < 1:
             yield ("codegen", "grid", 0), f"variant {vname}: grid = {grid!r} is not a positive integer"
             continue
+        if grid > config.INT32_MAX:
+            yield ("codegen", "grid", 0), (f"variant {vname}: grid = {grid} does not fit the C++ int "
+                                           f"GRID (at most {config.INT32_MAX})")
+            continue
         tensors = variant_tensors(cg, vname)
         for kind in ("inputs", "outputs"):
             for i, t in enumerate(tensors[kind]):
@@ -267,10 +335,22 @@ def _semantic_errors(data: dict, root: Path, stem: str):
                     if not isinstance(n, int) or n < 1:
                         yield ("codegen", kind, i, "shape", d), (
                             f"variant {vname}: extent {extent!r} = {n!r} is not a positive integer")
+                    elif n > config.INT32_MAX:
+                        yield ("codegen", kind, i, "shape", d), (
+                            f"variant {vname}: extent {extent!r} = {n} is more than "
+                            f"{config.INT32_MAX} (kernels index a dim with int)")
                     elif d < len(t["partition"]) and t["partition"][d] == 0 and n % grid:
                         yield ("codegen", kind, i, "shape", d), (
                             f"variant {vname}: dim {d} ({extent} = {n}) is split over {grid} tasks "
                             f"but is not a multiple of it" + _partition_origin(cg, vname, t["name"]))
+                try:
+                    nbytes = DTYPE_BYTES[t["dtype"]] * _product(expr.evaluate(e, symbols) for e in t["shape"])
+                except expr.ExprError:
+                    continue                        # reported above
+                if isinstance(nbytes, int) and nbytes > INT64_MAX:
+                    yield ("codegen", kind, i, "shape"), (
+                        f"variant {vname}: {t['name']} is {nbytes} bytes, more than a 64-bit "
+                        "byte offset can address")
     # smem: region sizes may use variant symbols, so the plan is checked for every variant
     for i, region in enumerate(cg["smem"]["regions"]):
         if region["align"] & (region["align"] - 1):
@@ -309,6 +389,8 @@ def _semantic_errors(data: dict, root: Path, stem: str):
             break
         if not isinstance(nbytes, (int, float)) or nbytes <= 0:
             yield ("perf", "bytes"), f"variant {vname}: bytes = {nbytes!r} is not positive"
+        elif nbytes > INT64_MAX:
+            yield ("perf", "bytes"), f"variant {vname}: bytes = {nbytes:g} is more than 2**63 - 1"
     for i, rule in enumerate(p["thresholds"]):
         if not fnmatch.filter(cg["variants"], rule["variants"]):
             yield ("perf", "thresholds", i, "variants"), f"{rule['variants']!r} matches no variant"
@@ -319,6 +401,13 @@ def _semantic_errors(data: dict, root: Path, stem: str):
         from mpkbuild import wire
         for path, message in wire.check_section(data):
             yield tuple(str(path).split(".")), message
+
+
+def _product(values) -> int | float:
+    out = 1
+    for v in values:
+        out *= v
+    return out
 
 
 @functools.lru_cache(maxsize=None)
@@ -333,7 +422,9 @@ def load_spec_cached(path: Path | str, root: Path | str, cache: Path, write: boo
     """Like load_spec, but reuse the last full load's result when the YAML's bytes and the
     loader are unchanged (parsing and schema-checking hundreds of specs would dominate a
     no-op build). The cache is refreshed by every full load, so a comment edit costs one
-    slow load, not one per run. Files the spec names are still checked."""
+    slow load, not one per run. Files the spec names are still checked on every load, as
+    a full load checks them (a body that became a symlink out of the repository is refused
+    however fresh the cache); any problem falls through to the full load, which names it."""
     root, path = Path(root), Path(path)
     try:
         raw = path.read_bytes()
@@ -344,7 +435,8 @@ def load_spec_cached(path: Path | str, root: Path | str, cache: Path, write: boo
     if fresh:
         data = cached["spec"]
         refs = (data["validate"]["reference"], data["perf"]["baseline"])
-        if (root / data["codegen"]["body"]).is_file() and not any(_py_function_exists(root, r) for r in refs):
+        body = _inside_repo(root, data["codegen"]["body"])
+        if body is not None and body.is_file() and not any(_py_function_exists(root, r) for r in refs):
             return LoadedSpec(file=cached["file"], data=data, sections=cached["sections"],
                               signatures=cached["signatures"], source_sha=cached["source_sha"],
                               from_cache=True)
@@ -370,9 +462,20 @@ def load_spec(path: Path | str, root: Path | str) -> LoadedSpec:
     except ValueError:
         rel = str(path)
     try:
-        text = path.read_text()
+        size = path.stat().st_size
+        if size > config.MAX_SPEC_BYTES:
+            raise SpecError(rel, 1, (), f"spec is {size} bytes, more than the {config.MAX_SPEC_BYTES} "
+                                        "a spec may be")
+        raw_bytes = path.read_bytes()
     except OSError as exc:
         raise SpecError(rel, 1, (), f"cannot read spec: {exc.strerror}") from None
+    try:
+        text = raw_bytes.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw_bytes.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (raw_bytes.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise SpecError(rel, line, (), f"not UTF-8 text: byte 0x{raw_bytes[exc.start]:02x} "
+                                       f"at column {col}") from None
     import jsonschema
     from mpkbuild.model.yamlpos import YamlPosError, load_with_lines
     try:
@@ -380,7 +483,8 @@ def load_spec(path: Path | str, root: Path | str) -> LoadedSpec:
     except YamlPosError as exc:
         raise SpecError(rel, exc.line, exc.path, exc.message) from None
     if not isinstance(raw, dict):
-        raise SpecError(rel, 1, (), "a spec must be a YAML mapping")
+        what = "empty" if raw is None else f"a YAML {type(raw).__name__}"
+        raise SpecError(rel, 1, (), f"a spec must be a YAML mapping (this one is {what})")
     sch = schema.full_schema()
     errors = sorted(jsonschema.Draft202012Validator(sch).iter_errors(raw),
                     key=lambda e: (line_for(lines, tuple(e.absolute_path)), list(map(str, e.absolute_path))))
@@ -391,14 +495,16 @@ def load_spec(path: Path | str, root: Path | str) -> LoadedSpec:
     schema.fill_defaults(data, sch)
     for fpath, message in _semantic_errors(data, root, path.name.rsplit(".", 1)[0]):
         raise SpecError(rel, line_for(lines, fpath), fpath, message)
-    data = _strip_cosmetic(data)
+    # canonical (key-sorted) order, as the section files on disk have it: whoever renders
+    # from this in memory (status, -n) sees exactly what the build reads back
+    data = json.loads(dump_json(_strip_cosmetic(data)))
     sections = {name: {k: data[k] for k in keys} for name, keys in SECTIONS.items()}
     for name, keys in OPTIONAL_SECTIONS.items():
         if keys[-1] in data:
             sections[name] = {k: data[k] for k in keys}
     signatures = {name: sha256_json(sec) for name, sec in sections.items()}
     return LoadedSpec(file=rel, data=data, sections=sections, signatures=signatures,
-                      source_sha=sha256_bytes(text.encode()))
+                      source_sha=sha256_bytes(raw_bytes))
 
 
 class SmemPlanError(ValueError):

@@ -24,9 +24,20 @@ class CompileError(Exception):
     """nvcc failed, or the resource gate failed; the message carries nvcc's output or the numbers."""
 
 
-@functools.lru_cache(maxsize=None)
+# nvcc reads these from the environment and adds them to every command line it runs
+NVCC_ENV_FLAGS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
+
+
 def toolchain_fingerprint(nvcc: str = "nvcc") -> str:
-    """'nvcc 13.0.88 (cuda_13.0.r13.0/compiler.36424714_0)', or 'nvcc: not found'."""
+    """'nvcc 13.0.88 (cuda_13.0.r13.0/compiler.36424714_0)', or 'nvcc: not found'; with
+    ' with NVCC_APPEND_FLAGS=...' when the environment adds flags, since they change what
+    nvcc builds as much as a flag on the command line does (status names the change)."""
+    extra = [f"{name}={os.environ[name]}" for name in NVCC_ENV_FLAGS if os.environ.get(name, "").strip()]
+    return _nvcc_version(nvcc) + (f" with {' '.join(extra)}" if extra else "")
+
+
+@functools.lru_cache(maxsize=None)
+def _nvcc_version(nvcc: str) -> str:
     exe = shutil.which(nvcc)
     if exe is None:
         return "nvcc: not found"

@@ -38,10 +38,19 @@ def render_template(path: Path, context: dict, display: str | None = None) -> st
     env = _environment([path.parent, config.TEMPLATE_DIR])
     try:
         return env.get_template(path.name).render(**context)
+    except UnicodeDecodeError as exc:
+        raise TemplateError(_not_utf8(display, exc)) from None
     except jinja2.TemplateSyntaxError as exc:
         raise TemplateError(f"{display}:{exc.lineno}: template syntax error: {exc.message}") from exc
     except jinja2.TemplateError as exc:
         raise TemplateError(f"{display}:{_template_line(exc, path)}: {exc}") from exc
+
+
+def _not_utf8(display: str, exc: UnicodeDecodeError) -> str:
+    """'file:line: not UTF-8 text' for the file whose bytes did not decode (the whole file
+    is decoded at once, so the offset is the file's)."""
+    line = exc.object.count(b"\n", 0, exc.start) + 1
+    return f"{display}:{line}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x})"
 
 
 def _template_line(exc: BaseException, path: Path) -> int | str:
@@ -146,7 +155,10 @@ def render_file(role: str, section: dict, spec_file: str, body_source: Path | No
         display = str(body_source.relative_to(root)) if body_source.is_relative_to(root) else str(body_source)
         if body_source.name.endswith(".j2"):
             return render_template(body_source, ctx, display)
-        return body_source.read_text()
+        try:
+            return body_source.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TemplateError(_not_utf8(display, exc)) from None
     raise ValueError(f"unknown generated file role {role!r}")
 
 

@@ -21,3 +21,14 @@ NVCC_BASE_FLAGS = (
 DEFAULT_COS_MIN = 0.999
 DEFAULT_REL_MAX = 3e-2
 DEFAULT_GATE_TIMEOUT_S = 300
+
+# Spec limits: any input loads (or is refused) in bounded time and memory. Documented in
+# README.md's spec section; the loader's messages name them.
+MAX_SPEC_BYTES = 256 * 1024          # a spec file (the catalog's are ~3 KB)
+MAX_SOURCE_BYTES = 1024 * 1024       # a reference/baseline .py the loader parses
+MAX_YAML_NODES = 20_000              # scalars + mappings + sequences in one spec
+MAX_YAML_DEPTH = 16                  # nesting of mappings/sequences (the schema needs 6)
+MAX_VARIANTS = 256                   # each is a __global__ + launchers in one harness.cu
+MAX_TIMEOUT_S = 24 * 3600            # a gate watchdog that never fires is no watchdog
+INT32_MAX = 2**31 - 1                # symbols, params, grid: `constexpr int` in K_spec.h
+FLOAT32_MAX = 3.4028234663852886e38  # float params: `constexpr float` in K_spec.h

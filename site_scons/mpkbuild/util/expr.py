@@ -1,58 +1,100 @@
 """Integer expressions in specs (`threads * vec_elems`, `(2 * rows * hidden + hidden) * 2`).
 
-Only names, integer/float literals, + - * // / % **, parentheses and the two functions
+Only names, integer/float literals, + - * // / %, parentheses and the two functions
 min(a, b, ...) and max(a, b, ...) are allowed: a spec is data, never code, so nothing here
-calls eval on user text.
+calls eval on user text. There is no `**` (`9 ** 9 ** 9` would never finish) and an
+expression is at most MAX_CHARS long, so every evaluation is bounded in time and memory;
+arithmetic faults (division by zero, a float overflow) are ExprErrors, not tracebacks.
 """
 from __future__ import annotations
 
 import ast
+import math
 import operator
 
 _BINOPS = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
     ast.FloorDiv: operator.floordiv, ast.Div: operator.truediv, ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
 }
+MAX_CHARS = 200             # the catalog's longest is 60; also keeps the parser's recursion shallow
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
 
 _FUNCS = {"min": min, "max": max}
 
 
 class ExprError(ValueError):
-    """An expression that does not parse, or names a symbol that is not bound."""
+    """An expression that does not parse, names a symbol that is not bound, or faults."""
 
 
-def evaluate(text: str | int | float, symbols: dict[str, int | float]):
-    """Evaluate an expression (or pass a number through) with the given symbol values."""
+def _parse(text) -> ast.Expression:
+    text = str(text)
+    if len(text) > MAX_CHARS:
+        raise ExprError(f"expression is {len(text)} characters long (at most {MAX_CHARS})")
+    try:
+        return ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise ExprError(f"cannot parse expression {text!r}: {getattr(exc, 'msg', exc)}") from None
+
+
+def evaluate(text: str | int | float, symbols: dict[str, int | float], cpp_int: bool = False):
+    """Evaluate an expression (or pass a number through) with the given symbol values.
+
+    cpp_int: the expression is also emitted as C++ `int` arithmetic (to_cpp), so every
+    intermediate must be an int32 and // and % must not meet a negative operand (C++
+    truncates where Python floors)."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         return text
-    try:
-        tree = ast.parse(str(text), mode="eval")
-    except SyntaxError as exc:
-        raise ExprError(f"cannot parse expression {text!r}: {exc.msg}") from None
+    tree = _parse(text)
+
+    def checked(value):
+        if cpp_int and (not isinstance(value, int) or not INT32_MIN <= value <= INT32_MAX):
+            raise ExprError(f"{text!r}: an intermediate value {value!r} is not a C++ int "
+                            f"(the expression is compiled as int arithmetic)")
+        return value
+
+    def binop(node):
+        left, right = ev(node.left), ev(node.right)
+        if cpp_int and isinstance(node.op, (ast.FloorDiv, ast.Mod, ast.Div)) and (left < 0 or right < 0):
+            raise ExprError(f"{text!r}: // and % of a negative number differ between Python and C++")
+        try:
+            return checked(_BINOPS[type(node.op)](left, right))
+        except ZeroDivisionError:
+            raise ExprError(f"division by zero in {text!r}") from None
+        except ArithmeticError as exc:      # OverflowError: an int too large for a float
+            raise ExprError(f"{text!r} overflows: {exc}") from None
 
     def ev(node):
         if isinstance(node, ast.Expression):
             return ev(node.body)
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
                 and not isinstance(node.value, bool):
-            return node.value
+            if isinstance(node.value, float) and not math.isfinite(node.value):
+                raise ExprError(f"{text!r}: literal {node.value} is not a finite number")
+            return checked(node.value)
         if isinstance(node, ast.Name):
             if node.id not in symbols:
                 raise ExprError(f"unknown symbol {node.id!r} in {text!r} "
                                 f"(known: {', '.join(sorted(symbols)) or 'none'})")
-            return symbols[node.id]
+            return checked(symbols[node.id])
         if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-            return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
+            return binop(node)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+            raise ExprError(f"`**` is not supported in {text!r} (write the product out)")
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
             v = ev(node.operand)
-            return -v if isinstance(node.op, ast.USub) else v
+            return checked(-v) if isinstance(node.op, ast.USub) else v
         if isinstance(node, ast.Call):
             return _FUNCS[_call_name(node, text)](*(ev(a) for a in node.args))
         raise ExprError(f"unsupported syntax in expression {text!r}")
 
-    return ev(tree)
+    try:
+        value = ev(tree)
+    except RecursionError:
+        raise ExprError(f"expression nests too deeply: {str(text)[:40]!r}...") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ExprError(f"{text!r} = {value} is not a finite number")
+    return value
 
 
 def _call_name(node: ast.Call, text) -> str:
@@ -91,7 +133,7 @@ def to_cpp(text: str | int | float, rename) -> str:
             return out
         raise ExprError(f"expression {text!r} has no C++ form")
 
-    return emit(ast.parse(str(text), mode="eval"))
+    return emit(_parse(text))
 
 
 # ---- a variant's symbols and the sizes derived from them (the runners use these too)
