@@ -153,7 +153,9 @@ def add_kernel(g: Graph, k: Kernel, fingerprint, wire_request, previous_verdict,
     if k.has_wiring:
         wiring_files = sorted(r(p) for p in (g.root / "wiring").rglob("*") if p.is_file())
         wire = g.add(Node(f"wire {name}", "wire", "wire", name, (r(k.wire_result),),
-                          (sections["wiring"], sections["codegen"], pkg("wirestage.py"),
+                          (sections["wiring"], sections["codegen"], sections["validate"],
+                           sections["generators"], pkg("wirestage.py"),
+                           r(k.body_source), pkg("codegen.py"), pkg("templates/spec_header.h.j2"),
                            *wiring_files, *sorted(r(p) for p in (PKG / "wire").glob("*.py"))),
                           (f"wire: {wire_request.describe()}",),
                           side_effects=(r(g.root / config.BUILD_DIRNAME / ".wire-in-use"),),
