@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "fixtures" / "faults"))
 sys.path.insert(0, str(REPO / "site_scons"))
 import faultsuite  # noqa: E402
-from mpkbuild import sanitizer  # noqa: E402
+from mpkbuild.run import sanitizer  # noqa: E402
 
 
 def keep_evidence(out: Path, label: str, root: Path, outcome) -> None:

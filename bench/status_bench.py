@@ -8,7 +8,7 @@ specs/rmsnorm_v2.yaml: renamed, no `wiring:` section, two small variants, a triv
 body kernels/<K>/<K>.cuh.j2 and a copy of the reference) and builds it fully once
 (`scons -j2 kernel=all stage=review`, GPU stages by the stand-in executor
 tests/fakes/fake_gpu.py). Beside it, a plain-SCons tree whose SConstruct declares the SAME
-nodes — one Command per node of `mpkbuild.graph.build(...)` on the synthetic tree, with the
+nodes — one Command per node of `mpkbuild.model.graph.build(...)` on the synthetic tree, with the
 same targets, file sources, facts as Value nodes, side effects, AlwaysBuild and default
 alias — whose actions are trivial Python functions (each target gets the concatenation of
 the sources' bytes). Then, interleaved, `--runs` times: plain no-op `scons -Q`, ours no-op
@@ -125,8 +125,9 @@ def scons(cwd: Path, *args: str, env: dict | None = None, check: bool = True,
 GRAPH_DUMP = r"""
 import json, sys
 from pathlib import Path
-from mpkbuild import graph, wirestage
-from mpkbuild.kernel import Kernel, discover
+from mpkbuild.model import graph
+from mpkbuild.stages import wire as wirestage
+from mpkbuild.model.kernel import Kernel, discover
 from fake_gpu import FakeGpuExecutor
 root = Path.cwd()
 names = discover(root)
@@ -406,7 +407,7 @@ def render(results: list[dict], accuracy: list[dict], acc_n: int | None, runs: i
              "rmsnorm_v2.yaml (no wiring, 2 small variants, a trivial body), built once with "
              "`-j2 kernel=all stage=review` and the stand-in GPU executor (tests/fakes). Plain "
              "SCons: an SConstruct with the same Command nodes (targets, file sources, facts as "
-             "Value nodes, side effects, default alias) taken from `mpkbuild.graph.build` on the "
+             "Value nodes, side effects, default alias) taken from `mpkbuild.model.graph.build` on the "
              "same tree; its actions are trivial Python functions and its files are small (ours "
              "hashes its real outputs, e.g. ~1 MB per .so). "
              f"Bare SCons start-up (empty SConstruct): {bare:.2f} s.", "",

@@ -191,7 +191,7 @@ def stop_warm_servers(root: Path) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            if b"mpkbuild.warm" not in (entry / "cmdline").read_bytes():
+            if b"mpkbuild.run.warm" not in (entry / "cmdline").read_bytes():
                 continue
             if not Path(os.readlink(entry / "cwd")).is_relative_to(root):
                 continue

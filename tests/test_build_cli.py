@@ -69,7 +69,7 @@ def test_results_record_the_signatures_they_were_made_from(built):
     assert f"build/{K}/spec/validate.json" in inputs and f"build/{K}/sm_90a/resources.json" in inputs
     # the library enters through its hash in resources.json
     resources = json.loads((built.root / "build" / K / "sm_90a" / "resources.json").read_text())
-    from mpkbuild.fsutil import sha256_file
+    from mpkbuild.util.fsutil import sha256_file
     assert resources["library_sha256"] == sha256_file(built.root / "build" / K / "sm_90a" / f"lib{K}.so")
     assert f"kernels/{K}/reference.py" in inputs
     assert all(len(v) == 64 for k, v in inputs.items() if not k.startswith(("gpu", "value:")))

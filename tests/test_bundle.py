@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_processes_gone, eventually, stand_in_tree
-from mpkbuild import bundle, remote
-from mpkbuild.executor import GateInterrupted, GateJob
+from mpkbuild.run.remote import bundle, bootstrap as remote
+from mpkbuild.run.job import GateInterrupted, GateJob
 
 FAKES = Path(__file__).resolve().parent / "fakes"
 INPUTS = ("build/k/sm_90a/libk.so", "kernels/k/reference.py")
@@ -182,12 +182,20 @@ def bootstrap(work: Path, env=None) -> subprocess.Popen:
 
 
 def test_bootstrap_reads_a_framed_bundle_and_answers_with_an_envelope(tree, far_side):
+    """As the ssh executor drives it: stdin stays open while the gate runs and after the
+    answer; the bootstrap answers, then exits 0 by itself."""
     proc = bootstrap(far_side / "remote")
     proc.stdin.write(remote.frame(bundle.pack(make_job(tree))))
     proc.stdin.flush()
-    out, err = proc.communicate(timeout=60)        # closes stdin only after the answer came
-    envelope = remote.parse_envelope(out.decode())
-    assert envelope is not None, err.decode()
+    lines = []
+    for line in proc.stdout:                       # until the envelope, stdin still open
+        lines.append(line.decode())
+        if line.startswith(remote.ENVELOPE_PREFIX.encode()):
+            break
+    assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()
+    proc.stdin.close()
+    envelope = remote.parse_envelope("".join(lines))
+    assert envelope is not None
     assert envelope["result"]["verdict"] == "pass"
     assert list((far_side / "remote").iterdir()) == []
 

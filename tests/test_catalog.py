@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from conftest import REPO, copy_project
 from mpkbuild import scaffold
-from mpkbuild.kernel import discover
-from mpkbuild.spec import load_spec
+from mpkbuild.model.kernel import discover
+from mpkbuild.model.spec import load_spec
 
 CATALOG = ("silu_mul_v2", "embedding_v2", "argmax_v2", "argmax_fp32_v2", "linear_v2")
 STARTERS = {f"starter_{f.lower()}": f for f in "ABCDE"}
@@ -148,13 +148,13 @@ def test_scaffolded_kernels_are_ordinary_kernels(catalog_build):
 
 
 @pytest.mark.nvcc
-def test_one_gpu_runs_each_perf_after_a_validate_when_the_runner_keeps_spares(catalog_build):
-    """-j1 over the whole catalog: without spares to count, every validate first; with the
-    warm runner's two, each kernel's validate then its perf (no run of perfs that would use
-    the spares up). The scaffolded kernels are in the build too."""
+def test_gates_go_validates_first_then_the_longest_by_their_last_time(catalog_build):
+    """-j1 over the whole catalog: every validate before any perf, and among each gate kind
+    the one that took longest last time first (the scaffolded kernels are in the build too)."""
     proj, run = catalog_build
     assert run.returncode == 0
     kernels = (*discover(REPO), *STARTERS)
+    took = {k: float(i) for i, k in enumerate(kernels)}     # the last one took longest
 
     def gates_run(env: dict) -> list[tuple[str, str]]:
         proj.runs_file.write_text("")
@@ -162,14 +162,15 @@ def test_one_gpu_runs_each_perf_after_a_validate_when_the_runner_keeps_spares(ca
         lines = [line.split() for line in proj.runs_file.read_text().splitlines()]
         return [(gate, kernel) for gate, kernel in lines if gate in ("validate", "perf")]
 
-    order = gates_run({})
+    order = gates_run({"FAKE_GPU_ELAPSED": json.dumps(took)})
     assert [g for g, _ in order] == ["validate"] * len(kernels) + ["perf"] * len(kernels)
     for ref in proj.root.glob("kernels/*/reference.py"):     # argmax_fp32_v2 reads argmax_v2's
         proj.edit(str(ref.relative_to(proj.root)), "\n", "\n# edited: validate and perf re-run\n")
-    order = gates_run({"FAKE_GPU_SPARES": "2"})
-    assert sorted(order) == sorted((g, k) for k in kernels for g in ("validate", "perf"))
-    assert [g for g, _ in order] == ["validate", "perf"] * len(kernels)
-    assert [k for _, k in order[::2]] == [k for _, k in order[1::2]]
+    order = gates_run({})
+    longest_first = sorted(kernels, key=lambda k: -took[k])
+    assert [g for g, _ in order] == ["validate"] * len(kernels) + ["perf"] * len(kernels)
+    assert [k for g, k in order if g == "validate"] == longest_first
+    assert [k for g, k in order if g == "perf"] == longest_first
 
 
 # ---------------------------------------------------------------- references (CPU)

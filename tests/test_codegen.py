@@ -2,8 +2,8 @@
 
 import pytest
 
-from mpkbuild import codegen
-from mpkbuild.kernel import Kernel
+from mpkbuild.stages import generate as codegen
+from mpkbuild.model.kernel import Kernel
 
 K = "rmsnorm_v2"
 

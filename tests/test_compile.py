@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from mpkbuild import compile as nvcc
+from mpkbuild.stages import compile as nvcc
 
 PTXAS = """\
 ptxas info    : 0 bytes gmem

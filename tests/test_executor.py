@@ -4,7 +4,8 @@ import time
 import pytest
 
 from conftest import stand_in_runners
-from mpkbuild.executor import GateJob, LocalExecutor
+from mpkbuild.run.job import GateJob
+from mpkbuild.run.local import LocalExecutor
 
 RUNNERS = {
     "sleepy": "print('about to spin', flush=True)\nimport time\ntime.sleep(600)\n",

@@ -17,8 +17,8 @@ import sys
 import pytest
 import torch
 
-from mpkbuild import sanitizer
-from mpkbuild.spec import load_spec
+from mpkbuild.run import sanitizer
+from mpkbuild.model.spec import load_spec
 
 FAULTS_DIR = __import__("pathlib").Path(__file__).resolve().parent / "fixtures" / "faults"
 sys.path.insert(0, str(FAULTS_DIR))

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from mpkbuild import leases
-from mpkbuild.leases import Gpu, LeaseError
+from mpkbuild.run import leases
+from mpkbuild.run.leases import Gpu, LeaseError
 
 GPUS = [Gpu(0, "GPU-0000aaaa", "NVIDIA H200"), Gpu(1, "GPU-1111bbbb", "NVIDIA H200"),
         Gpu(2, "GPU-2222cccc", "NVIDIA A100")]
@@ -74,7 +74,7 @@ def test_shared_leases_share_but_never_beside_an_exclusive_one():
 def test_a_sigkilled_holder_leaves_no_stale_lease(lease_dir):
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import sys, time
-        from mpkbuild import leases
+        from mpkbuild.run import leases
         lease = leases.acquire([leases.Gpu(0, "GPU-0000aaaa", "NVIDIA H200")])
         print("held", flush=True)
         time.sleep(600)

@@ -1,7 +1,6 @@
 """The GPU runners' host-side logic on CPU: validate's checks (poison, NaN, tolerances, exact
 mode) and the timing warm-up."""
 import math
-import time
 
 import torch
 
@@ -82,29 +81,27 @@ def test_pointer_table_holds_each_sets_addresses_set_major():
     assert list(table) == [t[j].data_ptr() for j in range(4) for t in stacked]
 
 
-def test_perf_runner_claims_each_variant_once_and_none_after_stop(tmp_path):
-    from mpkbuild.claims import claim
-    assert claim(None, "v0")                                   # no sharing: every variant
-    assert claim(str(tmp_path), "v0") and not claim(str(tmp_path), "v0")
-    (tmp_path / "STOP").touch()
-    assert not claim(str(tmp_path), "v1")
-
-
 def test_warm_up_lasts_the_floor_even_when_the_first_round_is_slow(monkeypatch):
     # a slow first round (a graph's upload) must not set the count: warm-up goes on until
-    # MIN_WARMUP_S has passed; a step slower than the floor still runs `rounds` times
+    # MIN_WARMUP_S has passed; a step slower than the floor still runs `rounds` times.
+    # The clock is the steps' own (each step advances it), so the load on the machine
+    # running the test cannot change what is counted.
     from mpkbuild.runners import timing
+    clock = [0.0]
     monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
     calls = []
 
-    def step():
-        calls.append(time.perf_counter())
-        time.sleep(0.020 if len(calls) == 1 else 0.0005)
+    def step(seconds):
+        def run():
+            calls.append(clock[0])
+            clock[0] += seconds(len(calls))
+        return run
 
-    start = time.perf_counter()
-    timing.warm_up([step], rounds=1)
-    assert time.perf_counter() - start >= timing.MIN_WARMUP_S
-    assert len(calls) > 3
+    timing.warm_up([step(lambda n: 0.020 if n == 1 else 0.0005)], rounds=1)
+    assert clock[0] >= timing.MIN_WARMUP_S
+    assert len(calls) >= 1 + 10          # 20 ms, then 0.5 ms steps up to the 25 ms floor
     calls.clear()
-    timing.warm_up([lambda: (calls.append(1), time.sleep(0.03))], rounds=3)
+    clock[0] = 0.0
+    timing.warm_up([step(lambda n: 0.03)], rounds=3)
     assert len(calls) == 3

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from mpkbuild import sanitizer
+from mpkbuild.run import sanitizer
 
 OOB_WRITE = """\
 ========= COMPUTE-SANITIZER

@@ -5,7 +5,7 @@ import pytest
 
 from conftest import copy_project
 from mpkbuild import scaffold
-from mpkbuild.spec import load_spec
+from mpkbuild.model.spec import load_spec
 
 
 @pytest.fixture

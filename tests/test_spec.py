@@ -5,8 +5,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from mpkbuild import schema
-from mpkbuild.spec import SpecError, load_spec
+from mpkbuild.model import schema
+from mpkbuild.model.spec import SpecError, load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 K = "rmsnorm_v2"
@@ -151,7 +151,7 @@ def test_yaml_syntax_error(root):
 
 def test_exported_schema_is_current_and_accepts_the_spec():
     exported = json.loads((REPO / "specs" / "schema.json").read_text())
-    assert exported == schema.full_schema(), "run: python -m mpkbuild.schema > specs/schema.json"
+    assert exported == schema.full_schema(), "run: python -m mpkbuild.model.schema > specs/schema.json"
     import yaml
     data = yaml.safe_load((REPO / "specs" / f"{K}.yaml").read_text())
     jsonschema.Draft202012Validator(exported).validate(data)
@@ -162,7 +162,7 @@ OVERRIDE = "  grid: [rows]"
 
 
 def test_partition_override_applies_to_matching_variants_only(root):
-    from mpkbuild.spec import variant_tensors
+    from mpkbuild.model.spec import variant_tensors
     edit(root, OVERRIDE, OVERRIDE + '\n  overrides:\n    - {variants: "large_*", partition: {input: [-1, -1]}}')
     cg = load_spec(spec_path(root), root).data["codegen"]
     assert variant_tensors(cg, "large_r4096_h7168")["inputs"][0]["partition"] == [-1, -1]

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from conftest import Project, assert_processes_gone, clone_built, copy_project, eventually, stand_in_tree
-from mpkbuild.executor import ExecutorError, GateInterrupted, GateJob
-from mpkbuild.ssh_executor import SshExecutor
+from mpkbuild.run.job import ExecutorError, GateInterrupted, GateJob
+from mpkbuild.run.remote.ssh import SshExecutor
 
 SSHD = "/usr/sbin/sshd"
 FAKES = Path(__file__).resolve().parent / "fakes"

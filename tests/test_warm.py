@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from conftest import eventually, process_alive, stand_in_runners
-from mpkbuild import warm
-from mpkbuild.executor import GateJob, LocalExecutor
+from mpkbuild.run import warm
+from mpkbuild.run.job import GateJob
+from mpkbuild.run.local import LocalExecutor
 
 RUNNERS = {
     # top-level code runs per gate (runpy); 'torch' already imported means a warm start
@@ -29,26 +30,11 @@ time.sleep(job.get('sleep', 0))
 print('fine runner', os.getpid(), flush=True)
 json.dump({'verdict': 'pass', 'message': 'ok', 'warm': warm, 'pid': os.getpid(),
            'visible': os.environ.get('CUDA_VISIBLE_DEVICES'), 'started': started,
-           'spare': os.environ.get('MPK_WARM_SPARE'),
-           'context_at': float(os.environ.get('MPK_WARM_CONTEXT_AT') or 0),
-           'ended': time.time()}, open(job['result_file'], 'w'))
-""",
-    # a timing runner: waits for "quiet" before it would time
-    "timer": """
-import json, os, sys, time
-from mpkbuild.runners import warmpipe
-job = json.load(open(sys.argv[1]))
-started = time.time()
-waited = warmpipe.wait_quiet()
-quiet_at = time.time()
-time.sleep(job.get('sleep', 0))
-json.dump({'verdict': 'pass', 'message': 'ok', 'pid': os.getpid(), 'started': started,
-           'waited': waited, 'quiet_at': quiet_at, 'spare': os.environ.get('MPK_WARM_SPARE'),
            'ended': time.time()}, open(job['result_file'], 'w'))
 """,
     # the server imports these once (as real runners, they act only as __main__)
     "validate": "import runpy\nif __name__ == '__main__':\n    runpy.run_module('stand_in_runners.fine', run_name='__main__')\n",
-    "perf": "import runpy\nif __name__ == '__main__':\n    runpy.run_module('stand_in_runners.timer', run_name='__main__')\n",
+    "perf": "import runpy\nif __name__ == '__main__':\n    runpy.run_module('stand_in_runners.fine', run_name='__main__')\n",
     "dies": "print('CUDA error: an illegal memory access was encountered', flush=True)\nimport os\nos._exit(3)\n",
     "sleepy": """
 import json, os, sys, time
@@ -97,109 +83,7 @@ def test_warm_server_forks_a_fresh_child_per_gate(stage):
     assert first["verdict"] == second["verdict"] == "pass"
     assert first["warm"] and second["warm"]          # torch was imported before the gate ran
     assert first["pid"] != second["pid"]             # a fresh process per gate
-    assert second["spare"] == "context"              # forked ahead of time, while idle
     assert "fine runner" in (stage / "w" / "fine.log").read_text()
-
-
-@pytest.mark.parametrize("running, spare", [("validate", "context"), ("perf", "driver")])
-def test_a_spare_makes_its_context_beside_a_validate_but_only_loads_the_driver_beside_a_perf(
-        stage, running, spare):
-    """A gate arriving while another runs on the same server (a shared validate) finds a
-    spare that made its CUDA context beside a validate, but beside a perf only loaded the
-    driver: no second context on the GPU while perf times. Once the perf is gone, the
-    waiting spare makes its context before the next gate."""
-    warm.run(job(stage, "fine"), "GPU-0000aaaa", {}, lambda: False)     # server up, idle
-    long = {}
-    t = threading.Thread(target=lambda: long.update(
-        warm.run(job(stage, running, name="long", sleep=3.0), "GPU-0000aaaa", {}, lambda: False)))
-    t.start()
-    time.sleep(1.0)
-    beside = warm.run(job(stage, "fine", name="beside"), "GPU-0000aaaa", {}, lambda: False)
-    t.join()
-    assert long["verdict"] == beside["verdict"] == "pass"
-    assert beside["started"] < long["ended"]             # it really ran beside the long one
-    assert beside["spare"] == spare
-    after = warm.run(job(stage, "fine", name="after"), "GPU-0000aaaa", {}, lambda: False)
-    assert after["spare"] == "context"
-
-
-def test_the_build_has_a_gates_answer_before_its_process_has_exited(stage, monkeypatch):
-    """The runner says "done" once its result is written; the CUDA teardown of its exit
-    (here a 2 s stand-in) is not on the build's clock."""
-    monkeypatch.setenv("MPK_WARM_TEST_DELAYS", '{"exit": 2.0}')
-    warm.run(job(stage, "fine", name="up"), "GPU-0000aaaa", {}, lambda: False)   # server up
-    started = time.monotonic()
-    result = warm.run(job(stage, "validate"), "GPU-0000aaaa", {}, lambda: False)
-    assert result["verdict"] == "pass"
-    assert time.monotonic() - started < 1.5
-    assert process_alive(result["pid"])                  # still exiting, off the clock
-    assert eventually(lambda: not process_alive(result["pid"]), timeout=10)
-
-
-def test_a_timing_gate_starts_at_once_but_times_after_the_gate_before_has_exited(stage, monkeypatch):
-    monkeypatch.setenv("MPK_WARM_TEST_DELAYS", '{"exit": 1.5}')
-    warm.run(job(stage, "validate", name="up"), "GPU-0000aaaa", {}, lambda: False)
-    time.sleep(2.0)                                      # that one has exited
-    before = warm.run(job(stage, "validate", name="before"), "GPU-0000aaaa", {}, lambda: False)
-    answered = time.time()
-    perf = warm.run(job(stage, "perf", name="perf"), "GPU-0000aaaa", {}, lambda: False)
-    assert before["verdict"] == perf["verdict"] == "pass"
-    assert perf["started"] - answered < 0.5             # its untimed start overlapped the exit
-    assert perf["waited"] > 0.8                          # ... and its timing waited for it
-    assert perf["quiet_at"] - answered > 1.0
-    alone = warm.run(job(stage, "perf", name="alone"), "GPU-0000aaaa", {}, lambda: False)
-    assert alone["waited"] > 0.8                         # the perf before it was exiting too
-    time.sleep(2.0)
-    quiet = warm.run(job(stage, "perf", name="quiet"), "GPU-0000aaaa", {}, lambda: False)
-    assert quiet["waited"] < 0.3                         # nothing exiting or starting: no wait
-
-
-@pytest.mark.parametrize("spares", [1, 2])
-def test_a_gate_after_a_perf_finds_a_context_made_before_the_perf(stage, monkeypatch, spares):
-    """Beside a perf no context is made; with two spares, one made beforehand is still
-    waiting when the perf ends, so the next gate does not wait for a context. With one,
-    the context is made after the perf."""
-    monkeypatch.setenv("MPK_WARM_SPARES", str(spares))
-    monkeypatch.setenv("MPK_WARM_TEST_DELAYS", '{"context": 0.3}')
-    warm.run(job(stage, "validate", name="up"), "GPU-0000aaaa", {}, lambda: False)
-    time.sleep(1.0)                                      # spares made, idle
-    perf = warm.run(job(stage, "perf", name="perf", sleep=1.0), "GPU-0000aaaa", {}, lambda: False)
-    after = warm.run(job(stage, "validate", name="after"), "GPU-0000aaaa", {}, lambda: False)
-    assert after["spare"] == "context"
-    if spares == 2:
-        assert 0 < after["context_at"] < perf["started"]
-    else:
-        assert after["context_at"] > perf["ended"]
-
-
-def _processes_of(server_socket: Path) -> int:
-    """The server and its children (spares, gates: forked, they share its command line)."""
-    out = subprocess.run(["pgrep", "-f", str(server_socket)], capture_output=True, text=True)
-    return len(out.stdout.split())
-
-
-def test_only_the_server_that_ran_the_latest_gate_on_a_gpu_keeps_spares(stage, monkeypatch):
-    """Two servers on one GPU (other code: another checkout, an edited runner): once the
-    second runs a gate there, the first's spares exit, so their idle contexts do not slow
-    the second's gates; the first's next gate is forked afresh and takes the GPU back."""
-    shutil.copytree(stage / "stand_in_runners", stage / "stand_in_other")
-    first = warm.socket_path("GPU-0000aaaa", "stand_in_runners")
-    second = warm.socket_path("GPU-0000aaaa", "stand_in_other")
-    assert first != second and warm.gpu_claim_path(first) == warm.gpu_claim_path(second)
-    assert warm.run(job(stage, "fine", name="a1"), "GPU-0000aaaa", {}, lambda: False)["verdict"] == "pass"
-    assert eventually(lambda: _processes_of(first) == 1 + warm.SPARES)
-
-    monkeypatch.setenv("MPK_RUNNER_PACKAGE", "stand_in_other")
-    assert warm.run(job(stage, "fine", name="b1"), "GPU-0000aaaa", {}, lambda: False)["verdict"] == "pass"
-    assert eventually(lambda: _processes_of(first) == 1), "the first server kept its spares"
-    assert eventually(lambda: _processes_of(second) == 1 + warm.SPARES)
-
-    monkeypatch.setenv("MPK_RUNNER_PACKAGE", "stand_in_runners")
-    back = warm.run(job(stage, "fine", name="a2"), "GPU-0000aaaa", {}, lambda: False)
-    assert back["verdict"] == "pass" and back["warm"]
-    assert back["spare"] is None                         # no spare waited: forked for it
-    assert eventually(lambda: _processes_of(second) == 1)
-    assert eventually(lambda: _processes_of(first) == 1 + warm.SPARES)
 
 
 def test_a_crashing_gate_takes_down_only_its_child(stage):
@@ -227,7 +111,8 @@ def test_a_killed_build_leaves_no_runner_behind(stage, warm_flag):
     pid_file = stage / "pid"
     client = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         from pathlib import Path
-        from mpkbuild.executor import GateJob, LocalExecutor
+        from mpkbuild.run.job import GateJob
+        from mpkbuild.run.local import LocalExecutor
         j = GateJob(gate="sleepy", kernel="k", payload={{"pid_file": {str(pid_file)!r}}},
                     workdir=Path({str(stage / 'c')!r}), timeout_s=600)
         LocalExecutor({{"warm": {warm_flag!r}}}).run(j)
@@ -276,7 +161,7 @@ def test_gpus_limits_the_set_and_one_gpu_serialises(stage):
 
 
 def test_bad_gpus_fails_before_any_gate(stage):
-    from mpkbuild.executor import ExecutorError
+    from mpkbuild.run.job import ExecutorError
     with pytest.raises(ExecutorError, match=r"gpus=0,5: no GPU 5 .*0 \(NVIDIA H200\), 1 \(NVIDIA H200\)"):
         LocalExecutor({"gpus": "0,5"}).fingerprint()
 
@@ -294,7 +179,7 @@ def test_the_tests_stop_the_warm_servers_their_projects_started(tmp_path):
     inside, outside = tmp_path / "proj" / "sub", tmp_path / "elsewhere"
     inside.mkdir(parents=True)
     outside.mkdir()
-    stand_in = "import time; time.sleep(60)  # mpkbuild.warm"
+    stand_in = "import time; time.sleep(60)  # mpkbuild.run.warm"
     procs = [subprocess.Popen([sys.executable, "-c", stand_in], cwd=d) for d in (inside, outside)]
     try:
         time.sleep(0.2)

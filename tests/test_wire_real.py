@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from mpkbuild import wire
-from mpkbuild.kernel import Kernel, discover
-from mpkbuild.wirestage import task_sources
+from mpkbuild.model.kernel import Kernel, discover
+from mpkbuild.stages.wire import task_sources
 
 REPO = Path(__file__).resolve().parents[1]
 MIRAGE = REPO.parent / "shared" / "mirage"

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import networkx as nx
 
-from .fsutil import write_atomic
-from .graph import Graph
-from .spec import OPTIONAL_SECTIONS, SECTIONS
+from mpkbuild.util.fsutil import write_atomic
+from mpkbuild.model.graph import Graph
+from mpkbuild.model.spec import OPTIONAL_SECTIONS, SECTIONS
 
 COLOURS = {"fresh": "#b7e1a1", "stale": "#ffd28a", "failed": "#f4a4a4", "never run": "#d9d9d9",
            "pending": "#a9c8f0"}

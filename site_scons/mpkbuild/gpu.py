@@ -44,10 +44,6 @@ class GpuFingerprint:
         return asdict(self)
 
 
-class NoGpuError(Exception):
-    """No usable CUDA GPU on this machine."""
-
-
 NO_GPU_HELP = (
     "GPU gates (validate, perf) need a CUDA GPU and this machine has none ({why}). "
     "Run them on the GPU box: copy the tree there and run `scons kernel={kernel} stage={stage}`; "

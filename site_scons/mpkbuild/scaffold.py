@@ -20,7 +20,7 @@ from pathlib import Path
 
 import jinja2
 
-from . import config
+from mpkbuild.util import config
 
 SCAFFOLD_DIR = config.TEMPLATE_DIR / "scaffold"
 FAMILIES = {

@@ -1,7 +1,7 @@
 """Status: which nodes a build would run and why, computed without running anything.
 
 Plain `scons -n` lists only actions whose direct inputs already changed. Here every node
-of the graph model (mpkbuild.graph) is judged in order against what SCons recorded for it
+of the graph model (mpkbuild.model.graph) is judged in order against what SCons recorded for it
 (.sconsign: the signature of each input at its last successful build). The outputs of
 cheap deterministic nodes (spec normalisation, rendering, the wire fragments) are computed
 in memory, so a node downstream of them is stale only when their bytes would really
@@ -16,9 +16,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import codegen, stages
-from .fsutil import dump_json
-from .graph import Graph, Node
+from mpkbuild import stages
+from mpkbuild.model.graph import Graph, Node
 
 CHANGED = object()          # a predicted output whose new bytes cannot be known in advance
 
@@ -165,33 +164,20 @@ def _fact_change(old: str, new: str) -> str:
 
 
 class Predictor:
-    """Computes the new bytes of deterministic outputs in memory (no files written)."""
+    """Computes the new bytes of deterministic outputs in memory (no files written): each
+    stage module's `predict` says what its node writes, or None when that cannot be known
+    without running it."""
 
     def __init__(self, root: Path, kernels: dict, wire_request, wiring_root: Path):
         self.root, self.kernels = root, kernels
         self.wire_request, self.wiring_root = wire_request, wiring_root
 
+    def rel(self, path) -> str:
+        return os.path.relpath(path, self.root)
+
     def outputs(self, node: Node) -> dict[str, object]:
-        k = self.kernels.get(node.kernel)
-        if node.kind == "spec":
-            out = {node.targets[0]: dump_json(k.spec.cache_record()).encode()}
-            for name, sec in k.spec.sections.items():
-                out[os.path.relpath(k.section_file(name), self.root)] = dump_json(sec).encode()
-            return out
-        if node.kind == "generate":
-            role = dict(node.opts)["MPK_ROLE"]
-            text = codegen.render_file(role, k.spec.sections["codegen"], k.spec.file,
-                                       k.body_source, k.root)
-            return {node.targets[0]: text.encode()}
-        if node.kind == "wire" and self.wire_request.mpk_root is None:
-            from .wirestage import render_manifest
-            manifest, _ = render_manifest(k, self.wire_request, self.wiring_root)
-            return {node.targets[0]: dump_json(manifest).encode()}
-        if node.kind in ("gate", "check"):
-            # assume the gate keeps its verdict: the verdict word and the stamp stay put
-            keep = [t for t in node.targets if t.endswith((".verdict", ".ok"))]
-            return {t: CHANGED for t in node.targets if t not in keep}
-        return {t: CHANGED for t in node.targets}
+        predicted = stages.BY_NAME[node.stage].impl.predict(node, self.kernels.get(node.kernel), self)
+        return {t: CHANGED for t in node.targets} if predicted is None else predicted
 
 
 def compute(g: Graph, sconsign: Sconsign, predictor: Predictor, gpu_here: bool,
@@ -318,9 +304,6 @@ def _read(path: Path) -> str | None:
 
 
 # ---------------------------------------------------------------- rendering
-GATE_COLUMNS = ("spec", "generate", "compile", "wire", "validate", "perf", "review")
-
-
 def table(statuses: list[NodeStatus], gpu_key: str) -> str:
     """kernel x gate: one cell per stage (worst state of its nodes), then every reason."""
     order = {"failed": 0, "pending": 1, "never run": 2, "stale": 3, "fresh": 4}

@@ -5,7 +5,8 @@ whose verdict the test chooses through FAKE_GPU_VERDICT (default pass), after sl
 FAKE_GPU_SLEEP seconds. A perf verdict of "timed" answers as the real perf runner does:
 figures for every variant (2 us torch, FAKE_GPU_RATIO {variant: time / torch}, default 0.5,
 95% of copy bandwidth), which the build then judges against the spec's thresholds. Each run appends one line to $FAKE_GPU_RUNS (when it starts) so
-tests can see which gates were really executed.
+tests can see which gates were really executed. FAKE_GPU_ELAPSED ({kernel: s}) sets the
+recorded elapsed_s (the gate order reads it).
 """
 import json
 import os
@@ -16,12 +17,6 @@ from mpkbuild.gpu import GpuFingerprint
 
 class FakeGpuExecutor:
     name = "fake"
-    context_wait_s = 0.2
-
-    def context_spares(self):
-        """As the local executor's warm runner would say, when FAKE_GPU_SPARES is set."""
-        spares = os.environ.get("FAKE_GPU_SPARES")
-        return (int(spares), frozenset({"validate"})) if spares else None
 
     def fingerprint(self):
         return GpuFingerprint(name=os.environ.get("FAKE_GPU_NAME", "Fake GPU"),
@@ -31,6 +26,13 @@ class FakeGpuExecutor:
         return "fake executor always has a GPU"
 
     def run(self, job, should_stop=lambda: False):
+        result = self._run(job, should_stop)
+        took = json.loads(os.environ.get("FAKE_GPU_ELAPSED", "{}"))   # {kernel: seconds to record}
+        if job.kernel in took:
+            result["elapsed_s"] = took[job.kernel]
+        return result
+
+    def _run(self, job, should_stop):
         runs = os.environ.get("FAKE_GPU_RUNS")
         if runs:
             with open(runs, "a") as fh:
@@ -40,7 +42,7 @@ class FakeGpuExecutor:
         deadline = time.monotonic() + float(os.environ.get("FAKE_GPU_SLEEP", "0"))
         while time.monotonic() < deadline:       # a slow gate, to interrupt
             if should_stop():
-                from mpkbuild.executor import GateInterrupted
+                from mpkbuild.run.job import GateInterrupted
                 raise GateInterrupted("the build was interrupted; the stand-in gate stopped")
             time.sleep(0.1)
         if job.gate == "bandwidth":

@@ -11,7 +11,6 @@ import statistics
 
 import torch
 
-from . import warmpipe
 from .common import device_facts, run_main
 from .timing import warm_up
 
@@ -23,7 +22,6 @@ def main(job: dict) -> dict:
     n = COPY_BYTES // 4
     src = torch.randn(n, device="cuda", dtype=torch.float32)
     dst = torch.empty_like(src)
-    warmpipe.wait_quiet()             # no context made or torn down beside the timing
     warm_up([lambda: dst.copy_(src)], 3)
     times = []
     for _ in range(9):

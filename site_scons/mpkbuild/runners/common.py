@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from ..fsutil import write_json_atomic
-from ..spec import tensor_shape, variant_symbols
-from . import gpuwait, warmpipe
+from ..util.fsutil import write_json_atomic
+from ..util.expr import tensor_shape, variant_symbols
+from . import gpuwait
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
           "int32": torch.int32, "int64": torch.int64}
@@ -186,7 +186,6 @@ def run_main(body) -> None:
     finish(job, result)
     sys.stdout.flush()
     sys.stderr.flush()
-    warmpipe.done(0)          # the result is written: the build need not wait for the exit
     # Skip interpreter teardown: after a CUDA fault, freeing device memory can hang.
     import os
     os._exit(0)

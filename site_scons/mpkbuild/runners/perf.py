@@ -19,12 +19,10 @@ import time
 
 import torch
 
-from .. import expr
-from ..claims import claim
-from ..spec import variant_symbols
+from ..util import expr
+from ..util.expr import variant_symbols
 from .common import (Harness, bind_params, device_facts, load_function, pointer_table,
                      random_tensor, run_main, tensor_specs)
-from . import warmpipe
 from .timing import capture, each, paired_ratio, time_graphs
 
 MAX_COLD_LAUNCHES = 8192
@@ -76,8 +74,6 @@ def perf_variant(harness, job, variant, copy_bw, l2_bytes) -> dict:
     def timed_pair(kernel, baseline, launches: int, warmup: int, prime: bool) -> tuple[dict, dict]:
         graphs = [capture(kernel, launches), capture(baseline, launches)]
         lap("capture")
-        warmpipe.wait_quiet()       # once: no context made or torn down beside the timing
-        lap("quiet")
         figures = time_graphs(graphs, launches, pcfg["repeats"], warmup, prime)
         lap("replay")
         return figures[0], figures[1]
@@ -125,19 +121,15 @@ def _grid(codegen, sym) -> int:
 
 
 def main(job: dict) -> dict:
-    """Times the variants (all, or those it claims) and reports them as "timed": the build
-    applies the spec's thresholds (perfcheck.judge), whichever runners timed what."""
+    """Times every variant and reports them as "timed": the build applies the spec's
+    thresholds (perfcheck.judge)."""
     torch.cuda.init()
     facts = device_facts()
     bw = json.loads(open(job["bandwidth_file"]).read())
     copy_bw = bw["copy_bandwidth_Bps"]
     harness = Harness(job["library"], job["kernel"])
-    share = job.get("share") or {}
-    order = share.get("order") or list(job["codegen"]["codegen"]["variants"])
     variants = {}
-    for variant in order:
-        if not claim(share.get("claims_dir"), variant):
-            continue
+    for variant in job["codegen"]["codegen"]["variants"]:
         print(f"perf variant {variant}", flush=True)      # a crash's last line names it
         variants[variant] = perf_variant(harness, job, variant, copy_bw, facts["l2_bytes"])
         started = time.perf_counter()

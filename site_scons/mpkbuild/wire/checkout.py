@@ -136,7 +136,3 @@ class Checkout:
 def site_file_plain(surface: Surface, site: Site) -> str:
     """A site's file when it depends on neither arch nor kernel (the enum header)."""
     return surface.text(site.file, f"site {site.id} file", arch={}, kernel="")
-
-
-def kernels_in(blocks: list[Block]) -> set[str]:
-    return {split_key(b.key)[0] for b in blocks}

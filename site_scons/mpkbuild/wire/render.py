@@ -41,7 +41,7 @@ def task_sources(spec: dict, project_root: Path) -> dict[str, str]:
 
     These are the bytes wire installs into the checkout, so the runtime compiles the very
     body the harness gates ran."""
-    from .. import codegen
+    from mpkbuild.stages import generate as codegen
     section = {k: spec[k] for k in ("kernel", "op", "family", "codegen")}
     spec_file = f"specs/{spec['kernel']}.yaml"
     body = Path(project_root) / spec["codegen"]["body"]

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import expr
+from ..util import expr
 from .errors import SectionError
 from .surface import Surface, load_surface
 

@@ -1,0 +1,384 @@
+"""The command line: what `scons ...` asks for, the commands that answer without building
+(status, check, dag, why=, the exact -n, new=), the build lock, the shared cache, the gate
+order and the verdict table printed at the end.
+
+`Build` is the state of one invocation: the loaded kernels, the executor, the GPU profile
+and the request; every stage action receives it. The SCons tool (site_tools/mpk.py) only
+declares the graph this module plans.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import SCons.Node
+import SCons.Script
+from SCons.Script import ARGUMENTS, GetOption
+
+from mpkbuild import gpu as gpu_mod
+from mpkbuild import run as run_mod
+from mpkbuild import stages
+from mpkbuild import status as status_mod
+from mpkbuild.model import graph as graph_mod
+from mpkbuild.model import spec as spec_mod
+from mpkbuild.model.kernel import Kernel, discover
+from mpkbuild.run.job import ExecutorError, GateInterrupted
+from mpkbuild.stages.gates import GateCannotRun, read_result, require_gpu, verdict_line
+from mpkbuild.stages.wire import WireRequest
+from mpkbuild.util import config
+
+COMMANDS = ("status", "check", "dag")
+
+
+@dataclass
+class Build:
+    """One scons invocation, as the stage actions see it."""
+    root: Path
+    executor: object
+    should_stop: object = lambda: False     # SCons caught SIGINT/SIGTERM (set by the tool)
+    kernels: dict[str, Kernel] = field(default_factory=dict)
+    fingerprint: object = None              # the GPU profile gates are judged for
+    gpu_here: bool = False                  # ... and this machine's executor has that GPU
+    real_gpu: object = None
+    sanitize: str | None = None
+    wire_request: WireRequest | None = None
+    keep_going: bool = False
+    failed_gate: str | None = None          # the first gate of this run that did not pass
+    info: dict[str, dict] = field(default_factory=dict)   # first target -> node parameters
+
+    @staticmethod
+    def fail(message: str) -> int:
+        sys.stderr.write(f"mpk: error: {message}\n")
+        return 1
+
+    def ready_gpu(self, kernel_name: str, stage: str):
+        if self.fingerprint is not None and not self.gpu_here:
+            real = self.real_gpu
+            raise GateCannotRun(
+                f"{stage} {kernel_name}: gpu={self.fingerprint.key} asks for results from "
+                f"{self.fingerprint.signature()}, and this machine has "
+                f"{real.signature() if real else 'no GPU'}: run it on that GPU (or take it from a "
+                "shared cache). Nothing was marked passed.")
+        return require_gpu(self.fingerprint, self.executor.absence(), kernel_name, stage)
+
+    def run_gate(self, job):
+        try:
+            return self.executor.run(job, should_stop=self.should_stop)
+        except GateInterrupted as exc:
+            raise GateCannotRun(f"{job.gate} {job.kernel}: {exc}; nothing was recorded") from None
+        except ExecutorError as exc:    # a remote link or cluster failed mid-gate
+            raise GateCannotRun(f"{job.gate} {job.kernel}: {exc}") from None
+
+
+def fail_early(message: str) -> None:
+    sys.stderr.write(f"mpk: error: {message}\n")
+    SCons.Script.Exit(2)
+
+
+# ---------------------------------------------------------------- the request
+def parse_request(build: Build) -> tuple[list[str], str, bool]:
+    """(kernel names, stage, whether the stage was defaulted to compile for want of a GPU)."""
+    known = discover(build.root)
+    wanted = ARGUMENTS.get("kernel", "all")
+    if wanted == "all":
+        names = known
+    else:
+        names = [n.strip() for n in wanted.split(",") if n.strip()]
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            fail_early(f"unknown kernel {', '.join(unknown)} (kernels: {', '.join(known) or 'none'}; "
+                       f"a kernel is specs/<name>.yaml)")
+    stage = ARGUMENTS.get("stage")
+    defaulted = False
+    if stage is None:
+        stage = "review" if build.gpu_here else "compile"
+        defaulted = stage == "compile"
+    if stage not in stages.NAMES:
+        fail_early(f"unknown stage {stage!r} (stages: {', '.join(stages.NAMES)})")
+    return names, stage, defaulted
+
+
+def wire_request() -> WireRequest:
+    flag = lambda name: ARGUMENTS.get(name, "0") not in ("0", "", "no", "false")
+    root = ARGUMENTS.get("mpk_root")
+    if root is None:
+        if flag("apply") or flag("unwire"):
+            fail_early("apply=1 and unwire=1 need mpk_root=PATH (an MPK checkout)")
+        return WireRequest(None, False, False)
+    path = Path(SCons.Script.GetLaunchDir(), root).resolve()
+    if not path.is_dir():
+        fail_early(f"mpk_root={root}: {path} is not a folder")
+    return WireRequest(path, flag("apply"), flag("unwire"))
+
+
+def sanitize_request() -> str | None:
+    tool = ARGUMENTS.get("sanitize")
+    if tool in (None, "", "0", "none"):
+        return None
+    from mpkbuild.run import sanitizer
+    if tool not in sanitizer.TOOLS:
+        fail_early(f"sanitize={tool}: expected one of {', '.join(sanitizer.TOOLS)}")
+    return tool
+
+
+def resolve_gpu(build: Build) -> None:
+    """The GPU profile the GPU gates are judged for: gpu=<profile>, else the executor's GPU
+    (this machine's, or the remote host's / cluster's)."""
+    try:
+        real = build.executor.fingerprint()
+    except ExecutorError as exc:
+        fail_early(f"executor {getattr(build.executor, 'name', '?')}: {exc} "
+                   "(nothing was run or recorded)")
+    want = ARGUMENTS.get("gpu")
+    if want is None:
+        build.fingerprint, build.gpu_here = real, real is not None
+        return
+    try:
+        profile = gpu_mod.load_profile(build.root, want)
+    except gpu_mod.ProfileError as exc:
+        fail_early(str(exc))
+    build.fingerprint = profile
+    build.gpu_here = real is not None and real.signature() == profile.signature()
+    build.real_gpu = real
+
+
+def help_text(root: Path) -> str:
+    lines = ["mpk kernel build graph", "", "usage: scons [kernel=NAME[,NAME]|all] [stage=STAGE] "
+             "[-n] [-c] [-k] [-jN]",
+             "       GPU gates: [gpus=0,1] [warm=0] [sanitize=memcheck|racecheck|synccheck]",
+             "         executor=local (default; one GPU lease per running gate, -jN uses N GPUs)",
+             "         executor=ssh gpu_host=USER@HOST [gpu_workdir=DIR] [gpu_python=python3]",
+             "         executor=dask scheduler=tcp://HOST:8786   (pip install -e .[dask])",
+             "         executor=module:Class   (your own; see docs/executors.md)",
+             "       scons stage=wire mpk_root=PATH [apply=1] [unwire=1]   registration edits",
+             "       scons status [kernel=..] [stage=..] [gpu=PROFILE] [--json]   fresh/stale (why)",
+             "       scons check gpu=PROFILE      exit 1 if any gate for that GPU is stale/failed/missing",
+             "       scons dag [kernel=..] [stage=..]   build/dag/<name>.dot/.mmd/.svg",
+             "       scons why=FILE|[KERNEL:]SECTION.FIELD   what a change there would make stale",
+             "       scons new=NAME family=A|B|C|D|E   scaffold a kernel (spec, body, reference)",
+             "       options: cache=DIR (or MPK_CACHE) shares results; gpu=PROFILE judges/uses that GPU's results",
+             "", "stages (stage= builds the stage and everything it needs; default: review "
+             "with a GPU, compile without):"]
+    for s in stages.STAGES:
+        tags = [f"per {s.per}"] + (["gate"] if s.is_gate else []) + (["GPU"] if s.needs_gpu else [])
+        lines.append(f"  {s.name:<9} {s.doc}  [{', '.join(tags)}]")
+    lines += ["", "kernels: " + (", ".join(discover(root)) or "none"), ""]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- commands that do not build
+def report(build: Build, command: str, g: graph_mod.Graph, sconsign, names: list[str], stage: str,
+           with_summary: bool) -> int:
+    """status / check / dag / why= / the exact dry run: computed, printed, no build."""
+    root = build.root
+    predictor = status_mod.Predictor(root, build.kernels, build.wire_request, root / "wiring")
+    targets = g.request(names, stage, with_summary)
+    if command in ("why", "dag"):
+        from mpkbuild import dagview       # networkx: only the commands that draw or walk it
+    if command == "why":
+        try:
+            labels = dagview.why(ARGUMENTS["why"], g, names)
+        except dagview.WhyError as exc:
+            fail_early(str(exc))
+        print(f"a change to {ARGUMENTS['why']} would make stale ({len(labels)} actions):")
+        for label in labels:
+            print(f"  {label}")
+        return 0
+    statuses = status_mod.compute(g, sconsign, predictor, build.gpu_here,
+                                  only=g.needed_labels(targets))
+    if command == "dry-run":
+        for st in statuses:
+            if st.will_run:
+                print(st.label)
+        return 0
+    if command == "dag":
+        ag = dagview.restrict(dagview.action_graph(g), g, targets)
+        name = f"{ARGUMENTS.get('kernel', 'all').replace(',', '+')}-{stage}"
+        paths = dagview.write(ag, {s.label: s for s in statuses}, root / config.BUILD_DIRNAME / "dag", name)
+        print("wrote " + ", ".join(os.path.relpath(p, root) for p in paths))
+        return 0
+    if GetOption("mpk_json"):
+        print(status_mod.to_json(statuses, g.gpu_key))
+    else:
+        print(status_mod.table(statuses, g.gpu_key))
+        others = [p for p in gpu_mod.known_profiles(root) if p != g.gpu_key]
+        if others:
+            print(f"\nresults also exist for GPU profiles: {', '.join(others)} (status gpu=<profile>)")
+    if command == "check":
+        bad = [st for st in statuses if st.kind in ("gate", "compile", "wire") and st.state != "fresh"]
+        if bad:
+            sys.stderr.write(f"mpk: check failed for GPU profile {g.gpu_key}: "
+                             f"{len(bad)} gates are not fresh:\n")
+            for st in bad:
+                sys.stderr.write(f"  {st.label}: {st.state}"
+                                 + (f" ({'; '.join(st.reasons[:3])})" if st.reasons else "") + "\n")
+            return 1
+        print(f"check: every gate for GPU profile {g.gpu_key} is fresh")
+    return 0
+
+
+def scaffold(root: Path) -> None:
+    from mpkbuild import scaffold as scaffold_mod
+    try:
+        made = scaffold_mod.create(root, ARGUMENTS["new"], ARGUMENTS.get("family", ""))
+    except scaffold_mod.ScaffoldError as exc:
+        fail_early(str(exc))
+    print("created " + ", ".join(os.path.relpath(p, root) for p in made))
+    print(f"next: scons kernel={ARGUMENTS['new']} stage=compile   (see docs/adding-a-kernel.md)")
+    SCons.Script.Exit(0)
+
+
+# ---------------------------------------------------------------- a build
+def use_cache(env, root: Path) -> None:
+    folder = ARGUMENTS.get("cache") or os.environ.get("MPK_CACHE")
+    if not folder:
+        return
+    path = Path(SCons.Script.GetLaunchDir(), folder).resolve()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail_early(f"cache={folder}: cannot create {path}: {exc.strerror}")
+    if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+        fail_early(f"cache={folder}: {path} is not readable and writable by this user")
+    env.CacheDir(str(path))
+
+
+_LOCK = []      # the open lock file: held (and the lock with it) until this process ends
+
+
+def take_build_lock(root: Path) -> None:
+    """One building scons per tree: a second one refuses at once (the lock dies with its
+    holder, however it dies)."""
+    import fcntl
+    lock_path = root / config.BUILD_DIRNAME / ".mpk-build.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(lock_path, "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.seek(0)
+        holder = fh.read().strip() or "?"
+        fail_early(f"another scons is building in this tree (pid {holder}); wait for it to "
+                   f"finish or stop it. Nothing was changed. (status, -n, dag and why= do not lock)")
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"{os.getpid()}\n")
+    fh.flush()
+    _LOCK.append(fh)
+
+
+def verdict_table(requested: dict) -> None:
+    """Printed at exit: every requested gate's verdict, from this run's nodes and results."""
+    if GetOption("no_exec") or GetOption("clean") or GetOption("help"):
+        return
+    rows = []
+    for (kname, gate, label), (node, result_path) in requested.items():
+        state = node.get_state()
+        if state == SCons.Node.failed:    # the action failed: any result file is an old one
+            verdict = "FAILED (see the error above)"
+        elif state in (SCons.Node.executed, SCons.Node.up_to_date):
+            res = read_result(result_path) if result_path else {"verdict": "pass"}
+            verdict = verdict_line(res) if res else "pass"
+        else:
+            verdict = "not reached (the build stopped at the first failure; -k goes on)"
+        rows.append((kname, label, verdict[:110]))
+    if not rows:
+        return
+    width = max(len(r[0]) for r in rows)
+    print("\nverdicts:")
+    for kname, label, verdict in rows:
+        print(f"  {kname:<{width}}  {label:<16} {verdict}")
+
+
+def gate_order(g: graph_mod.Graph, kernels: list[Kernel], closure) -> list[str]:
+    """SCons hands out ready nodes in the order of its targets: the GPU gates go first,
+    every validate before any perf (a failed validate blocks its perf, and validates are
+    short), then the longest gate by its last recorded time, so -jN GPUs finish together.
+    The gate's result, not its check: a failed verdict must not stop the others."""
+    gates = [(k, gate) for gate in stages.GPU_GATES if gate in closure for k in kernels]
+    rank = {gate: i for i, gate in enumerate(stages.GPU_GATES)}
+    order = sorted(gates, key=lambda kg: (rank[kg[1]],
+                                          -g.last_elapsed.get(kg[0].gate_result(kg[1], g.gpu_key), 0.0)))
+    return [os.path.relpath(k.gate_result(gate, g.gpu_key), g.root) for k, gate in order]
+
+
+def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
+    """Everything up to declaring nodes: parse, load, answer the commands that do not build
+    (they exit here), lock. Returns the build, its graph, the default targets (gates first)
+    and the nodes the verdict table reports."""
+    root = Path(env.Dir("#").abspath)
+    SCons.Script.Help(help_text(root), append=False)
+    try:
+        executor = run_mod.load(ARGUMENTS.get("executor"), dict(ARGUMENTS))
+    except ExecutorError as exc:
+        fail_early(str(exc))
+    except (ValueError, ImportError, AttributeError) as exc:
+        fail_early(f"executor: {exc}")
+    build = Build(root=root, executor=executor, should_stop=should_stop,
+                  keep_going=bool(GetOption("keep_going")))
+    build.sanitize = sanitize_request()
+    if "new" in ARGUMENTS:
+        scaffold(root)
+    resolve_gpu(build)
+    command = next((c for c in COMMANDS if c in SCons.Script.COMMAND_LINE_TARGETS), None)
+    if command is None and "why" in ARGUMENTS:
+        command = "why"
+    if command is not None and "stage" not in ARGUMENTS:
+        ARGUMENTS["stage"] = "review"      # status and friends look at everything by default
+    names, stage, defaulted = parse_request(build)
+    build.wire_request = wire_request()
+    if GetOption("help"):
+        return build, None, [], {}
+    for name in names:
+        try:
+            build.kernels[name] = Kernel.load(root, name, write_cache=False)
+        except spec_mod.SpecError as exc:
+            fail_early(str(exc))
+    with_summary = stage == "review" and ARGUMENTS.get("kernel", "all") == "all"
+    kernels = [build.kernels[n] for n in names]
+    sconsign = status_mod.Sconsign(root)
+    g = graph_mod.build(root, kernels, build.fingerprint, build.wire_request, with_summary,
+                        tampered=lambda rel: status_mod.tampered(root, sconsign, rel),
+                        sanitize=build.sanitize)
+    for node in g.nodes:
+        if node.always and "modified after its gate wrote it" in node.always:
+            print(f"mpk: {node.always}")
+    if command is None and GetOption("no_exec") and not GetOption("clean"):
+        command = "dry-run"                # plain `scons -n` under-reports; ours is exact
+    if command is not None:
+        SCons.Script.Exit(report(build, command, g, sconsign, names, stage, with_summary))
+    use_cache(env, root)
+    if not GetOption("clean"):
+        take_build_lock(root)
+    for k in kernels:
+        k.save_spec_cache()                # only now: bad input above must write nothing
+    closure = stages.closure(stage)
+    targets = g.request(names, stage, with_summary)
+    needed = g.needed_labels(targets)      # the verdict table lists only what this stage builds
+    requested = {}
+    for k in kernels:
+        if "compile" in closure:
+            for arch in k.archs:
+                if f"compile {k.name} {arch}" in needed:
+                    requested[(k.name, "compile", f"compile {arch}")] = k.resources(arch)
+        for gate in stages.GPU_GATES:
+            if gate in closure and f"{gate} {k.name} {g.gpu_key}" in needed:
+                # the gate's own node: its check is not built when a later gate is asked for
+                requested[(k.name, gate, gate)] = k.gate_result(gate, g.gpu_key)
+    if not targets:
+        print(f"mpk: nothing to build for stage={stage} (no requested kernel has a "
+              f"{'wiring section' if stage == 'wire' else 'node for it'})")
+    if defaulted and not SCons.Script.COMMAND_LINE_TARGETS:
+        print(f"mpk: no CUDA GPU here ({build.executor.absence()}): default stage is compile; "
+              "validate/perf run on the GPU box (stage=validate here fails by design)")
+    targets = list(dict.fromkeys(gate_order(g, kernels, closure) + targets)) if targets else []
+    return build, g, targets, requested
+
+
+def report_at_exit(env, requested: dict) -> None:
+    """The verdict table for these (kernel, gate, label) -> result path entries."""
+    nodes = {key: (env.File(str(path)), path) for key, path in requested.items()}
+    atexit.register(verdict_table, nodes)

@@ -1,0 +1,138 @@
+"""The build graph as plain data: every action node with its targets, sources and facts.
+
+The SCons tool declares exactly these nodes, and status, the exact dry run, `dag` and
+`why` read the same list, so what they say and what the build does cannot drift apart.
+Facts are the non-file inputs (SCons Value nodes): the normalised spec's hash, the nvcc
+toolchain and flags, the GPU fingerprint, the wire request. Paths are repo-relative.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from mpkbuild.util import config
+
+PKG = config.PACKAGE_DIR
+
+
+@dataclass(frozen=True)
+class Node:
+    label: str                       # the line the build prints: "compile rmsnorm_v2 sm_90a"
+    kind: str                        # which action runs it (spec, generate, compile, ...)
+    stage: str                       # the stage-table row it belongs to
+    kernel: str | None
+    targets: tuple[str, ...]
+    sources: tuple[str, ...]
+    facts: tuple[str, ...] = ()
+    opts: tuple[tuple[str, object], ...] = ()
+    side_effects: tuple[str, ...] = ()
+    always: str | None = None        # why it runs on every build (AlwaysBuild), if it does
+    silent: bool = False             # bookkeeping (gate checks): prints no action line
+
+
+@dataclass
+class Graph:
+    root: Path
+    gpu_key: str
+    fingerprint: object = None       # the GPU profile gates are judged for (None: no GPU)
+    wire_request: object = None
+    sanitize: str | None = None      # compute-sanitizer tool for validate, or None
+    # tampered(rel) -> whether a stored result no longer has the bytes its gate wrote
+    tampered: Callable[[str], bool] = lambda rel: False
+    nodes: list[Node] = field(default_factory=list)
+    requested: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    summary_targets: list[str] = field(default_factory=list)
+    # seconds each stored gate result took (read once, with its verdict): the gate order
+    last_elapsed: dict[Path, float] = field(default_factory=dict)
+
+    def add(self, node: Node) -> Node:
+        self.nodes.append(node)
+        return node
+
+    def rel(self, path: Path | str) -> str:
+        return rel(self.root, path)
+
+    def pkg(self, *parts: str) -> str:
+        """A file of this package, repo-relative (code a node depends on)."""
+        return rel(self.root, PKG.joinpath(*parts))
+
+    def previous_verdict(self, path: Path) -> str | None:
+        """The verdict of a stored gate result (None: none), its time remembered for the order."""
+        try:
+            res = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(res, dict):
+            return None
+        self.last_elapsed[path] = float(res.get("elapsed_s") or 0.0)
+        return res.get("verdict")
+
+    def producers(self) -> dict[str, Node]:
+        return {t: n for n in self.nodes for t in n.targets}
+
+    def request(self, kernels: list[str], stage: str, with_summary: bool) -> list[str]:
+        out = [t for k in kernels for t in self.requested.get((k, stage), [])]
+        return out + (self.summary_targets if with_summary and stage == "review" else [])
+
+    def needed_labels(self, targets: list[str]) -> set[str]:
+        """Labels of the printed actions that building `targets` involves (a gate check
+        stands for the gate it checks)."""
+        producers = self.producers()
+        seen: set[str] = set()
+        todo = [producers[t] for t in targets if t in producers]
+        while todo:
+            node = todo.pop()
+            if node.label in seen:
+                continue
+            seen.add(node.label)
+            todo.extend(producers[s] for s in node.sources if s in producers)
+        return {n.label for n in self.nodes if n.label in seen and not n.silent}
+
+    def to_networkx(self):
+        """Files, facts and actions as one DiGraph: file -> action -> file."""
+        import networkx as nx
+        g = nx.DiGraph()
+        for n in self.nodes:
+            g.add_node(n.label, type="action", node=n)
+            for s in n.sources:
+                g.add_node(s, type=g.nodes[s].get("type", "file") if s in g else "file")
+                g.add_edge(s, n.label)
+            for f in n.facts:
+                g.add_node(f, type="fact")
+                g.add_edge(f, n.label)
+            for t in n.targets:
+                g.add_node(t, type="file")
+                g.add_edge(n.label, t)
+        return g
+
+
+def rel(root: Path, path: Path | str) -> str:
+    # hot (~60 calls per kernel): a plain prefix cut when path lies under root and has no
+    # "." / ".." segments to normalise; os.path.relpath otherwise (same result, ~5x slower)
+    p, r = os.fspath(path), os.fspath(root)
+    if p.startswith(r) and p[len(r):len(r) + 1] == os.sep:
+        rest = p[len(r) + 1:]
+        if "/." not in "/" + rest and "//" not in f"/{rest}/":
+            return rest
+    return os.path.relpath(path, root)
+
+
+def build(root: Path, kernels: list, fingerprint, wire_request, with_summary: bool,
+          tampered=lambda rel: False, sanitize: str | None = None) -> Graph:
+    """The whole graph for these kernels on this GPU (fingerprint None: no GPU), declared by
+    the stage modules in table order; then the nodes no kernel owns (a GPU's copy
+    bandwidth goes first, the summary last)."""
+    from mpkbuild import stages
+    g = Graph(root=root, gpu_key=fingerprint.key if fingerprint else "no-gpu",
+              fingerprint=fingerprint, wire_request=wire_request, sanitize=sanitize,
+              tampered=tampered)
+    for k in kernels:
+        for stage in stages.STAGES:
+            stage.impl.nodes(g, k, stage.name)
+    for module in stages.modules():
+        if hasattr(module, "shared_nodes"):
+            module.shared_nodes(g, kernels, with_summary)
+    return g

@@ -1,0 +1,240 @@
+"""The spec schema: one JSON Schema that loading enforces and editors can use.
+
+`python -m mpkbuild.model.schema` prints it; specs/schema.json is that output (a test keeps the
+two equal). Defaults live here, beside the fields they belong to, and :func:`fill_defaults`
+applies them, so a default is never written twice.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+
+from mpkbuild.util import config
+
+C_IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"
+REPO_PATH = r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$"
+REF_PATH = r"^[A-Za-z0-9_][A-Za-z0-9_./-]*\.py:[A-Za-z_][A-Za-z0-9_]*$"
+INT_OR_EXPR = {"type": ["integer", "string"]}
+
+_PARTITION = {"type": "array", "minItems": 1, "maxItems": 4, "items": {"enum": [-1, 0]},
+              "description": "MPK notation: 0 = this dim is split across grid x, -1 = whole"}
+
+_OVERRIDE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["variants", "partition"],
+    "properties": {
+        "variants": {"type": "string", "description": "fnmatch glob over variant names"},
+        "partition": {"type": "object", "minProperties": 1,
+                      "propertyNames": {"pattern": C_IDENT},
+                      "additionalProperties": _PARTITION,
+                      "description": "tensor name -> the partition these variants use instead"},
+        "description": {"type": "string"},
+    },
+}
+
+_TENSOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "dtype", "shape", "partition"],
+    "properties": {
+        "name": {"type": "string", "pattern": C_IDENT},
+        "dtype": {"enum": ["bf16", "fp16", "fp32", "int32", "int64"]},
+        "shape": {"type": "array", "minItems": 1, "maxItems": 4, "items": INT_OR_EXPR,
+                  "description": "extents: integers or expressions over variant symbols"},
+        "partition": _PARTITION,
+        "description": {"type": "string"},
+    },
+}
+
+_GENERATOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["dist"],
+    "properties": {
+        "dist": {"enum": ["normal", "uniform", "randint"]},
+        "mean": {"type": "number"}, "std": {"type": "number", "exclusiveMinimum": 0},
+        "low": {"type": "number"}, "high": {"type": "number"},
+        # round normal/uniform draws to multiples of step: equal values on purpose (ties)
+        # in a dtype finer than the spacing the kernel's rule must be tested on
+        "step": {"type": "number", "exclusiveMinimum": 0},
+    },
+}
+
+_THRESHOLD = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["variants"],
+    "properties": {
+        "variants": {"type": "string", "description": "fnmatch glob over variant names"},
+        "min_bandwidth_fraction": {"type": "number", "exclusiveMinimum": 0, "maximum": 1.5},
+        "max_time_vs_baseline": {"type": "number", "exclusiveMinimum": 0},
+        "max_us": {"type": "number", "exclusiveMinimum": 0},
+        "time_figure": {"enum": ["hot", "cold"],
+                        "description": "the figure max_time_vs_baseline and max_us judge (hot when absent)"},
+    },
+}
+
+SPEC_SCHEMA: dict = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "mpkbuild/spec.schema.json",
+    "title": "mpkbuild kernel spec",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["kernel", "op", "family", "archs", "codegen", "validate", "perf"],
+    "properties": {
+        "kernel": {"type": "string", "pattern": C_IDENT,
+                   "description": "kernel name; must equal the spec file's stem"},
+        "op": {"type": "string", "pattern": C_IDENT},
+        "family": {"enum": ["A", "B", "C", "D", "E"],
+                   "description": "A pipeline, B consumer+typed SMEM regions, C monolithic SMEM, "
+                                  "D no SMEM (elementwise), E helper fused in a host kernel"},
+        "description": {"type": "string", "description": "cosmetic: not part of any signature"},
+        "archs": {"type": "array", "minItems": 1, "uniqueItems": True,
+                  "items": {"enum": list(config.ARCHS)}},
+        "codegen": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["body", "threads", "variants", "grid", "inputs", "outputs"],
+            "properties": {
+                "body": {"type": "string", "pattern": REPO_PATH,
+                         "description": "task body: a .cuh, or a .cuh.j2 rendered with the codegen section"},
+                "threads": {"type": "integer", "minimum": 32, "maximum": 1024},
+                "params": {"type": "object", "default": {},
+                           "propertyNames": {"pattern": C_IDENT},
+                           "additionalProperties": {"type": ["number", "boolean"]}},
+                "template_params": {"type": "array", "default": [], "uniqueItems": True,
+                                    "items": {"type": "string", "pattern": C_IDENT}},
+                "variants": {"type": "object", "minProperties": 1,
+                             "propertyNames": {"pattern": C_IDENT},
+                             "additionalProperties": {
+                                 "type": "object", "minProperties": 1,
+                                 "propertyNames": {"pattern": C_IDENT},
+                                 "additionalProperties": {"type": "integer", "minimum": 0}}},
+                "tiling": {"type": "array", "default": [], "items": {
+                    "type": "object", "additionalProperties": False,
+                    "required": ["symbol", "multiple_of"],
+                    "properties": {"symbol": {"type": "string", "pattern": C_IDENT},
+                                   "multiple_of": INT_OR_EXPR}}},
+                "min_blocks_per_sm": {**INT_OR_EXPR, "default": 1,
+                                      "description": "harness __launch_bounds__ minimum blocks per SM "
+                                                     "(caps registers); an expression over variant symbols"},
+                "grid": {"type": "array", "minItems": 1, "maxItems": 1, "items": INT_OR_EXPR,
+                         "description": "number of tasks (grid x), an expression over variant symbols"},
+                "inputs": {"type": "array", "minItems": 1, "maxItems": 7, "items": _TENSOR},
+                "outputs": {"type": "array", "minItems": 1, "maxItems": 3, "items": _TENSOR},
+                # no default: a spec without overrides keeps its codegen signature
+                "overrides": {"type": "array", "items": _OVERRIDE,
+                              "description": "per-variant tensor partitions (a variant glob each); "
+                                             "a tensor takes at most one override per variant"},
+                "smem": {
+                    "type": "object", "additionalProperties": False,
+                    "default": {"budget": 224256, "regions": []},
+                    "properties": {
+                        "budget": {"type": "integer", "minimum": 0, "maximum": 232448, "default": 224256},
+                        "regions": {"type": "array", "default": [], "maxItems": 16, "items": {
+                            "type": "object", "additionalProperties": False,
+                            "required": ["name", "bytes"],
+                            "properties": {"name": {"type": "string", "pattern": C_IDENT},
+                                           "bytes": {**INT_OR_EXPR, "description":
+                                                     "an expression over threads, params and the "
+                                                     "variant's symbols (the plan may differ per variant)"},
+                                           "align": {"type": "integer", "minimum": 1, "default": 16}}}},
+                    },
+                },
+            },
+        },
+        "generators": {"type": "object", "default": {},
+                       "description": "input name -> random distribution (validate and perf); "
+                                      "float inputs default to normal(0, 1)",
+                       "propertyNames": {"pattern": C_IDENT},
+                       "additionalProperties": _GENERATOR},
+        "validate": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["reference"],
+            "properties": {
+                "reference": {"type": "string", "pattern": REF_PATH,
+                              "description": "path/to/file.py:function computing the output in float64"},
+                "compare": {"enum": ["tolerance", "exact"], "default": "tolerance",
+                            "description": "exact: bitwise equality (indices); tolerances do not apply"},
+                "cos_min": {"type": "number", "minimum": 0, "maximum": 1,
+                            "default": config.DEFAULT_COS_MIN},
+                "rel_max": {"type": "number", "minimum": 0, "default": config.DEFAULT_REL_MAX,
+                            "description": "max |out-ref| / max |ref|"},
+                "trials": {"type": "integer", "minimum": 1, "default": 3},
+                "steps": {"type": "integer", "minimum": 3, "default": 3},
+                "timeout_s": {"type": "number", "exclusiveMinimum": 0,
+                              "default": config.DEFAULT_GATE_TIMEOUT_S},
+                "share_gpu": {"type": "boolean", "default": False,
+                              "description": "validate may run beside other sharing validates on "
+                                             "one GPU (small memory, no timing); perf never shares"},
+            },
+        },
+        "perf": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["baseline", "bytes"],
+            "properties": {
+                "baseline": {"type": "string", "pattern": REF_PATH,
+                             "description": "the torch op the kernel must beat, timed the same way"},
+                "bytes": {**INT_OR_EXPR, "description": "bytes moved per launch (roofline)"},
+                "launches_per_graph": {"type": "integer", "minimum": 1, "default": 20},
+                "repeats": {"type": "integer", "minimum": 5, "default": 7},
+                "warmup": {"type": "integer", "minimum": 0, "default": 16},
+                "cold": {"type": "boolean", "default": True},
+                # no default: a spec without it keeps its perf signature
+                "generators": {"type": "object",
+                               "description": "input name -> distribution for the timed inputs "
+                                              "only, over the top-level generators (validate "
+                                              "may need inputs a real workload never sees)",
+                               "propertyNames": {"pattern": C_IDENT},
+                               "additionalProperties": _GENERATOR},
+                "timeout_s": {"type": "number", "exclusiveMinimum": 0,
+                              "default": config.DEFAULT_GATE_TIMEOUT_S},
+                "thresholds": {"type": "array", "default": [], "items": _THRESHOLD},
+            },
+        },
+    },
+}
+
+
+def full_schema() -> dict:
+    """The spec schema including sections contributed by other stages (wiring)."""
+    schema = copy.deepcopy(SPEC_SCHEMA)
+    try:
+        from mpkbuild.wire import WIRING_SCHEMA  # the wire stage owns its section's schema
+    except ImportError:
+        return schema
+    schema["properties"]["wiring"] = copy.deepcopy(WIRING_SCHEMA)
+    return schema
+
+
+def fill_defaults(data, schema) -> None:
+    """Apply `default` values from the schema in place (objects only, recursively)."""
+    if not isinstance(data, dict) or schema.get("type") != "object":
+        if isinstance(data, list) and isinstance(schema.get("items"), dict):
+            for item in data:
+                fill_defaults(item, schema["items"])
+        return
+    props = schema.get("properties", {})
+    for key, sub in props.items():
+        if key not in data and "default" in sub:
+            data[key] = copy.deepcopy(sub["default"])
+        if key in data:
+            fill_defaults(data[key], sub)
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict):
+        for key, value in data.items():
+            if key not in props:
+                fill_defaults(value, extra)
+
+
+def main() -> None:
+    json.dump(full_schema(), sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

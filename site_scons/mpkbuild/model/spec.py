@@ -1,0 +1,448 @@
+"""The spec stage: load specs/<K>.yaml, validate it, normalise it, split it into sections.
+
+A bad spec raises one :class:`SpecError` naming file, line and field path, before anything
+is written. The normalised form drops cosmetic fields (descriptions) and fills defaults, so
+a comment or description edit changes no section and therefore no signature.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import fnmatch
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from mpkbuild.util import expr
+from mpkbuild.util.expr import grid_size, tensor_shape, variant_symbols
+from mpkbuild.model import schema
+from mpkbuild.util.fsutil import sha256_bytes, sha256_json, write_json_atomic
+from mpkbuild.model.yamlpos import format_path, line_for
+
+# yaml (in .yamlpos) and jsonschema are imported by load_spec only: a no-op build or a
+# status reads cached specs and never needs them.
+
+# Section name -> the top-level spec keys it holds. Each stage reads only its sections
+# (see stages.py), so editing one section re-runs only the stages that read it.
+SECTIONS = {
+    "codegen": ("kernel", "op", "family", "codegen"),
+    "generators": ("generators",),
+    "validate": ("validate",),
+    "perf": ("perf",),
+}
+# present only when the spec has the last key; archs ride along (the wire stage renders per arch)
+OPTIONAL_SECTIONS = {"wiring": ("archs", "wiring")}
+COSMETIC_KEYS = {"description"}
+
+
+class SpecError(Exception):
+    """A spec that cannot be built: names the file, the line and the field path."""
+
+    def __init__(self, file: str, line: int, path, message: str):
+        self.file, self.line, self.path, self.message = file, line, tuple(path), message
+        super().__init__(f"{file}:{line}: {format_path(self.path)}: {message}")
+
+
+@dataclass(frozen=True)
+class LoadedSpec:
+    """A validated spec: normalised data plus one signature per section."""
+
+    file: str                       # repo-relative path of the YAML
+    data: dict                      # normalised (defaults filled, cosmetic fields dropped)
+    sections: dict                  # section name -> dict
+    signatures: dict                # section name -> sha256 of its canonical JSON
+    source_sha: str = ""            # sha256 of the YAML bytes it was loaded from
+    from_cache: bool = False        # True when load_spec_cached reused the last full load
+
+    def cache_record(self) -> dict:
+        """What the spec stage writes to build/K/spec.json (and load_spec_cached reads)."""
+        return {"file": self.file, "spec": self.data, "sections": self.sections,
+                "signatures": self.signatures, "source_sha": self.source_sha,
+                "loader": loader_version()}
+
+    @property
+    def name(self) -> str:
+        return self.data["kernel"]
+
+
+def _strip_cosmetic(obj):
+    if isinstance(obj, dict):
+        return {k: _strip_cosmetic(v) for k, v in obj.items() if k not in COSMETIC_KEYS}
+    if isinstance(obj, list):
+        return [_strip_cosmetic(v) for v in obj]
+    return obj
+
+
+def _schema_error(err) -> tuple[tuple, str]:
+    """Turn a jsonschema error into (field path, plain message) pointing at the bad field."""
+    path = tuple(err.absolute_path)
+    if "propertyNames" in err.schema_path and isinstance(err.instance, str):
+        return path + (err.instance,), f"name {err.instance!r} is not a C identifier"
+    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+        allowed = set(err.schema.get("properties", {}))
+        extra = sorted(k for k in err.instance if k not in allowed)
+        if extra:
+            hint = f" (allowed: {', '.join(sorted(allowed))})" if allowed else ""
+            return path + (extra[0],), f"unknown field {extra[0]!r}{hint}"
+    if err.validator == "required":
+        missing = [k for k in err.validator_value if k not in err.instance]
+        return path + (missing[0],), f"missing required field {missing[0]!r}"
+    if err.validator == "type":
+        want = err.validator_value
+        want = " or ".join(want) if isinstance(want, list) else want
+        return path, f"expected {want}, got {type(err.instance).__name__} {err.instance!r}"
+    if err.validator == "pattern":
+        what = "a C identifier" if err.validator_value == schema.C_IDENT else \
+            f"a value matching {err.validator_value}"
+        return path, f"{err.instance!r} is not {what}"
+    if err.validator == "enum":
+        return path, f"{err.instance!r} is not one of {err.validator_value}"
+    return path, err.message
+
+
+def _generator_problems(where: tuple, gens: dict, input_names: dict):
+    for gname, gen in gens.items():
+        if gname not in input_names:
+            yield (*where, gname), f"no input named {gname!r} (inputs: {', '.join(input_names)})"
+            continue
+        need = {"normal": ("mean", "std"), "uniform": ("low", "high"), "randint": ("low", "high")}[gen["dist"]]
+        for key in need:
+            if key not in gen:
+                yield (*where, gname, key), f"dist {gen['dist']} needs {key!r}"
+        if gen["dist"] != "normal" and "low" in gen and "high" in gen and gen["low"] >= gen["high"]:
+            yield (*where, gname), "low must be below high"
+        if "step" in gen and gen["dist"] == "randint":
+            yield (*where, gname, "step"), "step rounds normal or uniform draws; randint is already whole"
+        is_int = input_names[gname]["dtype"].startswith("int")
+        if is_int != (gen["dist"] == "randint"):
+            yield (*where, gname, "dist"), (f"input {gname!r} is {input_names[gname]['dtype']}: "
+                                            + ("use randint" if is_int else "randint is for integer inputs"))
+
+
+def _py_function_exists(root: Path, ref: str) -> str | None:
+    """None if `file.py:func` names an existing top-level function, else why not."""
+    rel, func = ref.rsplit(":", 1)
+    target = _inside_repo(root, rel)
+    if target is None:
+        return f"{rel!r} escapes the repository"
+    if not target.is_file():
+        return f"file {rel} does not exist"
+    st = target.stat()
+    defs = _top_level_functions(str(target), st.st_mtime_ns, st.st_size, rel)
+    if isinstance(defs, str):
+        return defs
+    if func not in defs:
+        return f"{rel} has no top-level function {func!r} (found: {', '.join(sorted(defs)) or 'none'})"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _top_level_functions(path: str, mtime_ns: int, size: int, rel: str) -> frozenset | str:
+    """The names defined at a file's top level (parsed once per version of the file)."""
+    try:
+        tree = ast.parse(Path(path).read_text(), filename=rel)
+    except SyntaxError as exc:
+        return f"{rel}:{exc.lineno} does not parse: {exc.msg}"
+    return frozenset(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+
+@functools.lru_cache(maxsize=None)
+def _resolved(path: Path) -> Path:
+    return path.resolve()
+
+
+def _inside_repo(root: Path, rel: str) -> Path | None:
+    if rel.startswith("/") or "\\" in rel:
+        return None
+    target = (root / rel).resolve()
+    try:
+        target.relative_to(_resolved(root))
+    except ValueError:
+        return None
+    return target
+
+
+def _semantic_errors(data: dict, root: Path, stem: str):
+    """Checks the schema cannot express. Yields (path, message); the first one is reported."""
+    if data["kernel"] != stem:
+        yield ("kernel",), f"kernel name {data['kernel']!r} must equal the spec file's stem {stem!r}"
+    cg = data["codegen"]
+    body = cg["body"]
+    target = _inside_repo(root, body)
+    if target is None:
+        yield ("codegen", "body"), f"{body!r} escapes the repository"
+    elif not (body.endswith(".cuh") or body.endswith(".cuh.j2")):
+        yield ("codegen", "body"), f"{body!r} must be a .cuh or a .cuh.j2 template"
+    elif not target.is_file():
+        yield ("codegen", "body"), f"file {body} does not exist"
+    if cg["threads"] % 32:
+        yield ("codegen", "threads"), f"threads={cg['threads']} is not a multiple of the warp size 32"
+    consts = {"threads": cg["threads"], **{k: v for k, v in cg["params"].items()
+                                          if not isinstance(v, bool)}}
+    # tensors
+    names = set()
+    shapes = {t["name"]: t["shape"] for kind in ("inputs", "outputs") for t in cg[kind]}
+    for kind in ("inputs", "outputs"):
+        for i, t in enumerate(cg[kind]):
+            if t["name"] in names:
+                yield ("codegen", kind, i, "name"), f"tensor name {t['name']!r} is used twice"
+            names.add(t["name"])
+            if len(t["partition"]) != len(t["shape"]):
+                yield ("codegen", kind, i, "partition"), (
+                    f"partition has {len(t['partition'])} entries but shape has {len(t['shape'])} dims")
+            if t["partition"].count(0) > 1:
+                yield ("codegen", kind, i, "partition"), "at most one dim can be split across grid x"
+    # per-variant partition overrides
+    claimed = {}                            # (variant, tensor) -> the override index that set it
+    for i, rule in enumerate(cg.get("overrides", [])):
+        matched = fnmatch.filter(cg["variants"], rule["variants"])
+        if not matched:
+            yield ("codegen", "overrides", i, "variants"), f"{rule['variants']!r} matches no variant"
+        for tname, part in rule["partition"].items():
+            where = ("codegen", "overrides", i, "partition", tname)
+            if tname not in shapes:
+                yield where, f"no tensor named {tname!r} (tensors: {', '.join(shapes)})"
+                continue
+            if len(part) != len(shapes[tname]):
+                yield where, f"partition has {len(part)} entries but {tname}'s shape has {len(shapes[tname])} dims"
+            if part.count(0) > 1:
+                yield where, "at most one dim can be split across grid x"
+            for vname in matched:
+                if (vname, tname) in claimed:
+                    yield where, (f"variant {vname!r} already takes {tname}'s partition from "
+                                  f"codegen.overrides[{claimed[vname, tname]}]")
+                claimed[vname, tname] = i
+    # variants
+    template_params = cg["template_params"]
+    for vname, binding in cg["variants"].items():
+        shadow = sorted(set(binding) & set(consts))
+        if shadow:
+            yield ("codegen", "variants", vname, shadow[0]), (
+                f"variant symbol {shadow[0]!r} shadows a codegen param or 'threads'")
+        symbols = {**consts, **binding}
+        for tp in template_params:
+            if tp not in binding:
+                yield ("codegen", "variants", vname), f"template parameter {tp!r} is not bound"
+        for i, rule in enumerate(cg["tiling"]):
+            if rule["symbol"] not in binding:
+                yield ("codegen", "tiling", i, "symbol"), (
+                    f"symbol {rule['symbol']!r} is not bound by variant {vname!r}")
+                continue
+            try:
+                mult = expr.evaluate(rule["multiple_of"], symbols)
+            except expr.ExprError as exc:
+                yield ("codegen", "tiling", i, "multiple_of"), str(exc)
+                continue
+            value = binding[rule["symbol"]]
+            if not isinstance(mult, int) or mult <= 0 or value % mult:
+                yield ("codegen", "variants", vname, rule["symbol"]), (
+                    f"{rule['symbol']}={value} does not tile: it must be a multiple of "
+                    f"{rule['multiple_of']} = {mult} (codegen.tiling[{i}])")
+        try:
+            blocks = expr.evaluate(cg["min_blocks_per_sm"], symbols)
+        except expr.ExprError as exc:
+            yield ("codegen", "min_blocks_per_sm"), f"variant {vname}: {exc}"
+            continue
+        if not isinstance(blocks, int) or not 1 <= blocks <= 32:
+            yield ("codegen", "min_blocks_per_sm"), (
+                f"variant {vname}: min_blocks_per_sm = {blocks!r} is not an integer in 1..32")
+        try:
+            grid = expr.evaluate(cg["grid"][0], symbols)
+        except expr.ExprError as exc:
+            yield ("codegen", "grid", 0), f"variant {vname}: {exc}"
+            continue
+        if not isinstance(grid, int) or grid < 1:
+            yield ("codegen", "grid", 0), f"variant {vname}: grid = {grid!r} is not a positive integer"
+            continue
+        tensors = variant_tensors(cg, vname)
+        for kind in ("inputs", "outputs"):
+            for i, t in enumerate(tensors[kind]):
+                for d, extent in enumerate(t["shape"]):
+                    try:
+                        n = expr.evaluate(extent, symbols)
+                    except expr.ExprError as exc:
+                        yield ("codegen", kind, i, "shape", d), f"variant {vname}: {exc}"
+                        continue
+                    if not isinstance(n, int) or n < 1:
+                        yield ("codegen", kind, i, "shape", d), (
+                            f"variant {vname}: extent {extent!r} = {n!r} is not a positive integer")
+                    elif d < len(t["partition"]) and t["partition"][d] == 0 and n % grid:
+                        yield ("codegen", kind, i, "shape", d), (
+                            f"variant {vname}: dim {d} ({extent} = {n}) is split over {grid} tasks "
+                            f"but is not a multiple of it" + _partition_origin(cg, vname, t["name"]))
+    # smem: region sizes may use variant symbols, so the plan is checked for every variant
+    for i, region in enumerate(cg["smem"]["regions"]):
+        if region["align"] & (region["align"] - 1):
+            yield ("codegen", "smem", "regions", i, "align"), f"alignment {region['align']} is not a power of two"
+    for vname, binding in cg["variants"].items():
+        try:
+            smem_layout(cg["smem"], {**consts, **binding})
+        except SmemPlanError as exc:
+            # plain-number regions fail the same way for every variant: no variant to name
+            varies = any(not isinstance(r["bytes"], int) for r in cg["smem"]["regions"][:exc.index + 1])
+            yield exc.path, f"variant {vname}: {exc}" if varies else str(exc)
+            break
+    # validate
+    v = data["validate"]
+    why = _py_function_exists(root, v["reference"])
+    if why:
+        yield ("validate", "reference"), f"reference {v['reference']!r}: {why}"
+    input_names = {t["name"]: t for t in cg["inputs"]}
+    perf_gens = data["perf"].get("generators", {})
+    for where, gens in ((("generators",), data["generators"]),
+                        (("perf", "generators"), perf_gens)):
+        yield from _generator_problems(where, gens, input_names)
+    for tname, t in input_names.items():
+        if t["dtype"].startswith("int") and tname not in data["generators"]:
+            yield ("generators",), f"integer input {tname!r} needs a generator (randint)"
+    # perf
+    p = data["perf"]
+    why = _py_function_exists(root, p["baseline"])
+    if why:
+        yield ("perf", "baseline"), f"baseline {p['baseline']!r}: {why}"
+    for vname, binding in cg["variants"].items():
+        try:
+            nbytes = expr.evaluate(p["bytes"], {**consts, **binding})
+        except expr.ExprError as exc:
+            yield ("perf", "bytes"), f"variant {vname}: {exc}"
+            break
+        if not isinstance(nbytes, (int, float)) or nbytes <= 0:
+            yield ("perf", "bytes"), f"variant {vname}: bytes = {nbytes!r} is not positive"
+    for i, rule in enumerate(p["thresholds"]):
+        if not fnmatch.filter(cg["variants"], rule["variants"]):
+            yield ("perf", "thresholds", i, "variants"), f"{rule['variants']!r} matches no variant"
+        if len(rule) == 1:
+            yield ("perf", "thresholds", i), "a threshold needs at least one limit"
+    # wiring (owned by the wire stage)
+    if "wiring" in data:
+        from mpkbuild import wire
+        for path, message in wire.check_section(data):
+            yield tuple(str(path).split(".")), message
+
+
+@functools.lru_cache(maxsize=None)
+def loader_version() -> str:
+    """Changes whenever the code that validates and normalises specs changes (the import
+    closure of this module: schema, expressions, the wire section's checks)."""
+    from mpkbuild.util.closure import module_files
+    return sha256_bytes(b"".join(f.read_bytes() for f in module_files(__name__)))
+
+
+def load_spec_cached(path: Path | str, root: Path | str, cache: Path, write: bool = True) -> LoadedSpec:
+    """Like load_spec, but reuse the last full load's result when the YAML's bytes and the
+    loader are unchanged (parsing and schema-checking hundreds of specs would dominate a
+    no-op build). The cache is refreshed by every full load, so a comment edit costs one
+    slow load, not one per run. Files the spec names are still checked."""
+    root, path = Path(root), Path(path)
+    try:
+        raw = path.read_bytes()
+        cached = json.loads(Path(cache).read_text())
+        fresh = cached.get("source_sha") == sha256_bytes(raw) and cached.get("loader") == loader_version()
+    except (OSError, ValueError):
+        fresh = False
+    if fresh:
+        data = cached["spec"]
+        refs = (data["validate"]["reference"], data["perf"]["baseline"])
+        if (root / data["codegen"]["body"]).is_file() and not any(_py_function_exists(root, r) for r in refs):
+            return LoadedSpec(file=cached["file"], data=data, sections=cached["sections"],
+                              signatures=cached["signatures"], source_sha=cached["source_sha"],
+                              from_cache=True)
+    spec = load_spec(path, root)            # reports any problem with file and line
+    if write:
+        save_spec_cache(spec, cache)
+    return spec
+
+
+def save_spec_cache(spec: LoadedSpec, cache: Path) -> None:
+    try:
+        write_json_atomic(cache, spec.cache_record(), only_if_changed=True)
+    except OSError:
+        pass                                # a read-only tree still builds, just slower
+
+
+def load_spec(path: Path | str, root: Path | str) -> LoadedSpec:
+    """Load and validate one spec; raise SpecError (file, line, field) on the first problem."""
+    root = Path(root)
+    path = Path(path)
+    try:
+        rel = str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        rel = str(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(rel, 1, (), f"cannot read spec: {exc.strerror}") from None
+    import jsonschema
+    from mpkbuild.model.yamlpos import YamlPosError, load_with_lines
+    try:
+        raw, lines = load_with_lines(text)
+    except YamlPosError as exc:
+        raise SpecError(rel, exc.line, exc.path, exc.message) from None
+    if not isinstance(raw, dict):
+        raise SpecError(rel, 1, (), "a spec must be a YAML mapping")
+    sch = schema.full_schema()
+    errors = sorted(jsonschema.Draft202012Validator(sch).iter_errors(raw),
+                    key=lambda e: (line_for(lines, tuple(e.absolute_path)), list(map(str, e.absolute_path))))
+    if errors:
+        fpath, message = _schema_error(errors[0])
+        raise SpecError(rel, line_for(lines, fpath), fpath, message)
+    data = copy.deepcopy(raw)
+    schema.fill_defaults(data, sch)
+    for fpath, message in _semantic_errors(data, root, path.name.rsplit(".", 1)[0]):
+        raise SpecError(rel, line_for(lines, fpath), fpath, message)
+    data = _strip_cosmetic(data)
+    sections = {name: {k: data[k] for k in keys} for name, keys in SECTIONS.items()}
+    for name, keys in OPTIONAL_SECTIONS.items():
+        if keys[-1] in data:
+            sections[name] = {k: data[k] for k in keys}
+    signatures = {name: sha256_json(sec) for name, sec in sections.items()}
+    return LoadedSpec(file=rel, data=data, sections=sections, signatures=signatures,
+                      source_sha=sha256_bytes(text.encode()))
+
+
+class SmemPlanError(ValueError):
+    """A region size that does not evaluate, is not positive, or overruns the budget."""
+
+    def __init__(self, index: int, field: str | None, message: str):
+        self.index = index
+        self.path = ("codegen", "smem", "regions", index) + ((field,) if field else ())
+        super().__init__(message)
+
+
+def smem_layout(smem: dict, symbols: dict) -> tuple[list[dict], int]:
+    """Lay the regions out in order at their alignment for one variant's symbols:
+    ([{name, offset, bytes, align}], total). Raises SmemPlanError."""
+    regions, total = [], 0
+    for i, region in enumerate(smem["regions"]):
+        try:
+            nbytes = expr.evaluate(region["bytes"], symbols)
+        except expr.ExprError as exc:
+            raise SmemPlanError(i, "bytes", str(exc)) from None
+        if not isinstance(nbytes, int) or nbytes <= 0:
+            raise SmemPlanError(i, "bytes", f"{region['bytes']!r} = {nbytes!r} is not a positive integer")
+        offset = -(-total // region["align"]) * region["align"]
+        total = offset + nbytes
+        if total > smem["budget"]:
+            raise SmemPlanError(i, None, f"SMEM over budget: regions up to {region['name']!r} need "
+                                         f"{total} bytes, budget is {smem['budget']}")
+        regions.append({"name": region["name"], "offset": offset, "bytes": nbytes, "align": region["align"]})
+    return regions, total
+
+
+def variant_tensors(codegen: dict, variant: str) -> dict:
+    """{"inputs": [...], "outputs": [...]} for one variant: the declared tensors with the
+    partitions codegen.overrides gives that variant (the loader allows one per tensor)."""
+    override = {}
+    for rule in codegen.get("overrides", []):
+        if fnmatch.fnmatch(variant, rule["variants"]):
+            override.update(rule["partition"])
+    return {kind: [{**t, "partition": override[t["name"]]} if t["name"] in override else t
+                   for t in codegen[kind]] for kind in ("inputs", "outputs")}
+
+
+def _partition_origin(codegen: dict, variant: str, tensor: str) -> str:
+    for i, rule in enumerate(codegen.get("overrides", [])):
+        if tensor in rule["partition"] and fnmatch.fnmatch(variant, rule["variants"]):
+            return f" (partition from codegen.overrides[{i}])"
+    return ""

@@ -1,0 +1,211 @@
+"""A gate job and the one watchdog every executor shares.
+
+`GateJob` is what a gate hands an executor: the runner's payload, the folder its job file,
+result and log live in, and its timeout. `run_runner` is the cold path (a runner
+subprocess in its own session, under compute-sanitizer when asked) and `supervise` the
+watchdog for any child, cold or warm: past the timeout the whole group is killed and the
+verdict is `hang` with the last lines of output; a runner that dies without writing its
+result is a `crash` with the CUDA error text from its output. `watch` is the one
+poll-and-kill loop (the ssh executor waits on its ssh client through it too).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mpkbuild.util import config
+from mpkbuild.util.fsutil import write_json_atomic
+
+PACKAGE_PARENT = config.PACKAGE_DIR.parent     # the folder holding mpkbuild/
+DEFAULT_RUNNERS = "mpkbuild.runners"
+# compute-sanitizer slows a gate down by an order of magnitude: its watchdog waits longer
+SANITIZE_TIMEOUT_FACTOR = 10.0
+
+
+class ExecutorError(Exception):
+    """The executor cannot work as configured (bad gpus=, unreachable host, no scheduler):
+    the build stops before any gate, nothing is recorded."""
+
+
+class GateInterrupted(Exception):
+    """The build was interrupted (SIGINT/SIGTERM) while a gate ran: it was killed, nothing recorded."""
+
+
+@dataclass(frozen=True)
+class GateJob:
+    gate: str                   # "validate" | "perf" | "bandwidth"
+    kernel: str
+    payload: dict               # what the runner needs (sections, library, references)
+    workdir: Path               # where the job file, result and log live
+    timeout_s: float
+    root: Path | None = None    # the tree the payload's absolute paths point into
+    # every file the runner reads, root-relative: what a remote executor ships
+    inputs: tuple[str, ...] = ()
+    sanitize: str | None = None  # compute-sanitizer tool for validate, or None
+    share_gpu: bool = False     # the spec lets this gate share a GPU with other sharing gates
+    runner_package: str | None = field(default=None, compare=False)
+
+    @property
+    def job_file(self) -> Path:
+        return self.workdir / f".{self.gate}.job.json"
+
+    @property
+    def result_file(self) -> Path:
+        return self.workdir / f".{self.gate}.result.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.workdir / f"{self.gate}.log"
+
+    @property
+    def watchdog_s(self) -> float:
+        return self.timeout_s * (SANITIZE_TIMEOUT_FACTOR if self.sanitize else 1.0)
+
+
+def write_job(job: GateJob) -> Path:
+    """The job file the runner reads; the stale result of an earlier run goes first."""
+    job.workdir.mkdir(parents=True, exist_ok=True)
+    job.result_file.unlink(missing_ok=True)
+    write_json_atomic(job.job_file, {**job.payload, "gate": job.gate, "kernel": job.kernel,
+                                     "result_file": str(job.result_file)})
+    return job.job_file
+
+
+def runner_package(job: GateJob | None = None) -> str:
+    return (job and job.runner_package) or os.environ.get("MPK_RUNNER_PACKAGE") or DEFAULT_RUNNERS
+
+
+def runner_env(extra: dict | None = None) -> dict:
+    """The runner imports the same mpkbuild as the build that launched it."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_PARENT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    env["PYTHONUNBUFFERED"] = "1"
+    env["MPK_LIFELINE_PID"] = str(os.getpid())
+    env.update(extra or {})
+    return env
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def cuda_error_line(text: str) -> str | None:
+    for line in reversed(text.splitlines()):
+        low = line.lower()
+        if "cuda error" in low or "illegal" in low or "cudaerror" in low or "launch failure" in low:
+            return line.strip()
+    return None
+
+
+class _Cold:
+    """A runner subprocess in its own session (so its whole group can be killed)."""
+
+    def __init__(self, cmd, env, log_file: Path, pass_fds=()):
+        with open(log_file, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         pass_fds=tuple(pass_fds))
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+POLL_S = 0.25
+
+
+def watch(child, deadline: float, should_stop, interrupted: str) -> int | None:
+    """Wait for `child` (wait(timeout) raising TimeoutExpired, kill()) until it ends: its exit
+    code, or None once `deadline` (monotonic) passed and it was killed. An interrupt kills
+    it and raises GateInterrupted(interrupted); so does any other exception, after the kill."""
+    try:
+        while True:
+            try:
+                return child.wait(max(0.0, min(POLL_S, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    child.kill()
+                    return None
+                if should_stop():
+                    child.kill()
+                    raise GateInterrupted(interrupted)
+    except BaseException:
+        child.kill()
+        raise
+
+
+def supervise(child, job: GateJob, should_stop, started: float) -> dict:
+    """Wait for a runner (cold or warm) under the watchdog; turn how it ended into a result."""
+    code = watch(child, started + job.watchdog_s, should_stop,
+                 "the build was interrupted; the gate was stopped")
+    if code is None:
+        return {"verdict": "hang", "elapsed_s": round(time.monotonic() - started, 3),
+                "message": f"{job.gate} ran past its {job.watchdog_s:g} s timeout and was "
+                           f"killed (process group); last output:\n{tail(job.log_file)}"}
+    return outcome(job, code, round(time.monotonic() - started, 3))
+
+
+def outcome(job: GateJob, code: int, elapsed: float) -> dict:
+    """The runner's own result when it wrote one, else a crash with the CUDA text."""
+    result = None
+    if job.result_file.exists():
+        try:
+            result = json.loads(job.result_file.read_text())
+        except ValueError:
+            result = None
+        job.result_file.unlink(missing_ok=True)
+    if result is None:
+        text = tail(job.log_file, 40)
+        cuda = cuda_error_line(text)
+        how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        result = {"verdict": "crash", "message": (cuda or f"runner {how} without a result")
+                  + f"\nlast output:\n{text}"}
+    result.setdefault("elapsed_s", elapsed)
+    if job.sanitize:
+        from mpkbuild.run import sanitizer
+        report = _sanitize_report(job)
+        found = sanitizer.verdict(job.sanitize, report.read_text(errors="replace")
+                                  if report.exists() else "", code, result)
+        if found is not None:
+            found.setdefault("elapsed_s", elapsed)
+            found["runner_verdict"] = result.get("verdict")
+            result = found
+        result["sanitize"] = job.sanitize
+    return result
+
+
+def _sanitize_report(job: GateJob) -> Path:
+    return job.workdir / f"{job.gate}.{job.sanitize}.txt"
+
+
+def run_runner(job: GateJob, should_stop=lambda: False, env_extra: dict | None = None,
+               pass_fds=()) -> dict:
+    """The cold path: `python -m <runners>.<gate> JOB` (under compute-sanitizer if asked)."""
+    job_file = write_job(job)
+    cmd = [sys.executable, "-u", "-m", "mpkbuild.runners.launch",
+           f"{runner_package(job)}.{job.gate}", str(job_file)]
+    if job.sanitize:
+        from mpkbuild.run import sanitizer
+        report = _sanitize_report(job)
+        report.unlink(missing_ok=True)
+        cmd = sanitizer.wrap(job.sanitize, cmd, report, kernel=job.kernel)
+    started = time.monotonic()
+    child = _Cold(cmd, runner_env(env_extra), job.log_file, pass_fds)
+    return supervise(child, job, should_stop, started)
+
+

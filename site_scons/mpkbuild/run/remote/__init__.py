@@ -1,0 +1,1 @@
+"""Gates on another machine: the job bundle, its bootstrap, ssh and dask."""

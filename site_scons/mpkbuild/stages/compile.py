@@ -1,0 +1,198 @@
+"""The compile stage: nvcc per target arch, ptxas resources parsed, the resource gate.
+
+The library and resources.json are written atomically. A spill or an SMEM plan over the
+budget fails the gate with the numbers, and no library is left behind for a later stage to
+trust. The nvcc version and every flag are part of the stage's signature (see
+:func:`toolchain_fingerprint` and :func:`nvcc_command`).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from mpkbuild.util import config
+from mpkbuild.model.graph import Node
+from mpkbuild.util.fsutil import sha256_file, write_atomic, write_json_atomic
+
+
+class CompileError(Exception):
+    """nvcc failed, or the resource gate failed; the message carries nvcc's output or the numbers."""
+
+
+@functools.lru_cache(maxsize=None)
+def toolchain_fingerprint(nvcc: str = "nvcc") -> str:
+    """'nvcc 13.0.88 (cuda_13.0.r13.0/compiler.36424714_0)', or 'nvcc: not found'."""
+    exe = shutil.which(nvcc)
+    if exe is None:
+        return "nvcc: not found"
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"nvcc: unusable ({exc})"
+    version = re.search(r"release [\d.]+, V([\d.]+)", out)
+    build = re.search(r"Build (\S+)", out)
+    return f"nvcc {version.group(1) if version else '?'} ({build.group(1) if build else '?'})"
+
+
+def gencode(arch: str) -> str:
+    num = arch[len("sm_"):]
+    return f"-gencode=arch=compute_{num},code=sm_{num}"
+
+
+def nvcc_command(arch: str, harness: Path, include_dir: Path, output: Path,
+                 extra_flags: tuple[str, ...] = ()) -> list[str]:
+    return ["nvcc", *config.NVCC_BASE_FLAGS, gencode(arch), f"-I{include_dir}",
+            *extra_flags, "-o", str(output), str(harness)]
+
+
+_ENTRY = re.compile(r"Compiling entry function '(\S+)' for '(\w+)'")
+_PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?")
+
+
+def parse_ptxas(text: str) -> dict[str, dict]:
+    """Per entry function (mangled name): registers, barriers, static smem, stack, spills."""
+    out: dict[str, dict] = {}
+    current = None
+    for line in text.splitlines():
+        m = _ENTRY.search(line)
+        if m:
+            current = out.setdefault(m.group(1), {"arch": m.group(2), "registers": 0, "barriers": 0,
+                                                   "static_smem": 0, "stack": 0,
+                                                   "spill_stores": 0, "spill_loads": 0})
+            continue
+        if current is None:
+            continue
+        m = _PROPS.search(line)
+        if m:
+            current.update(stack=int(m.group(1)), spill_stores=int(m.group(2)),
+                           spill_loads=int(m.group(3)))
+            continue
+        m = _USED.search(line)
+        if m:
+            current.update(registers=int(m.group(1)), barriers=int(m.group(2) or 0),
+                           static_smem=int(m.group(3) or 0))
+    return out
+
+
+def variant_of(mangled: str, kernel: str, variants) -> str | None:
+    for v in variants:
+        name = f"{kernel}__{v}"
+        if f"{len(name)}{name}" in mangled:
+            return v
+    return None
+
+
+@dataclass(frozen=True)
+class CompileJob:
+    kernel: str
+    arch: str
+    variants: tuple[str, ...]
+    harness: Path
+    library: Path
+    resources: Path
+    log: Path
+    smem_total: int
+    smem_budget: int
+
+
+def resource_verdict(job: CompileJob, functions: dict[str, dict]) -> dict:
+    """Gate the ptxas numbers: no spills, SMEM (static + planned dynamic) within budget."""
+    per_variant, problems = {}, []
+    for mangled, info in functions.items():
+        variant = variant_of(mangled, job.kernel, job.variants)
+        if variant is None:
+            continue
+        smem = info["static_smem"] + job.smem_total
+        per_variant[variant] = {**info, "dynamic_smem": job.smem_total, "smem_total": smem}
+        if info["spill_stores"] or info["spill_loads"]:
+            problems.append(f"{variant}: spills {info['spill_stores']} bytes stored / "
+                            f"{info['spill_loads']} bytes loaded ({info['registers']} registers)")
+        if smem > job.smem_budget:
+            problems.append(f"{variant}: SMEM {smem} bytes (static {info['static_smem']} + planned "
+                            f"{job.smem_total}) > budget {job.smem_budget}")
+    missing = sorted(set(job.variants) - set(per_variant))
+    if missing:
+        problems.append(f"ptxas reported no entry function for variants {', '.join(missing)}")
+    return {"kernel": job.kernel, "arch": job.arch, "verdict": "fail" if problems else "pass",
+            "problems": problems, "variants": per_variant,
+            "toolchain": toolchain_fingerprint()}
+
+
+def run_compile(job: CompileJob, command: list[str], cwd: Path) -> dict:
+    """Run nvcc (in cwd, paths relative to it) into a temp file, gate the resources, then
+    publish library + resources.json."""
+    job.library.parent.mkdir(parents=True, exist_ok=True)
+    tmp_lib = job.library.with_name(f".{job.library.name}.{os.getpid()}.tmp")
+    cmd = list(command)
+    cmd[cmd.index("-o") + 1] = str(tmp_lib)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+    except OSError as exc:
+        raise CompileError(f"{job.kernel} {job.arch}: cannot run nvcc: {exc}") from exc
+    log = f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
+    write_atomic(job.log, log)
+    if proc.returncode != 0:
+        tmp_lib.unlink(missing_ok=True)
+        errors = [l for l in (proc.stdout + proc.stderr).splitlines() if "error" in l.lower()]
+        raise CompileError(f"{job.kernel} {job.arch}: nvcc exited {proc.returncode}:\n"
+                           + "\n".join(errors[:20] or log.splitlines()[-20:]) + f"\n(full log: {job.log})")
+    result = resource_verdict(job, parse_ptxas(proc.stdout + proc.stderr))
+    if result["verdict"] != "pass":
+        tmp_lib.unlink(missing_ok=True)
+        job.library.unlink(missing_ok=True)
+        job.resources.unlink(missing_ok=True)
+        raise CompileError(f"{job.kernel} {job.arch}: resource gate failed:\n  "
+                           + "\n  ".join(result["problems"]))
+    # the library's hash rides in resources.json: GPU gates depend on that small file
+    # instead of the ~1 MB library, which SCons would otherwise re-hash on every no-op
+    result["library_sha256"] = sha256_file(tmp_lib)
+    os.replace(tmp_lib, job.library)
+    write_json_atomic(job.resources, result)
+    return result
+
+
+def toolchain_fact() -> str:
+    return f"toolchain: {toolchain_fingerprint()}; flags: {' '.join(config.NVCC_BASE_FLAGS)}"
+
+
+def nodes(g, k, stage: str) -> None:
+    generated = [g.rel(p) for p in k.generated.values()]
+    compiled = []
+    for arch in k.archs:
+        cmd = nvcc_command(arch, g.rel(k.generated["harness"]), g.rel(k.gen_dir), g.rel(k.library(arch)))
+        node = g.add(Node(f"compile {k.name} {arch}", "compile", stage, k.name,
+                          (g.rel(k.library(arch)), g.rel(k.resources(arch)), g.rel(k.arch_dir(arch) / "compile.log")),
+                          (*generated, g.pkg("stages", "compile.py")), (toolchain_fact(),),
+                          opts=(("MPK_ARCH", arch), ("MPK_NVCC_CMD", cmd))))
+        compiled += node.targets[:2]
+    g.requested[(k.name, stage)] = compiled
+
+
+def run(build, info, target, source) -> int:
+    from mpkbuild.stages.generate import smem_plan
+    k = build.kernels[info["MPK_KERNEL"]]
+    arch = info["MPK_ARCH"]
+    plan = smem_plan(k.spec.data["codegen"])
+    job = CompileJob(kernel=k.name, arch=arch, variants=k.variants,
+                     harness=k.generated["harness"], library=k.library(arch),
+                     resources=k.resources(arch), log=k.arch_dir(arch) / "compile.log",
+                     smem_total=plan["total"], smem_budget=plan["budget"])
+    try:
+        run_compile(job, info["MPK_NVCC_CMD"], k.root)
+    except CompileError as exc:
+        return build.fail(str(exc))
+    return 0
+
+
+def predict(node, k, predictor) -> None:
+    """nvcc's output cannot be known without running it."""
+    return None
+
+
+ACTIONS = {"compile": run}

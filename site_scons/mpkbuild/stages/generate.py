@@ -1,0 +1,201 @@
+"""The generate stage: render the spec header, the task body and the harness with jinja2.
+
+Every generated file comes from a template rendered under StrictUndefined; a template
+error is re-raised as :class:`TemplateError` naming the template file and line. Each file
+is written only when its bytes change, so an unchanged render never triggers nvcc.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from mpkbuild.util import config, expr
+from mpkbuild.model.graph import Node
+from mpkbuild.util.fsutil import write_atomic
+from mpkbuild.model.spec import grid_size, smem_layout, tensor_shape, variant_symbols, variant_tensors
+
+CTYPES = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float",
+          "int32": "int32_t", "int64": "int64_t"}
+
+
+class TemplateError(Exception):
+    """A template that does not render: names template file and line."""
+
+
+def _environment(search_path: list[Path]):
+    import jinja2   # imported on first render: a no-op build or a status never renders
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader([str(p) for p in search_path]),
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+        trim_blocks=True, lstrip_blocks=True, autoescape=False)
+
+
+def render_template(path: Path, context: dict, display: str | None = None) -> str:
+    """Render one template file; errors name `display` (or path) and the template line."""
+    display = display or str(path)
+    import jinja2
+    env = _environment([path.parent, config.TEMPLATE_DIR])
+    try:
+        return env.get_template(path.name).render(**context)
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(f"{display}:{exc.lineno}: template syntax error: {exc.message}") from exc
+    except jinja2.TemplateError as exc:
+        raise TemplateError(f"{display}:{_template_line(exc, path)}: {exc}") from exc
+
+
+def _template_line(exc: BaseException, path: Path) -> int | str:
+    tb = exc.__traceback__
+    line = "?"
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == str(path):
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+def _cpp_name(name: str) -> str:
+    return name.upper()
+
+
+def _cpp_literal(value) -> tuple[str, str]:
+    if isinstance(value, bool):
+        return "bool", "true" if value else "false"
+    if isinstance(value, int):
+        return "int", str(value)
+    return "float", f"{value!r}f"
+
+
+def smem_plan(codegen: dict, variant: str | None = None) -> dict:
+    """Region offsets laid out in order with their alignment; total and budget.
+
+    Region sizes may use variant symbols. With a variant: that variant's plan. Without one:
+    the plan of the variant that needs the most (what a resource gate must allow for), and
+    `uniform` says whether every variant has the same plan."""
+    if variant is not None or not codegen.get("variants"):
+        symbols = variant_symbols(codegen, variant) if variant is not None else \
+            {"threads": codegen["threads"],
+             **{k: v for k, v in codegen["params"].items() if not isinstance(v, bool)}}
+        regions, total = smem_layout(codegen["smem"], symbols)
+        return {"regions": [{**r, "NAME": _cpp_name(r["name"])} for r in regions],
+                "total": total, "budget": codegen["smem"]["budget"], "uniform": True,
+                "base_align": max([16] + [r["align"] for r in regions])}
+    plans = [smem_plan(codegen, v) for v in codegen["variants"]]
+    biggest = max(plans, key=lambda p: p["total"])
+    return {**biggest, "uniform": all(p == plans[0] for p in plans),
+            "base_align": max([16] + [r["align"] for p in plans for r in p["regions"]])}
+
+
+def _variant_views(codegen: dict) -> list[dict]:
+    views = []
+    for name in codegen["variants"]:
+        symbols = variant_symbols(codegen, name)
+        grid = grid_size(codegen, symbols)
+        tensors = []
+        declared = variant_tensors(codegen, name)
+        for kind in ("inputs", "outputs"):
+            for t in declared[kind]:
+                shape = tensor_shape(t, symbols)
+                per_task = 0
+                if 0 in t["partition"]:
+                    d = t["partition"].index(0)
+                    per_task = shape[d] // grid
+                    for extent in shape[d + 1:]:
+                        per_task *= extent
+                tensors.append({"name": t["name"], "kind": kind, "ctype": CTYPES[t["dtype"]],
+                                "const": kind == "inputs", "shape": shape,
+                                "task_stride": per_task})
+        views.append({
+            "name": name, "grid": grid, "binding": codegen["variants"][name],
+            "min_blocks": int(expr.evaluate(codegen["min_blocks_per_sm"], symbols)),
+            "smem": smem_plan(codegen, name),
+            "template_args": [codegen["variants"][name][p] for p in codegen["template_params"]],
+            "tensors": tensors,
+            "tiling": [{"symbol": r["symbol"], "SYMBOL": _cpp_name(r["symbol"]),
+                        "value": codegen["variants"][name][r["symbol"]],
+                        "rule": r["multiple_of"],
+                        "cpp": expr.to_cpp(r["multiple_of"], _cpp_name), "index": i}
+                       for i, r in enumerate(codegen["tiling"])],
+        })
+    return views
+
+
+def context(section: dict, spec_file: str) -> dict:
+    """The template context: everything a header, body or harness template may read."""
+    cg = section["codegen"]
+    params = [{"name": k, "NAME": _cpp_name(k), "ctype": _cpp_literal(v)[0],
+               "literal": _cpp_literal(v)[1], "value": v} for k, v in cg["params"].items()]
+    return {
+        "kernel": section["kernel"], "op": section["op"], "family": section["family"],
+        "spec_file": spec_file, "threads": cg["threads"], "params": cg["params"],
+        "worker_threads": config.MPK_WORKER_THREADS,
+        "param_list": params, "template_params": cg["template_params"],
+        "smem": smem_plan(cg), "variants": _variant_views(cg),
+        "inputs": [{"name": t["name"], "ctype": CTYPES[t["dtype"]]} for t in cg["inputs"]],
+        "outputs": [{"name": t["name"], "ctype": CTYPES[t["dtype"]]} for t in cg["outputs"]],
+    }
+
+
+def render_file(role: str, section: dict, spec_file: str, body_source: Path | None,
+                root: Path) -> str:
+    """Render one generated file by role: spec_header, body or harness."""
+    ctx = context(section, spec_file)
+    if role == "spec_header":
+        return render_template(config.TEMPLATE_DIR / "spec_header.h.j2", ctx)
+    if role == "harness":
+        return render_template(config.TEMPLATE_DIR / "harness.cu.j2", ctx)
+    if role == "body":
+        assert body_source is not None
+        display = str(body_source.relative_to(root)) if body_source.is_relative_to(root) else str(body_source)
+        if body_source.name.endswith(".j2"):
+            return render_template(body_source, ctx, display)
+        return body_source.read_text()
+    raise ValueError(f"unknown generated file role {role!r}")
+
+
+def generate_file(role: str, section: dict, spec_file: str, body_source: Path | None,
+                  root: Path, target: Path) -> bool:
+    """Render and write one file atomically; True when its bytes changed."""
+    return write_atomic(target, render_file(role, section, spec_file, body_source, root),
+                        only_if_changed=True)
+
+
+def nodes(g, k, stage: str) -> None:
+    codegen_section = g.rel(k.section_file("codegen"))
+    sources = {
+        "spec_header": (codegen_section, g.pkg("templates", "spec_header.h.j2")),
+        "body": ((codegen_section,) if k.body_is_template else ()) + (g.rel(k.body_source),),
+        "harness": (codegen_section, g.pkg("templates", "harness.cu.j2")),
+    }
+    generated = []
+    for role, path in k.generated.items():
+        generated.append(g.rel(path))
+        g.add(Node(f"generate {k.name} {path.name}", "generate", stage, k.name, (g.rel(path),),
+                   sources[role] + (g.pkg("stages", "generate.py"),), opts=(("MPK_ROLE", role),)))
+    g.requested[(k.name, stage)] = generated
+
+
+def run_generate(build, info, target, source) -> int:
+    k = build.kernels[info["MPK_KERNEL"]]
+    section = json.loads(k.section_file("codegen").read_text())
+    try:
+        generate_file(info["MPK_ROLE"], section, k.spec.file, k.body_source, k.root,
+                      Path(target[0].abspath))
+    except TemplateError as exc:
+        return build.fail(str(exc))
+    return 0
+
+
+def predict(node, k, predictor) -> dict:
+    text = render_file(dict(node.opts)["MPK_ROLE"], k.spec.sections["codegen"], k.spec.file,
+                       k.body_source, k.root)
+    return {node.targets[0]: text.encode()}
+
+
+ACTIONS = {"generate": run_generate}
+
+
+if __name__ == "__main__":  # pragma: no cover - debugging aid: render one role to stdout
+    sec = json.loads(Path(sys.argv[1]).read_text())
+    print(render_file(sys.argv[2], sec, sys.argv[1], Path(sys.argv[3]) if len(sys.argv) > 3 else None,
+                      Path.cwd()))

@@ -1,0 +1,1 @@
+"""Small shared helpers: paths and settings, atomic files, spec expressions."""

@@ -1,0 +1,63 @@
+"""A gate's code inputs are its runner's import closure: editing any module a runner runs
+makes exactly the results that module can change stale (issue 28: a hand-kept list missed
+runners/gpuwait.py for every gate and runners/timing.py for the bandwidth node)."""
+import pytest
+
+from mpkbuild.util.closure import module_files
+from mpkbuild.util.config import PACKAGE_DIR
+
+pytestmark = pytest.mark.nvcc
+
+K = "rmsnorm_v2"
+GPU = "fake-gpu-sm90"
+VALIDATE, PERF, BANDWIDTH = f"validate {K} {GPU}", f"perf {K} {GPU}", f"bandwidth {GPU}"
+ALL = {VALIDATE, PERF, BANDWIDTH}
+
+# module edited -> the GPU nodes that must become stale (perf reads the bandwidth node's
+# result, so whatever re-measures the bandwidth re-times perf too)
+EXPECTED = {
+    "runners/__init__.py": ALL,          # imported before any runner: starts the lifeline
+    "runners/lifeline.py": ALL,
+    "runners/common.py": ALL,
+    "runners/gpuwait.py": ALL,           # sets the context flags timing depends on
+    "runners/validate.py": {VALIDATE},
+    "runners/perf.py": {PERF},
+    "runners/timing.py": {PERF, BANDWIDTH},
+    "runners/bandwidth.py": {PERF, BANDWIDTH},
+    "util/expr.py": ALL,                 # shapes and sizes every runner evaluates
+    "util/fsutil.py": ALL,               # the result file's atomic write
+    "stages/perfcheck.py": {PERF},       # the build-side judge of perf's figures
+    "runners/launch.py": set(),          # the cold-start shim: runs a runner, computes nothing
+    "stages/review.py": set(),
+}
+
+
+def test_every_runner_module_is_in_the_table_below():
+    runners = {f"runners/{p.name}" for p in (PACKAGE_DIR / "runners").glob("*.py")}
+    assert runners <= set(EXPECTED), f"add a row for {sorted(runners - set(EXPECTED))}"
+
+
+def test_the_closure_follows_relative_lazy_and_package_imports():
+    files = {p.relative_to(PACKAGE_DIR).as_posix() for p in module_files("mpkbuild.runners.bandwidth")}
+    assert {"__init__.py", "runners/__init__.py", "runners/lifeline.py", "runners/timing.py",
+            "runners/gpuwait.py", "runners/common.py", "util/expr.py"} <= files
+    assert "runners/validate.py" not in files and "model/spec.py" not in files
+
+
+def stale_gpu_nodes(p) -> set[str]:
+    import json
+    run = p.scons("status", "--json", "stage=review")
+    return {n["label"] for n in json.loads(run.stdout)["nodes"] if n["will_run"]} & ALL
+
+
+def test_editing_a_module_makes_exactly_its_gates_stale(built):
+    assert stale_gpu_nodes(built) == set()
+    for rel, expected in EXPECTED.items():
+        path = built.path(f"site_scons/mpkbuild/{rel}")
+        original = path.read_bytes()
+        path.write_bytes(original + b"\n# edited by the test\n")
+        try:
+            assert stale_gpu_nodes(built) == expected, rel
+        finally:
+            path.write_bytes(original)
+    assert stale_gpu_nodes(built) == set()
