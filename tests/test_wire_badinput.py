@@ -30,13 +30,13 @@ def test_missing_anchor_names_file_and_anchor(tree):
     g = tree / "src" / "kernel" / "graph.cc"
     shutil.copy(FIXTURE / HEADER, p)                 # anchor back; break graph.cc's instead
     g.write_text(g.read_text().replace("  else {\n", "  else{ // fallback\n"))
-    with pytest.raises(wire.AnchorNotFound, match=r"src/kernel/graph.cc: anchor for site graph_branch"):
+    with pytest.raises(wire.AnchorNotFound, match=r"src/kernel/graph.cc: site graph_branch is not supported on this checkout"):
         plan_rms(tree)
 
 
 def test_missing_range_placeholder(tree):
     h = tree / "include" / "mirage" / "persistent_kernel" / "runtime_header.h"
-    h.write_text(h.read_text().replace("  TASK_SM100_TASK_END = 298,\n", ""))
+    h.write_text(h.read_text().replace("  TASK_SM100_TASK_END = 298, // SM100 range closes (placeholder)\n", ""))
     with pytest.raises(wire.AnchorNotFound, match="TASK_SM100_TASK_END"):
         plan_rms(tree)
 

@@ -20,27 +20,28 @@ def auto(spec):
 def test_auto_takes_lowest_free_numbers_in_each_range(tree):
     # fixture Hopper range 150..198 holds 151, 152, 155; SM100 230..298 holds 231, 232
     p = wire.plan(tree, [rmsnorm_spec(), auto(silu_spec())], WIRING, ["rmsnorm_v2", "silu_mul_v1"])
-    assert p.numbers == {"rmsnorm_v2": {"sm_90a": 153, "sm_100a": 233},
-                         "silu_mul_v1": {"sm_90a": 154, "sm_100a": 234}}
+    # SM100: the non-TMA sub-range (257 and up) first
+    assert p.numbers == {"rmsnorm_v2": {"sm_90a": 153, "sm_100a": 257},
+                         "silu_mul_v1": {"sm_90a": 154, "sm_100a": 258}}
     wire.apply(p)
     third = auto(silu_spec())
     third.update(kernel="gelu_v1", op="gelu")
     p3 = wire.plan(tree, [rmsnorm_spec(), auto(silu_spec()), third], WIRING, ["gelu_v1"])
-    assert p3.numbers == {"gelu_v1": {"sm_90a": 156, "sm_100a": 235}}   # 155 is taken
+    assert p3.numbers == {"gelu_v1": {"sm_90a": 156, "sm_100a": 259}}   # 155 is taken
 
 
 def test_auto_keeps_the_number_a_kernel_already_holds(tree):
-    wire.apply(wire.plan(tree, [auto(silu_spec())], WIRING, ["silu_mul_v1"]))   # takes 153/233
+    wire.apply(wire.plan(tree, [auto(silu_spec())], WIRING, ["silu_mul_v1"]))   # takes 153/257
     p = wire.plan(tree, [rmsnorm_spec(), auto(silu_spec())], WIRING, ["rmsnorm_v2", "silu_mul_v1"])
-    assert p.numbers["silu_mul_v1"] == {"sm_90a": 153, "sm_100a": 233}
-    assert p.numbers["rmsnorm_v2"] == {"sm_90a": 154, "sm_100a": 234}
+    assert p.numbers["silu_mul_v1"] == {"sm_90a": 153, "sm_100a": 257}
+    assert p.numbers["rmsnorm_v2"] == {"sm_90a": 154, "sm_100a": 258}
 
 
 def test_auto_avoids_numbers_other_specs_claim_explicitly(tree):
     silu = silu_spec()
-    silu["wiring"]["number"] = {"sm_90a": 153, "sm_100a": 233}
+    silu["wiring"]["number"] = {"sm_90a": 153, "sm_100a": 257}
     p = wire.plan(tree, [rmsnorm_spec(), silu], WIRING, ["rmsnorm_v2"])   # silu not applied
-    assert p.numbers["rmsnorm_v2"] == {"sm_90a": 154, "sm_100a": 234}
+    assert p.numbers["rmsnorm_v2"] == {"sm_90a": 154, "sm_100a": 258}
 
 
 def test_explicit_number_clashing_with_checkout_entry(tree):
@@ -107,7 +108,9 @@ def test_tma_case_follows_the_number(tree):
     tma = p.new_contents["include/mirage/persistent_kernel/tma.cuh"]
     assert "case TASK_SILU_MUL_V1_SM100:" not in tma
     assert "case TASK_SILU_MUL_V1_HOPPER:" in tma
-    assert "tma_case.sm_100a.cuh" not in p.fragments["silu_mul_v1"]
+    assert "tma_create.sm_100a.cuh" not in p.fragments["silu_mul_v1"]
+    assert "tma_fill.sm_90a.cuh" in p.fragments["silu_mul_v1"]       # both switches, break cases
+    assert "break;" in p.fragments["silu_mul_v1"]["tma_create.sm_90a.cuh"]
 
 
 def test_coherence_catches_missing_name_map_entry(tree):
@@ -126,7 +129,7 @@ def test_coherence_catches_missing_name_map_entry(tree):
 
 def test_coherence_catches_missing_tma_case_and_branch(tree):
     tma = tree / "include" / "mirage" / "persistent_kernel" / "tma.cuh"
-    tma.write_text(tma.read_text().replace("    case TASK_ARGMAX_HOPPER:\n      return 0;\n", ""))
+    tma.write_text(tma.read_text().replace("    case TASK_ARGMAX_HOPPER: {\n      break;\n    }\n", ""))
     problems = wire.check_coherence(tree, WIRING)
     assert problems == [p for p in problems if "TASK_ARGMAX_HOPPER" in p] and len(problems) == 1
     assert "TMA range" in problems[0]

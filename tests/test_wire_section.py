@@ -40,22 +40,23 @@ def test_render_is_pure_and_deterministic():
     b = wire.render(rmsnorm_spec(), WIRING)
     assert a == b
     # without a checkout an auto number stays a visible placeholder and no tma case is guessed
-    assert "auto" in a["enum.sm_90a.h"] and not any(k.startswith("tma_case") for k in a)
+    assert "auto" in a["enum.sm_90a.h"] and not any(k.startswith("tma_") for k in a)
     # explicit numbers need no checkout
     s = wire.render(silu_spec(), WIRING)
     assert s["enum.sm_90a.h"] == "  TASK_SILU_MUL_V1_HOPPER = 160,\n"
-    assert "tma_case.sm_90a.cuh" in s and "tma_case.sm_100a.cuh" not in s
+    assert "tma_create.sm_90a.cuh" in s and "tma_create.sm_100a.cuh" not in s
     assert "task_offset.sm_90a.cc" not in s                          # tile_indexed: false
 
 
 def test_only_wiring_and_codegen_fields_change_fragments():
     base = wire.render(rmsnorm_spec(), WIRING)
     spec = rmsnorm_spec()
-    spec["validate"]["rel_max"] = 0.01
     spec["perf"]["repeats"] = 99
     spec["description"] = "edited"
     assert wire.render(spec, WIRING) == base
-    spec["wiring"]["tma_descriptors"] = 1
+    spec["validate"]["rel_max"] = 0.01                 # the test-mode test compares with it
+    assert wire.render(spec, WIRING) != base
+    spec["wiring"]["tile_indexed"] = False
     assert wire.render(spec, WIRING, {"sm_90a": 153}) != wire.render(rmsnorm_spec(), WIRING, {"sm_90a": 153})
 
 

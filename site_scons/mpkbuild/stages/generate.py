@@ -87,10 +87,12 @@ def smem_plan(codegen: dict, variant: str | None = None) -> dict:
              **{k: v for k, v in codegen["params"].items() if not isinstance(v, bool)}}
         regions, total = smem_layout(codegen["smem"], symbols)
         return {"regions": [{**r, "NAME": _cpp_name(r["name"])} for r in regions],
-                "total": total, "budget": codegen["smem"]["budget"], "uniform": True}
+                "total": total, "budget": codegen["smem"]["budget"], "uniform": True,
+                "base_align": max([16] + [r["align"] for r in regions])}
     plans = [smem_plan(codegen, v) for v in codegen["variants"]]
     biggest = max(plans, key=lambda p: p["total"])
-    return {**biggest, "uniform": all(p == plans[0] for p in plans)}
+    return {**biggest, "uniform": all(p == plans[0] for p in plans),
+            "base_align": max([16] + [r["align"] for p in plans for r in p["regions"]])}
 
 
 def _variant_views(codegen: dict) -> list[dict]:
@@ -135,6 +137,7 @@ def context(section: dict, spec_file: str) -> dict:
     return {
         "kernel": section["kernel"], "op": section["op"], "family": section["family"],
         "spec_file": spec_file, "threads": cg["threads"], "params": cg["params"],
+        "worker_threads": config.MPK_WORKER_THREADS,
         "param_list": params, "template_params": cg["template_params"],
         "smem": smem_plan(cg), "variants": _variant_views(cg),
         "inputs": [{"name": t["name"], "ctype": CTYPES[t["dtype"]]} for t in cg["inputs"]],

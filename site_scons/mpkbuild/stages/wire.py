@@ -33,10 +33,18 @@ class WireGateFailed(Exception):
     """Applied edits left the checkout incoherent, or the wiring could not be made."""
 
 
+def task_sources(k: Kernel) -> dict:
+    """The body and spec header wire installs: the generate stage's render, in memory."""
+    from mpkbuild.stages import generate
+    section = k.spec.sections["codegen"]
+    return {role: generate.render_file(role, section, k.spec.file, k.body_source, k.root)
+            for role in ("body", "spec_header")}
+
+
 def render_manifest(k: Kernel, request: WireRequest, wiring_root: Path) -> tuple[dict, dict]:
     """Render mode (no checkout): (manifest, fragments), computed without writing anything."""
     from mpkbuild import wire  # the wire package loads only when a wire node runs or is predicted
-    fragments = wire.render(k.spec.data, wiring_root)
+    fragments = wire.render(k.spec.data, wiring_root, sources=task_sources(k))
     manifest = {"mode": "render", "verdict": "pass",
                 "message": f"{len(fragments)} fragments rendered; give mpk_root= for "
                            "TaskType numbers and a diff against a checkout"}
@@ -65,26 +73,29 @@ def run_wire(k: Kernel, all_specs: list[dict], request: WireRequest, wiring_root
                 plan = wire.plan_unwire(root, [k.name], wiring_root)
                 fragments = {}
             else:
-                plan = wire.plan(root, all_specs, wiring_root, [k.name])
+                plan = wire.plan(root, all_specs, wiring_root, [k.name],
+                                 sources={k.name: task_sources(k)})
                 fragments = plan.fragments.get(k.name, {})
                 wire.write_fragments(frag_dir, fragments)
             write_atomic(diff_path, plan.diff())
             changed = sorted(c for c in plan.new_contents)
-            problems: list[str] = []
+            # coherence was judged on the would-be result: refuse before writing anything
+            if plan.problems:
+                raise WireGateFailed(f"{k.name}: the result would be incoherent ("
+                                     f"{'nothing was written' if request.apply else 'diff only'}):"
+                                     "\n  " + "\n  ".join(plan.problems))
             if request.apply:
                 wire.apply(plan)
-                problems = wire.check_coherence(root, wiring_root)
-                if problems:
-                    raise WireGateFailed(f"{k.name}: the checkout is incoherent after wiring:\n  "
-                                         + "\n  ".join(problems))
             verb = ("unwired from" if request.unwire else "applied to") if request.apply else \
                 ("would unwire from" if request.unwire else "would change")
             manifest = {"mode": "unwire" if request.unwire else ("apply" if request.apply else "diff"),
                         "verdict": "pass", "mpk_root": str(root),
                         "numbers": plan.numbers.get(k.name, {}), "files": changed,
-                        "coherence": problems, "diff": str(diff_path.relative_to(k.build_dir)),
+                        "coherence": [], "notes": list(plan.notes),
+                        "diff": str(diff_path.relative_to(k.build_dir)),
                         "message": f"{verb} {len(changed)} files in {root}"
-                                   + ("" if request.apply else " (apply=1 writes them)")}
+                                   + ("" if request.apply else " (apply=1 writes them)")
+                                   + "".join(f"\n            note: {n}" for n in plan.notes)}
     except wire.WireError as exc:     # drift errors carry their diff in the message
         raise WireGateFailed(f"{k.name}: {exc}") from exc
     if request.mpk_root is not None:
@@ -102,7 +113,10 @@ def nodes(g, k, stage: str) -> None:
     wiring_files = sorted(g.rel(p) for p in (g.root / "wiring").rglob("*") if p.is_file())
     node = g.add(Node(f"wire {k.name}", "wire", stage, k.name, (g.rel(k.wire_result),),
                       (g.rel(k.section_file("wiring")), g.rel(k.section_file("codegen")),
-                       g.pkg("stages", "wire.py"), *wiring_files,
+                       g.rel(k.section_file("validate")), g.rel(k.section_file("generators")),
+                       g.pkg("stages", "wire.py"), g.rel(k.body_source),
+                       g.pkg("stages", "generate.py"), g.pkg("templates", "spec_header.h.j2"),
+                       *wiring_files,
                        *sorted(g.rel(p) for p in (config.PACKAGE_DIR / "wire").glob("*.py"))),
                       (f"wire: {request.describe()}",),
                       side_effects=(g.rel(g.root / config.BUILD_DIRNAME / ".wire-in-use"),),

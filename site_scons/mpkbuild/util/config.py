@@ -11,6 +11,9 @@ SPEC_DIRNAME = "specs"
 KERNEL_DIRNAME = "kernels"
 
 ARCHS = ("sm_90a", "sm_100a")
+# MPK's worker block on both archs (WORKER_NUM_THREADS in persistent_kernel.cuh); a task
+# body runs on its spec's codegen.threads of them
+MPK_WORKER_THREADS = 256
 # compute capability (major, minor) -> the arch whose library runs on it
 ARCH_FOR_CC = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
 

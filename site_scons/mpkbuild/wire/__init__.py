@@ -20,6 +20,10 @@ package only interprets it. Public API (everything else is internal):
 - ``unwire(mpk_root, kernels, wiring_root) -> Plan`` -- removes every block of the kernels;
   ``plan_unwire`` is its dry run.
 - ``check_coherence(mpk_root, wiring_root) -> list[str]`` -- problems, ``[]`` if coherent.
+  ``plan`` runs the same check on the would-be result: ``Plan.problems`` are the ones the
+  plan would add (``apply`` refuses such a plan), ``Plan.notes`` what it skipped and what
+  was incoherent upstream already.
+- ``task_sources(spec, project_root)`` -- the body and spec header wire installs.
 
 Nothing here writes outside the build folder except :func:`apply` and :func:`unwire`.
 Every failure is a :class:`WireError` subclass (see :mod:`.errors`).
@@ -27,19 +31,20 @@ Every failure is a :class:`WireError` subclass (see :mod:`.errors`).
 from __future__ import annotations
 
 from .coherence import check_coherence
-from .errors import (AnchorAmbiguous, AnchorNotFound, DriftError, MarkerError, NameClash,
+from .errors import (AnchorAmbiguous, AnchorNotFound, DriftError, Incoherent, MarkerError, NameClash,
                      NoFreeNumber, NotACheckout, NumberClash, NumberOutOfRange, SectionError,
                      StalePlan, SurfaceError, TargetMissing, TargetReadOnly, TemplateError,
                      WireError)
 from .fsio import write_fragments
 from .patch import Plan, apply, plan, plan_unwire, unwire
-from .render import render
+from .render import render, task_sources
 from .section import DEFAULT_WIRING_ROOT, WIRING_SCHEMA, check_section
 
 __all__ = [
-    "WIRING_SCHEMA", "DEFAULT_WIRING_ROOT", "check_section", "render", "write_fragments",
+    "WIRING_SCHEMA", "DEFAULT_WIRING_ROOT", "check_section", "render", "task_sources",
+    "write_fragments",
     "plan", "plan_unwire", "apply", "unwire", "check_coherence", "Plan",
     "WireError", "SurfaceError", "TemplateError", "SectionError", "NotACheckout",
     "TargetMissing", "TargetReadOnly", "AnchorNotFound", "AnchorAmbiguous", "MarkerError",
-    "DriftError", "NumberClash", "NameClash", "NumberOutOfRange", "NoFreeNumber", "StalePlan",
+    "DriftError", "Incoherent", "NumberClash", "NameClash", "NumberOutOfRange", "NoFreeNumber", "StalePlan",
 ]

@@ -28,13 +28,16 @@ class EnumEntry:
 
 
 class Checkout:
-    """A read-only view of one MPK checkout; file reads are cached."""
+    """A read-only view of one MPK checkout; file reads are cached.
 
-    def __init__(self, root: Path | str, surface: Surface):
+    `overlay` ({path: text or None}) makes it a view of a would-be checkout: those paths
+    read as the given text (None: absent), so a plan's result can be checked unwritten."""
+
+    def __init__(self, root: Path | str, surface: Surface, overlay: dict | None = None):
         self.root = Path(root)
         self.surface = surface
         self.markers = Markers(surface.marker_begin, surface.marker_end)
-        self._text: dict[str, str | None] = {}
+        self._text: dict[str, str | None] = dict(overlay or {})
         if not self.root.is_dir():
             raise NotACheckout(f"mpk_root {self.root}: not a folder; pass the root of a "
                                "mirage checkout (the folder holding include/ and src/)")
@@ -113,16 +116,16 @@ class Checkout:
             sc = re.compile(scope)
             first = next((i for i, ln in enumerate(lines) if i not in hidden and sc.search(ln)), None)
             if first is None:
-                raise AnchorNotFound(f"{rel}: anchor scope for site {site.id} not found: no line "
-                                     f"matches {scope!r}. The runtime's layout changed? Update the "
-                                     "site in wiring/surface.yaml")
+                raise AnchorNotFound(f"{rel}: site {site.id} is not supported on this checkout: no "
+                                     f"line matches its scope {scope!r}. The runtime's layout "
+                                     "changed? Update the site in wiring/surface.yaml")
         rx = re.compile(anchor)
         hits = [i for i in range(first, len(lines)) if i not in hidden and rx.search(lines[i])]
         if not hits:
             where = f" after the line matching {scope!r}" if scope else ""
-            raise AnchorNotFound(f"{rel}: anchor for site {site.id} not found: no line matches "
-                                 f"{anchor!r}{where}. The runtime's layout changed? Update the "
-                                 "site in wiring/surface.yaml")
+            raise AnchorNotFound(f"{rel}: site {site.id} is not supported on this checkout: no "
+                                 f"line matches its anchor {anchor!r}{where}. The runtime's "
+                                 "layout changed? Update the site in wiring/surface.yaml")
         if len(hits) > 1 and not scope:
             raise AnchorAmbiguous(f"{rel}: anchor for site {site.id} matches lines "
                                   f"{', '.join(str(h + 1) for h in hits)} ({anchor!r}); tighten "

@@ -7,7 +7,10 @@ the file and the entry: a type used by graph.cc or a register function without a
 entry (the `_execute_task` generator asserts on it), a branch calling an undeclared or
 undefined register function, a type outside the enum, a number used twice, a type in a TMA
 range without its case, and for every type wired by mpkbuild a missing branch, register
-function or name-map entry. An empty list means coherent.
+function or name-map entry. An empty list means coherent. Upstream itself is not coherent
+by these rules (shared register functions, branches without a register call): :func:`plan`
+tells its own problems from those by checking the would-be result against the untouched
+tree.
 """
 from __future__ import annotations
 
@@ -27,8 +30,13 @@ def _segments(text: str, rx):
 
 
 def check_coherence(mpk_root, wiring_root) -> list[str]:
-    surface = load_surface(wiring_root)
-    co = Checkout(Path(mpk_root), surface)
+    """Every disagreement in the checkout at mpk_root ([] when coherent)."""
+    return problems_of(Checkout(Path(mpk_root), load_surface(wiring_root)))
+
+
+def problems_of(co: Checkout) -> list[str]:
+    """Every disagreement in one checkout view (a plain one, or a plan's would-be result)."""
+    surface = co.surface
     scan = surface.scan
 
     def file_of(site_id: str) -> str:
@@ -94,7 +102,7 @@ def check_coherence(mpk_root, wiring_root) -> list[str]:
             problems.append(f"{graph_rel}: branch \"{name}\" tags {t} but register_{fn}_task "
                             f"registers {defs[fn]}")
 
-    tma_rel = file_of("tma_case")
+    tma_rel = file_of("tma_create")
     cases = set(scan["tma_case"].findall(co.need_text(tma_rel, "the TMA switch")))
     for t in sorted(cases - set(enum)):
         problems.append(f"{tma_rel}: case {t} is not in enum TaskType")

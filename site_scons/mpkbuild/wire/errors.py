@@ -81,5 +81,9 @@ class NoFreeNumber(WireError):
     """"auto" found no free number left in the arch's range."""
 
 
+class Incoherent(WireError):
+    """The planned result would break the registration files' agreement; nothing written."""
+
+
 class StalePlan(WireError):
     """A target file changed between plan() and apply(); plan again."""

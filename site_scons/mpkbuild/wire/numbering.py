@@ -73,6 +73,18 @@ def arch_range(checkout: Checkout, entries: list[EnumEntry], arch: str) -> tuple
     return by_name[a.range_begin], by_name[a.range_end]
 
 
+def auto_candidates(checkout: Checkout, arch: str, lo: int, hi: int):
+    """Numbers "auto" may take, preferred first: the arch's auto_ranges inside (lo, hi)."""
+    ranges = checkout.surface.archs[arch].auto_ranges or ((lo + 1, hi - 1),)
+    for a, b in ranges:
+        yield from range(max(a, lo + 1), min(b, hi - 1) + 1)
+
+
+def _ranges_text(checkout: Checkout, arch: str, lo: int, hi: int) -> str:
+    ranges = checkout.surface.archs[arch].auto_ranges or ((lo + 1, hi - 1),)
+    return ", then ".join(f"{max(a, lo + 1)}-{min(b, hi - 1)}" for a, b in ranges)
+
+
 def assign_numbers(checkout: Checkout, wirings: dict[str, Wiring],
                    planned: list[str]) -> dict[str, dict[str, int]]:
     """{kernel: {arch: number}} for the planned kernels; raise on any clash."""
@@ -131,17 +143,18 @@ def assign_numbers(checkout: Checkout, wirings: dict[str, Wiring],
         if prev is not None and lo < prev < hi and prev not in set(taken) | set(explicit) | set(used):
             out[k][a] = prev
             used[prev] = (k, a)
-    # second pass: the rest take the lowest free number of their arch's range
+    # second pass: the rest take the lowest free number of the first of their arch's
+    # auto sub-ranges that has one (the whole range where surface.yaml names none)
     for k, a in autos:
         if a in out[k]:
             continue
         lo, hi = arch_range(checkout, entries, a)
         busy = set(taken) | set(explicit) | set(used)
-        n = next((i for i in range(lo + 1, hi) if i not in busy), None)
+        n = next((i for i in auto_candidates(checkout, a, lo, hi) if i not in busy), None)
         if n is None:
-            raise NoFreeNumber(f"{rel}: no free TaskType number left between "
-                               f"{lo} and {hi} for kernel {k} ({a}); free one or extend "
-                               "the range")
+            raise NoFreeNumber(f"{rel}: no free TaskType number left for kernel {k} ({a}) in "
+                               f"{_ranges_text(checkout, a, lo, hi)}; free one, extend the "
+                               "range, or give an explicit wiring.number")
         out[k][a] = n
         used[n] = (k, a)
     return out

@@ -15,14 +15,23 @@ import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import os
+import re
+
 from .checkout import Checkout
-from .errors import DriftError, NameClash, StalePlan, TargetMissing, WireError
+from .coherence import problems_of
+from .errors import (AnchorNotFound, DriftError, Incoherent, NameClash, StalePlan,
+                     TargetMissing, WireError)
 from .fsio import commit
 from .markers import Block, split_key
 from .numbering import assign_numbers, check_names
 from .render import RenderedBlock, render_blocks, site_file
 from .section import resolve
 from .surface import load_surface
+
+
+# sites whose text is the kernel's generated body or spec header (need `sources`)
+_SOURCE_SITES = ("body", "spec_header")
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,8 @@ class Plan:
     numbers: dict = field(default_factory=dict)      # kernel -> {arch: number}
     changes: dict = field(default_factory=dict)      # path -> FileChange (changed files only)
     fragments: dict = field(default_factory=dict)    # kernel -> {fragment name: text}
+    notes: list = field(default_factory=list)        # sites skipped, upstream incoherence
+    problems: list = field(default_factory=list)     # incoherence the plan itself would add
 
     @property
     def new_contents(self) -> dict[str, str | None]:
@@ -73,9 +84,13 @@ def _candidate_files(co: Checkout, kernels) -> set[str]:
 class _Editor:
     """Edits one file's text in memory; collects drift instead of raising at once."""
 
-    def __init__(self, co: Checkout, rel: str, kernels: set[str], drift: list):
-        self.co, self.rel, self.kernels, self.drift = co, rel, kernels, drift
+    def __init__(self, co: Checkout, rel: str, kernels: set[str], drift: list, notes: list):
+        self.co, self.rel, self.kernels, self.drift, self.notes = co, rel, kernels, drift, notes
         self.old = co.text(rel)
+
+    def _unsupported(self, rb: RenderedBlock, what: str) -> None:
+        self.notes.append(f"{self.rel}: site {rb.site.id} of {rb.key} is not supported on this "
+                          f"checkout ({what}; {rb.site.optional}): skipped")
 
     def _drifted(self, block: Block, new_body: str | None) -> bool:
         # any text that no longer matches the marker's sha is a hand edit, even when it
@@ -93,7 +108,19 @@ class _Editor:
 
     def edit(self, wanted: list[RenderedBlock]) -> str | None:
         if any(b.site.kind == "new_file" for b in wanted) or self._is_own_file():
+            folder = os.path.dirname(self.rel)
+            if self.old is None and wanted and not self.co.path(folder).is_dir():
+                if wanted[0].site.optional:
+                    self._unsupported(wanted[0], f"folder {folder}/ is missing")
+                    return None
+                raise TargetMissing(f"{folder}/: folder missing in mpk_root {self.co.root} "
+                                    f"({self.rel} of {wanted[0].key} goes there); this checkout "
+                                    "does not support that site, or update wiring/surface.yaml")
             return self._new_file(wanted)
+        if self.old is None and wanted and all(b.site.optional for b in wanted):
+            for rb in wanted:
+                self._unsupported(rb, "file missing")
+            return None
         if self.old is None:
             if wanted:
                 raise TargetMissing(f"{self.rel}: file missing in mpk_root {self.co.root} (site "
@@ -120,7 +147,13 @@ class _Editor:
             anchor = self.co.surface.text(rb.site.anchor, f"site {rb.site.id} anchor", **ctx)
             scope = self.co.surface.text(rb.site.scope, f"site {rb.site.id} scope", **ctx) \
                 if rb.site.scope else None
-            i = self.co.find_anchor(self.rel, lines, rb.site, anchor, scope)
+            try:
+                i = self.co.find_anchor(self.rel, lines, rb.site, anchor, scope)
+            except AnchorNotFound as exc:
+                if not rb.site.optional:
+                    raise
+                self._unsupported(rb, str(exc).split(": ", 1)[-1].split(". ")[0])
+                continue
             if rb.site.where == "after":
                 if not lines[i].endswith("\n"):
                     raise WireError(f"{self.rel}:{i + 1}: anchor line for site {rb.site.id} is "
@@ -151,14 +184,16 @@ class _Editor:
         return rb.text if rb else None
 
 
-def _build(co: Checkout, kernels: list[str], blocks: list[RenderedBlock]) -> dict[str, FileChange]:
+def _build(co: Checkout, kernels: list[str], blocks: list[RenderedBlock],
+           notes: list | None = None) -> dict[str, FileChange]:
     by_file: dict[str, list[RenderedBlock]] = {}
     for b in blocks:
         by_file.setdefault(b.file, []).append(b)
     drift: list[str] = []
+    notes = [] if notes is None else notes
     changes = {}
     for rel in sorted(set(by_file) | _candidate_files(co, kernels)):
-        ed = _Editor(co, rel, set(kernels), drift)
+        ed = _Editor(co, rel, set(kernels), drift, notes)
         new = ed.edit(by_file.get(rel, []))
         if new != ed.old:
             changes[rel] = FileChange(rel, ed.old, new)
@@ -170,11 +205,34 @@ def _build(co: Checkout, kernels: list[str], blocks: list[RenderedBlock]) -> dic
     return changes
 
 
-def plan(mpk_root, specs: list[dict], wiring_root, kernels: list[str]) -> Plan:
+def _judge(co: Checkout, p: Plan) -> Plan:
+    """Check coherence on the would-be result before anything is written.
+
+    A problem the untouched checkout already has is upstream's: a note. One that only the
+    result has is this plan's: ``p.problems``, and :func:`apply` refuses the plan."""
+    after = Checkout(co.root, co.surface, overlay=p.new_contents)
+    before = problems_of(co)
+    old = {_unplaced(x) for x in before}
+    p.problems = [x for x in problems_of(after) if _unplaced(x) not in old]
+    if before:
+        p.notes.append(f"{len(before)} coherence problem(s) already upstream (not ours):\n  "
+                       + "\n  ".join(before))
+    return p
+
+
+def _unplaced(problem: str) -> str:
+    """A problem without its line numbers (inserting blocks moves them)."""
+    return re.sub(r":\d+:", ":", problem)
+
+
+def plan(mpk_root, specs: list[dict], wiring_root, kernels: list[str],
+         sources: dict | None = None) -> Plan:
     """What applying these kernels' wiring would change; reads, never writes.
 
     `specs` are ALL kernels' normalized specs (names and explicit numbers of the others
-    are reserved); `kernels` are the ones to wire.
+    are reserved); `kernels` are the ones to wire. `sources` maps a kernel to its rendered
+    body and spec header ({"body": ..., "spec_header": ...}, see :func:`task_sources`);
+    a kernel without them gets its registration edits only, and a note saying so.
     """
     surface = load_surface(wiring_root)
     co = Checkout(mpk_root, surface)
@@ -191,24 +249,34 @@ def plan(mpk_root, specs: list[dict], wiring_root, kernels: list[str]) -> Plan:
     kernels = sorted(set(kernels))
     check_names(co, wirings, kernels)
     numbers = assign_numbers(co, wirings, kernels)
-    blocks, fragments = [], {}
+    blocks, fragments, notes = [], {}, []
     for k in kernels:
-        kb = render_blocks(wirings[k], surface, numbers[k])
+        src = (sources or {}).get(k)
+        kb = render_blocks(wirings[k], surface, numbers[k], src)
+        if src is None:
+            kb = [b for b in kb if b.site.id not in _SOURCE_SITES]
+            notes.append(f"{k}: no task sources given to plan(): its body and spec header "
+                         "are not installed (the wire stage always gives them)")
         blocks += kb
         fragments[k] = {b.fragment_name: b.body for b in kb}
-    return Plan(Path(mpk_root), tuple(kernels), numbers, _build(co, kernels, blocks), fragments)
+    changes = _build(co, kernels, blocks, notes)
+    return _judge(co, Plan(Path(mpk_root), tuple(kernels), numbers, changes, fragments, notes))
 
 
 def plan_unwire(mpk_root, kernels: list[str], wiring_root) -> Plan:
     """What removing every block of these kernels would change; reads, never writes."""
     co = Checkout(mpk_root, load_surface(wiring_root))
     kernels = sorted(set(kernels))
-    return Plan(Path(mpk_root), tuple(kernels), {}, _build(co, kernels, []), {})
+    return _judge(co, Plan(Path(mpk_root), tuple(kernels), {}, _build(co, kernels, []), {}))
 
 
 def apply(plan: Plan) -> list[str]:
     """Write the plan's files (all or nothing); returns the changed paths."""
     root = Path(plan.mpk_root)
+    if plan.problems:
+        raise Incoherent(f"refusing to write {root}: the result would be incoherent "
+                         f"({len(plan.problems)} problem(s) the checkout does not have now):\n  "
+                         + "\n  ".join(plan.problems) + "\nNothing was changed")
     for rel, c in plan.changes.items():
         p = root / rel
         now = p.read_bytes().decode("utf-8") if p.is_file() else None

@@ -9,7 +9,7 @@ unnumbered here and are filled in by :mod:`.patch` once the checkout's enum is k
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from .markers import Markers, block_key, indent_body
 from .section import Wiring, resolve
@@ -36,9 +36,27 @@ def site_file(surface: Surface, site: Site, arch: str | None, kernel: str) -> st
     return surface.text(site.file, f"site {site.id} file", **ctx)
 
 
-def context(w: Wiring, surface: Surface, arch: str | None, numbers: dict) -> dict:
+def task_sources(spec: dict, project_root: Path) -> dict[str, str]:
+    """The kernel's body and spec header as the generate stage renders them (in memory).
+
+    These are the bytes wire installs into the checkout, so the runtime compiles the very
+    body the harness gates ran."""
+    from mpkbuild.stages import generate as codegen
+    section = {k: spec[k] for k in ("kernel", "op", "family", "codegen")}
+    spec_file = f"specs/{spec['kernel']}.yaml"
+    body = Path(project_root) / spec["codegen"]["body"]
+    return {role: codegen.render_file(role, section, spec_file, body, Path(project_root))
+            for role in ("body", "spec_header")}
+
+
+def context(w: Wiring, surface: Surface, arch: str | None, numbers: dict,
+            sources: dict | None = None) -> dict:
     """Everything a template may use; StrictUndefined makes any other name an error."""
+    sources = sources or {}
     ctx = {
+        "body_source": sources.get("body", "// (body not rendered: no task sources given)\n"),
+        "spec_header_source": sources.get("spec_header",
+                                          "// (spec header not rendered: no task sources given)\n"),
         "kernel": w.kernel, "op": w.op, "layer": w.layer,
         "num_inputs": w.num_inputs, "num_outputs": w.num_outputs,
         "tensors": [dict(t) for t in w.tensors], "params": [dict(p) for p in w.params],
@@ -64,7 +82,8 @@ def _wanted(site: Site, w: Wiring, surface: Surface, arch: str | None, numbers: 
     return True
 
 
-def render_blocks(w: Wiring, surface: Surface, numbers: dict | None = None) -> list[RenderedBlock]:
+def render_blocks(w: Wiring, surface: Surface, numbers: dict | None = None,
+                  sources: dict | None = None) -> list[RenderedBlock]:
     """The kernel's blocks in surface order (sites, then archs in spec order)."""
     numbers = {a: n for a, n in (numbers or {}).items() if isinstance(n, int)}
     markers = Markers(surface.marker_begin, surface.marker_end)
@@ -74,7 +93,8 @@ def render_blocks(w: Wiring, surface: Surface, numbers: dict | None = None) -> l
             if not _wanted(site, w, surface, arch, numbers):
                 continue
             indent = 0 if site.kind == "new_file" else site.indent
-            body = indent_body(surface.render(site.template, context(w, surface, arch, numbers)), indent)
+            ctx = context(w, surface, arch, numbers, sources)
+            body = indent_body(surface.render(site.template, ctx), indent)
             key = block_key(w.kernel, arch, site.id)
             out.append(RenderedBlock(key=key, site=site, arch=arch,
                                      file=site_file(surface, site, arch, w.kernel), body=body,
@@ -82,7 +102,8 @@ def render_blocks(w: Wiring, surface: Surface, numbers: dict | None = None) -> l
     return out
 
 
-def render(spec: dict, wiring_root, numbers: dict | None = None) -> dict[str, str]:
+def render(spec: dict, wiring_root, numbers: dict | None = None,
+           sources: dict | None = None) -> dict[str, str]:
     """Fragments by file name (`enum.sm_90a.h`, `layer.py`, ...): pure and deterministic.
 
     `numbers` ({arch: int}) fills "auto" TaskType numbers; without it an auto entry renders
@@ -92,4 +113,4 @@ def render(spec: dict, wiring_root, numbers: dict | None = None) -> dict[str, st
     w = resolve(spec, surface)
     fixed = {a: n for a, n in w.number.items() if isinstance(n, int)}
     fixed.update(numbers or {})
-    return {b.fragment_name: b.body for b in render_blocks(w, surface, fixed)}
+    return {b.fragment_name: b.body for b in render_blocks(w, surface, fixed, sources)}

@@ -85,7 +85,9 @@ WIRING_SCHEMA: dict = {
         "tile_indexed": {"type": "boolean", "default": True,
                          "description": "the runtime sets task_offset = bid.x for this type"},
         "tma_descriptors": {"type": "integer", "minimum": 0, "default": 0,
-                            "description": "what the tma.cuh case returns (TMA ranges only)"},
+                            "description": "TMA descriptors the task needs: only 0 can be "
+                                           "wired (a TMA-range number gets tma.cuh cases "
+                                           "that build none)"},
         "call": {
             "type": "object", "additionalProperties": False,
             "description": "the call the register function emits with a CodeKeeper",
@@ -290,8 +292,15 @@ def _resolve(spec: dict, surface: Surface, problems: list) -> Wiring | None:
             if tensors[-1]["ctype"] is None or tensors[-1]["pytype"] is None:
                 problems.append((f"codegen.{role}s.{i}.dtype", f"dtype {t.get('dtype')!r} has no "
                                  "C++/Python type in wiring/surface.yaml (call.ctypes, python.dtypes)"))
-    dims, call_lines = _call(spec, w, tensors, pnames, problems, surface.call.get("tail_args", []))
-    test = _test(spec, w, tensors, problems)
+    tail = [surface.text(a, "call.tail_args", kernel=kernel) for a in surface.call.get("tail_args", [])]
+    guard = surface.text(surface.call["guard"], "call.guard", kernel=kernel) \
+        if surface.call.get("guard") else None
+    dims, call_lines = _call(spec, w, tensors, pnames, problems, tail, guard)
+    if w.get("tma_descriptors", 0):
+        problems.append(("wiring.tma_descriptors", f"{w['tma_descriptors']}: the wire stage "
+                         "cannot write TMA descriptor code; a task in a TMA range gets cases "
+                         "that build none, so the body must load without TMA (set it to 0)"))
+    test = _test(spec, w, tensors, problems, surface.python.get("block_dim"))
     if problems:
         return None
     return Wiring(kernel=kernel, op=spec.get("op", ""), layer=layer, archs=archs,
@@ -302,7 +311,7 @@ def _resolve(spec: dict, surface: Surface, problems: list) -> Wiring | None:
                   tma_descriptors=int(w.get("tma_descriptors", 0)), test=test)
 
 
-def _call(spec, w, tensors, pnames, problems, tail_default):
+def _call(spec, w, tensors, pnames, problems, tail_default, guard=None):
     """The dims the register function reads and the CodeKeeper lines of the emitted call."""
     kernel, cg, call = spec.get("kernel", ""), spec.get("codegen") or {}, w.get("call") or {}
     targs = call.get("template_args", cg.get("template_params") or [])
@@ -358,10 +367,13 @@ def _call(spec, w, tensors, pnames, problems, tail_default):
         lines.append({"fmt": f"    {item}{');' if j == len(items) - 1 else ','}", "args": []})
     if not items:
         lines[0]["fmt"] += ");"
+    if guard:
+        # CodeKeeper indents after a line ending in "{" and dedents at "}"
+        lines = [{"fmt": guard, "args": []}] + lines + [{"fmt": "}", "args": []}]
     return dims, lines
 
 
-def _test(spec, w, tensors, problems) -> dict:
+def _test(spec, w, tensors, problems, surface_block_dim=None) -> dict:
     """Variant, grid and threads for the test-mode test, evaluated from codegen."""
     cg = spec.get("codegen") or {}
     variants = cg.get("variants") or {}
@@ -379,5 +391,14 @@ def _test(spec, w, tensors, problems) -> dict:
     except expr.ExprError as exc:
         problems.append(("codegen", f"variant {name}: {exc}"))
         return {}
+    gens = spec.get("generators") or {}
+    for t in tensors:
+        t["generator"] = dict(gens.get(t["name"]) or {"dist": "normal", "mean": 0.0, "std": 1.0})
+    v = spec.get("validate") or {}
+    # the worker block MPK runs every Hopper/Blackwell task in (WORKER_NUM_THREADS)
+    block = tuple(surface_block_dim) if surface_block_dim else (int(cg.get("threads", 128)), 1, 1)
     return {"variant": name, "grid": tuple(grid + [1] * (3 - len(grid))),
-            "threads": int(cg.get("threads", 128))}
+            "threads": int(cg.get("threads", 128)), "block_dim": block,
+            "reference": v.get("reference", ""), "compare": v.get("compare", "tolerance"),
+            "cos_min": v.get("cos_min", 0.999), "rel_max": v.get("rel_max", 3e-2),
+            "codegen_params": dict(cg.get("params") or {})}

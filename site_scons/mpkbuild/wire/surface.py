@@ -22,7 +22,7 @@ from .errors import SurfaceError, TemplateError
 SURFACE_FILE = "surface.yaml"
 TEMPLATE_DIR = "templates"
 _SITE_KEYS = {"id", "file", "per_arch", "anchor", "where", "indent", "comment", "template",
-              "when", "scope", "kind", "claim"}
+              "when", "scope", "kind", "claim", "optional"}
 _WHEN = {None, "tma", "tile_indexed"}
 
 
@@ -36,6 +36,7 @@ class Arch:
     range_begin: str           # enum placeholder names; numbers lie strictly between
     range_end: str
     tma_ranges: tuple[tuple[int, int], ...]
+    auto_ranges: tuple[tuple[int, int], ...] = ()   # where "auto" looks, preferred first
 
     def in_tma(self, number: int) -> bool:
         return any(lo <= number <= hi for lo, hi in self.tma_ranges)
@@ -59,6 +60,7 @@ class Site:
     indent: int = 0
     when: str | None = None
     claim: tuple | None = None  # (scan key, wiring value name) checked for clashes
+    optional: str | None = None  # why a checkout may lack it (then the site is skipped)
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,9 @@ def load_surface(wiring_root: Path | str) -> Surface:
             archs[name] = Arch(name=name, dir=a["dir"], tag=a["tag"], title=a["title"],
                                cc=int(a["cc"]), range_begin=a["range_begin"],
                                range_end=a["range_end"],
-                               tma_ranges=tuple((int(lo), int(hi)) for lo, hi in a["tma_ranges"]))
+                               tma_ranges=tuple((int(lo), int(hi)) for lo, hi in a["tma_ranges"]),
+                               auto_ranges=tuple((int(lo), int(hi))
+                                                 for lo, hi in a.get("auto_ranges", ())))
         except (KeyError, TypeError, ValueError) as exc:
             raise SurfaceError(f"{SURFACE_FILE}: archs.{name}: bad or missing field {exc}") from None
     sites, seen = [], set()
@@ -175,7 +179,7 @@ def load_surface(wiring_root: Path | str) -> Surface:
                           comment=s["comment"], per_arch=bool(s.get("per_arch", True)),
                           kind=kind, anchor=s.get("anchor"), scope=s.get("scope"),
                           where=s.get("where", "before"), indent=int(s.get("indent", 0)),
-                          when=s.get("when"),
+                          when=s.get("when"), optional=s.get("optional"),
                           claim=(s["claim"]["scan"], s["claim"]["value"]) if s.get("claim") else None))
     scan = {}
     for key, pattern in _need(data, "scan", "top level").items():
