@@ -162,3 +162,33 @@ def test_perf_figures_are_judged_by_the_build_against_the_spec(built):
     assert perf["verdict"] == "fail"
     assert perf["message"] == "decode_r8_h7168: 2.60 us is 1.30x the baseline's 2.00 us (limit 1.0x)"
     assert "perf rmsnorm_v2: fail: decode_r8_h7168: 2.60 us is 1.30x" in run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("args, nearest", [
+    (("sanitise=memcheck", "stage=compile"), "'sanitize'"),
+    (("kernal=rmsnorm_v2", "stage=compile"), "'kernel'"),
+    (("gpu_hots=me@box", "stage=compile"), "'gpu_host'"),
+    (("schedular=tcp://x:1", "stage=compile"), "'scheduler'"),
+    (("stauts",), "'status'"),
+])
+def test_unknown_arguments_and_targets_are_refused_naming_the_nearest(project, args, nearest):
+    run = project.scons(*args, check=False)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "unknown " in run.stderr and f"did you mean {nearest}?" in run.stderr
+    assert not (project.root / "build").exists()
+
+
+def test_every_argument_an_executor_reads_is_known():
+    """ARGUMENT_NAMES is the one list: every name the code reads from the command line is in it."""
+    import re
+    from pathlib import Path
+    from mpkbuild import cli
+    src = Path(cli.__file__).parent
+    read = set()
+    for path in src.rglob("*.py"):
+        text = path.read_text()
+        read |= set(re.findall(r"ARGUMENTS(?:\.get\(|\[)\s*[\"'](\w+)[\"']", text))
+        read |= set(re.findall(r"options\.get\(\s*[\"'](\w+)[\"']", text))
+        read |= set(re.findall(r"_flag\(self\.options,\s*[\"'](\w+)[\"']", text))
+    read -= {"model"}           # the bundle's own LocalExecutor option, not a command-line one
+    assert read and read <= set(cli.ARGUMENT_NAMES), read - set(cli.ARGUMENT_NAMES)

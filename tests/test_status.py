@@ -152,6 +152,12 @@ def test_why_lists_what_a_field_or_file_would_touch(built):
     assert bad.returncode != 0 and "not a file in the graph nor a spec field" in bad.stderr
     bad = built.scons("why=nosection.x", check=False)
     assert bad.returncode != 0 and "is not a spec section" in bad.stderr
+    for query in ("validate.nonsense", f"{K}:perf.nonsense", "codegen.template_params[99]"):
+        bad = built.scons(f"why={query}", check=False)
+        assert bad.returncode != 0 and "actions" not in bad.stdout, bad.stdout
+        assert f"no requested spec has the field {query.split(':')[-1]!r}" in bad.stderr
+    run = built.scons("why=codegen.template_params[0]")
+    assert f"  compile {K} sm_100a" in run.stdout
 
 
 def test_dag_writes_dot_and_mermaid_coloured_by_status(built):
@@ -213,3 +219,53 @@ def test_tampered_result_is_named_not_trusted_and_redone(built):
     assert f"validate {K} {GPU}" in run.actions
     assert "modified after its gate wrote it" in run.stdout
     assert stale_set(built, "stage=validate") == set()
+
+
+def test_status_json_is_json_alone_with_or_without_q(built):
+    import subprocess, sys, os
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(built.root / "site_scons")] + [
+        p for p in [os.environ.get("PYTHONPATH")] if p])}
+    base = [sys.executable, "-m", "SCons", "status", "--json", "executor=fake_gpu:FakeGpuExecutor"]
+    from conftest import FAKES
+    env["PYTHONPATH"] = os.pathsep.join([str(FAKES), env["PYTHONPATH"]])
+    # a tampered result makes planning print a note: it goes to stderr
+    result = built.root / "build" / K / "gpu" / GPU / "validate.json"
+    result.write_text(result.read_text().replace('"verdict"', '"verdict" '))
+    for extra in ([], ["-Q"]):
+        proc = subprocess.run(base + extra, cwd=built.root, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        json.loads(proc.stdout)           # nothing else on stdout
+        assert "modified after its gate wrote it" in proc.stderr
+    # a reader that went away: quiet, no traceback, the command's own exit status
+    for args in (["status"], ["status", "--json"], ["check", f"gpu={GPU}"]):
+        proc = subprocess.Popen([sys.executable, "-m", "SCons", *args,
+                                 "executor=fake_gpu:FakeGpuExecutor"], cwd=built.root, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        rc = proc.wait()
+        assert "Traceback" not in err and "BrokenPipe" not in err, err
+        assert rc == (1 if args[0] == "check" else 0), err
+
+
+def test_same_size_mtime_kept_result_edit_is_not_trusted(built):
+    """A failed verdict edited to pass by hand, size and mtime put back: status, check and
+    the build see it."""
+    built.edit(SPEC, "rel_max: 3.0e-2", "rel_max: 2.0e-2")
+    built.scons("stage=validate", env={"FAKE_GPU_VERDICT": json.dumps({"validate": "fail"})}, check=False)
+    result = built.root / "build" / K / "gpu" / GPU / "validate.json"
+    text = result.read_text()
+    assert '"verdict": "fail"' in text
+    st = os.stat(result)
+    result.write_text(text.replace('"verdict": "fail"', '"verdict": "pass"'))
+    os.utime(result, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(result).st_size == st.st_size
+    status = built.scons("status", "--json")
+    row = {r["label"]: r for r in json.loads(status.stdout)["nodes"]}[f"validate {K} {GPU}"]
+    assert row["state"] == "stale", row
+    assert any("modified after its gate wrote it" in r for r in row["reasons"]), row
+    check = built.scons("check", f"gpu={GPU}", check=False)
+    assert check.returncode == 1 and "modified after its gate wrote it" in check.stderr
+    run = built.scons("stage=validate")
+    assert f"validate {K} {GPU}" in run.actions
+    assert json.loads(result.read_text())["verdict"] == "pass"

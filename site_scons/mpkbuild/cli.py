@@ -32,6 +32,19 @@ from mpkbuild.util import config
 
 COMMANDS = ("status", "check", "dag")
 
+# Every key=value the command line takes, in one place: mpkbuild's own and every built-in
+# executor's (run/local.py, run/remote/ssh.py, run/remote/dask.py). Anything else is a
+# misspelling and refused. An executor of your own (executor=module:Class) may name its
+# extra ones in a class attribute OPTIONS (a tuple of names).
+ARGUMENT_NAMES = (
+    "kernel", "stage", "why", "new", "family", "cache", "gpu",          # what to build or show
+    "apply", "unwire", "mpk_root",                                      # stage=wire
+    "executor", "gpus", "warm", "sanitize",                             # GPU gates (local)
+    "gpu_host", "gpu_workdir", "gpu_python", "ssh_opts", "ssh_connect_timeout",   # ssh
+    "scheduler", "scheduler_file", "scheduler_timeout",                 # dask
+)
+TARGET_NAMES = COMMANDS + ("mpk",)      # mpk: the default alias
+
 
 @dataclass
 class Build:
@@ -73,12 +86,60 @@ class Build:
             raise GateCannotRun(f"{job.gate} {job.kernel}: {exc}") from None
 
 
+def note(message: str) -> None:
+    """An mpk note while planning: stdout, or stderr when stdout is --json's alone."""
+    stream = sys.stderr if GetOption("mpk_json") else sys.stdout
+    stream.write(f"mpk: {message}\n")
+
+
+class _Output:
+    """stdout for the commands that print and exit: a reader that went away (`| head`)
+    ends the printing quietly, not in a BrokenPipeError traceback; the exit status stays."""
+    closed = False
+
+    def __call__(self, text: str = "") -> None:
+        if self.closed:
+            return
+        try:
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            self.closed = True
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())    # and nothing at exit tries the pipe again
+            os.close(devnull)
+
+
+say = _Output()
+
+
 def fail_early(message: str) -> None:
     sys.stderr.write(f"mpk: error: {message}\n")
     SCons.Script.Exit(2)
 
 
 # ---------------------------------------------------------------- the request
+def _nearest(word: str, names) -> str:
+    import difflib
+    close = difflib.get_close_matches(word, list(names), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def check_command_line(extra_names=()) -> None:
+    """Unknown key=value arguments and targets are errors naming the nearest valid one
+    (before anything is built or written)."""
+    names = ARGUMENT_NAMES + tuple(extra_names)
+    for key in ARGUMENTS:
+        if key not in names:
+            fail_early(f"unknown argument {key}={ARGUMENTS[key]}{_nearest(key, names)} "
+                       f"(arguments: {', '.join(sorted(names))}; scons -h)")
+    for target in SCons.Script.COMMAND_LINE_TARGETS:
+        if target in TARGET_NAMES or "/" in target or os.sep in target:
+            continue                       # a command, the alias, or a path SCons resolves
+        fail_early(f"unknown target {target!r}{_nearest(target, TARGET_NAMES)} "
+                   f"(commands: {', '.join(COMMANDS)}; key=value arguments: scons -h)")
+
+
 def parse_request(build: Build) -> tuple[list[str], str, bool]:
     """(kernel names, stage, whether the stage was defaulted to compile for want of a GPU)."""
     known = discover(build.root)
@@ -180,33 +241,34 @@ def report(build: Build, command: str, g: graph_mod.Graph, sconsign, names: list
         from mpkbuild import dagview       # networkx: only the commands that draw or walk it
     if command == "why":
         try:
-            labels = dagview.why(ARGUMENTS["why"], g, names)
+            labels = dagview.why(ARGUMENTS["why"], g, names,
+                                 {n: build.kernels[n].spec.data for n in names})
         except dagview.WhyError as exc:
             fail_early(str(exc))
-        print(f"a change to {ARGUMENTS['why']} would make stale ({len(labels)} actions):")
+        say(f"a change to {ARGUMENTS['why']} would make stale ({len(labels)} actions):")
         for label in labels:
-            print(f"  {label}")
+            say(f"  {label}")
         return 0
     statuses = status_mod.compute(g, sconsign, predictor, build.gpu_here,
                                   only=g.needed_labels(targets))
     if command == "dry-run":
         for st in statuses:
             if st.will_run:
-                print(st.label)
+                say(st.label)
         return 0
     if command == "dag":
         ag = dagview.restrict(dagview.action_graph(g), g, targets)
         name = f"{ARGUMENTS.get('kernel', 'all').replace(',', '+')}-{stage}"
         paths = dagview.write(ag, {s.label: s for s in statuses}, root / config.BUILD_DIRNAME / "dag", name)
-        print("wrote " + ", ".join(os.path.relpath(p, root) for p in paths))
+        say("wrote " + ", ".join(os.path.relpath(p, root) for p in paths))
         return 0
     if GetOption("mpk_json"):
-        print(status_mod.to_json(statuses, g.gpu_key))
+        say(status_mod.to_json(statuses, g.gpu_key))
     else:
-        print(status_mod.table(statuses, g.gpu_key))
+        say(status_mod.table(statuses, g.gpu_key))
         others = [p for p in gpu_mod.known_profiles(root) if p != g.gpu_key]
         if others:
-            print(f"\nresults also exist for GPU profiles: {', '.join(others)} (status gpu=<profile>)")
+            say(f"\nresults also exist for GPU profiles: {', '.join(others)} (status gpu=<profile>)")
     if command == "check":
         bad = [st for st in statuses if st.kind in ("gate", "compile", "wire") and st.state != "fresh"]
         if bad:
@@ -216,7 +278,7 @@ def report(build: Build, command: str, g: graph_mod.Graph, sconsign, names: list
                 sys.stderr.write(f"  {st.label}: {st.state}"
                                  + (f" ({'; '.join(st.reasons[:3])})" if st.reasons else "") + "\n")
             return 1
-        print(f"check: every gate for GPU profile {g.gpu_key} is fresh")
+        say(f"check: every gate for GPU profile {g.gpu_key} is fresh")
     return 0
 
 
@@ -317,6 +379,7 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
         fail_early(str(exc))
     except (ValueError, ImportError, AttributeError) as exc:
         fail_early(f"executor: {exc}")
+    check_command_line(getattr(type(executor), "OPTIONS", ()))
     build = Build(root=root, executor=executor, should_stop=should_stop,
                   keep_going=bool(GetOption("keep_going")))
     build.sanitize = sanitize_request()
@@ -345,7 +408,7 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
                         sanitize=build.sanitize)
     for node in g.nodes:
         if node.always and "modified after its gate wrote it" in node.always:
-            print(f"mpk: {node.always}")
+            note(node.always)
     if command is None and GetOption("no_exec") and not GetOption("clean"):
         command = "dry-run"                # plain `scons -n` under-reports; ours is exact
     if command is not None:

@@ -114,8 +114,27 @@ def write(ag: nx.DiGraph, statuses: dict, out_dir: Path, name: str) -> list[Path
 _FIELD = re.compile(r"^(?:(?P<kernel>[A-Za-z_]\w*):)?(?P<path>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*|\[\d+\])*)$")
 
 
-def inputs_for(query: str, g: Graph, kernels: list[str]) -> list[str]:
-    """Graph inputs a query names: a repo-relative file, or `[kernel:]section.field`."""
+_STEP = re.compile(r"\.?([A-Za-z_]\w*)|\[(\d+)\]")
+
+
+def has_field(data, path: str) -> bool:
+    """Whether spec data has the field `a.b[0].c`."""
+    for m in _STEP.finditer(path):
+        key, index = m.group(1), m.group(2)
+        if key is not None:
+            if not isinstance(data, dict) or key not in data:
+                return False
+            data = data[key]
+        else:
+            if not isinstance(data, (list, tuple)) or int(index) >= len(data):
+                return False
+            data = data[int(index)]
+    return True
+
+
+def inputs_for(query: str, g: Graph, kernels: list[str], specs: dict | None = None) -> list[str]:
+    """Graph inputs a query names: a repo-relative file, or `[kernel:]section.field`.
+    specs: kernel name -> its spec data; a field no requested spec has is an error."""
     full = g.to_networkx()
     path = query.strip().lstrip("./")
     if path in full and full.nodes[path].get("type") == "file":
@@ -134,16 +153,24 @@ def inputs_for(query: str, g: Graph, kernels: list[str]) -> list[str]:
     if not found:
         raise WhyError(f"why={query!r}: no requested kernel has a {section} section"
                        + (f" (kernel {m.group('kernel')!r} not requested or unknown)" if m.group("kernel") else ""))
+    if specs is not None:
+        field = m.group("path")
+        having = [k for k in which if k in specs and has_field(specs[k], field)]
+        if not having:
+            raise WhyError(f"why={query!r}: no requested spec has the field {field!r} "
+                           f"(kernels: {', '.join(which)})")
+        found = [f"build/{k}/spec/{section}.json" for k in having
+                 if f"build/{k}/spec/{section}.json" in full]
     return found
 
 
-def why(query: str, g: Graph, kernels: list[str]) -> list[str]:
+def why(query: str, g: Graph, kernels: list[str], specs: dict | None = None) -> list[str]:
     """Action labels a change to the named input would make stale, in build order. Like
     status, it assumes a gate keeps its verdict: nothing propagates through a verdict file
     (perf after validate), exactly as a real build behaves when the verdict stays."""
     full = g.to_networkx()
     full.remove_edges_from([(u, v) for u, v in list(full.edges) if u.endswith(".verdict")])
     hit = set()
-    for inp in inputs_for(query, g, kernels):
+    for inp in inputs_for(query, g, kernels, specs):
         hit |= {n for n in nx.descendants(full, inp) if full.nodes[n].get("type") == "action"}
     return [n.label for n in g.nodes if n.label in hit and not n.silent]

@@ -68,7 +68,9 @@ def tampered(root: Path, sconsign: Sconsign, rel: str) -> bool:
     recorded = getattr(ninfo, "csig", None)
     if not recorded:
         return False
-    current = _disk_csig(root, rel, ninfo)     # trusts mtime + size, hashes otherwise
+    # Gate results only (they are small): hashed every time, never trusted on mtime + size,
+    # so a same-size edit with its mtime put back is still caught.
+    current = _disk_csig(root, rel, None)
     return current is not None and current != recorded
 
 
