@@ -2,6 +2,7 @@
 kernel at once on each branch, in a temporary copy (the shared trees are read-only)."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -216,11 +217,13 @@ def test_blocks_are_clang_format_clean_and_unwire_survives_a_format_pass(applied
     assert snapshot(root) == snapshot(pristine)
 
 
-def test_touched_python_files_compile(applied):
+def test_touched_python_files_compile(applied, tmp_path):
     root = applied["root"]
     py = [str(root / r) for r in applied["plan"].changes if r.endswith(".py")]
     assert py
-    r = subprocess.run([sys.executable, "-m", "py_compile", *py], capture_output=True, text=True)
+    # bytecode goes to tmp_path, not into the shared applied tree other tests compare
+    r = subprocess.run([sys.executable, "-m", "py_compile", *py], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPYCACHEPREFIX": str(tmp_path / "pyc")})
     assert r.returncode == 0, r.stderr
 
 
