@@ -62,6 +62,7 @@ def main() -> None:
             c = stats.ratio_figure(a["samples_us"], b["samples_us"])
             smp = a["sampling"]
             rounds.append({"ratio": c["ratio"], "lo": c["lo"], "hi": c["hi"], "n": c["n"],
+                           "lo_samples": c["lo_samples"], "hi_samples": c["hi_samples"],
                            "covers": c["lo"] <= 1.0 <= c["hi"], "verdict": c["verdict"],
                            "us": a["median_us"], "stop": smp["stop"], "rejected": len(smp["rejected"]),
                            "s": round(time.perf_counter() - started, 3)})

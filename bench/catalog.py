@@ -54,7 +54,12 @@ def main() -> None:
         for name, v in perf.get("variants", {}).items():
             cold = v.get("cold", {}).get("median_us", float("nan"))
             cells = []
+            for b, entry in (v.get("baselines") or {}).items():
+                if "error" in entry:
+                    cells.append(f"{b} ERROR {entry['error'][:200]}")
             for b, c in (v.get("vs") or {}).items():
+                if "hot" not in c:
+                    continue
                 bh = v["baselines"][b]["hot"]["median_us"] if "baselines" in v else v["baseline_hot"]["median_us"]
                 h = c.get("hot") or {}
                 cc = c.get("cold") or {}

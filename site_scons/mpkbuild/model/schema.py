@@ -107,6 +107,10 @@ _SAMPLING = {
         "target": {"type": "number", "exclusiveMinimum": 0, "maximum": 0.5},
         "max_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 60},
         "max_samples": {"type": "integer", "minimum": 5, "maximum": 100000},
+        "capture_floor": {"type": "number", "minimum": 0, "maximum": 0.5,
+                          "description": "widen each paired ratio's interval by this fraction "
+                                         "each side: the per-capture offset samples cannot see "
+                                         "(util.stats.CAPTURE_FLOOR when absent)"},
         "clock_floor": {"type": "number", "minimum": 0, "maximum": 1,
                         "description": "a sample whose SM clock is under this fraction of the "
                                        "median clock seen is rejected (and reported)"},

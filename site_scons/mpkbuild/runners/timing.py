@@ -129,6 +129,7 @@ def time_graphs(graphs: list, launches: int, repeats: int, warmup: int,
         batch = max(minimum, r // 4)
     rejected = [{"index": j, "sm_clock_mhz": clocks[j]} for j in range(len(clocks)) if j not in set(kept)]
     info = {"samples": len(kept), "taken": r, "stop": stop, "half_width": history[-1],
+            "capture_floor": cfg.get("capture_floor"),
             "target": cfg["target"], "elapsed_s": round(time.perf_counter() - started, 4),
             "clock_floor_mhz": floor, "rejected": rejected,
             "sm_clock_mhz": [clocks[j] for j in kept] if floor is not None else None,
@@ -173,4 +174,5 @@ def paired_ratio(figures: dict, baseline: dict) -> float:
 
 def paired_figure(figures: dict, baseline: dict) -> dict:
     """paired_ratio with its interval and verdict (util.stats.ratio_figure)."""
-    return stats.ratio_figure(figures["samples_us"], baseline["samples_us"])
+    floor = (figures.get("sampling") or {}).get("capture_floor")
+    return stats.ratio_figure(figures["samples_us"], baseline["samples_us"], floor=floor)

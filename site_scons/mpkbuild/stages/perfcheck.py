@@ -60,7 +60,8 @@ def comparison(r: dict, name: str, fig: str) -> dict | None:
     if base is None or ours is None:
         return None
     if ours.get("samples_us") and base.get("samples_us"):
-        return stats.ratio_figure(ours["samples_us"], base["samples_us"])
+        floor = (ours.get("sampling") or {}).get("capture_floor")
+        return stats.ratio_figure(ours["samples_us"], base["samples_us"], floor=floor)
     legacy = r.get(f"vs_baseline_{fig}") if name == perfspec.PRIMARY else None
     ratio = legacy if isinstance(legacy, (int, float)) else ours["median_us"] / base["median_us"]
     return {"ratio": ratio, "lo": ratio, "hi": ratio, "n": 0, "point": True,

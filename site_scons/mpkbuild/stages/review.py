@@ -116,7 +116,10 @@ def perf_table(perf: dict) -> list[dict]:
                                             "note": smp.get("clock_note")}
         names = list(r.get("baselines") or {}) or list(vs)
         for b in names:
-            entry = {"compile_s": ((r.get("baselines") or {}).get(b) or {}).get("compile_s")}
+            raw = (r.get("baselines") or {}).get(b) or {}
+            entry = {"compile_s": raw.get("compile_s")}
+            if raw.get("error"):
+                entry["error"] = raw["error"]
             for fig in ("hot", "cold"):
                 from mpkbuild.stages.perfcheck import baseline_figure
                 bf = baseline_figure(r, b, fig)

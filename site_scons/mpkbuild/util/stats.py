@@ -22,6 +22,13 @@ import statistics
 
 CONFIDENCE = 0.95
 SAME_BAND = 0.02          # a ratio whose interval lies within 1 +- 2% is "same"
+# Two CUDA graphs of the *same* op, captured separately and timed interleaved, differ by a
+# per-capture offset the samples of one run cannot see: on an H200 (2026-12-01, bench/
+# aa_test.py, 30 rounds each of eager silu_mul r8, rms_norm r8, F.linear m8 4096^2) the
+# paired ratio's median was off 1.0 by up to 0.69% while its sign-test interval was 0.2-0.45%
+# wide, covering 1.0 in only 7-23% of rounds. A paired ratio's interval is widened by this
+# floor (a fraction of the ratio each side): with 0.8% it covered 1.0 in all those rounds.
+CAPTURE_FLOOR = 0.008
 
 
 def _binom_cdf_half(n: int, k: int) -> float:
@@ -77,16 +84,21 @@ def compare(ratio: float, lo: float, hi: float, band: float = SAME_BAND) -> str:
 
 
 def ratio_figure(kernel_samples, other_samples, confidence: float = CONFIDENCE,
-                 band: float = SAME_BAND) -> dict:
-    """The paired comparison of two sample lists: {ratio, lo, hi, n, verdict}. With no
-    pairs there is no interval: verdict unsure."""
+                 band: float = SAME_BAND, floor: float | None = None) -> dict:
+    """The paired comparison of two sample lists: {ratio, lo, hi, n, verdict}: the sign-test
+    interval of the median paired ratio (lo_samples, hi_samples) widened by `floor`
+    (CAPTURE_FLOOR when None) x the ratio each side. With no pairs there is no interval:
+    verdict unsure."""
     pairs = paired_ratios(kernel_samples, other_samples)
     if not pairs:
         return {"ratio": None, "lo": None, "hi": None, "n": 0, "verdict": "unsure"}
+    floor = CAPTURE_FLOOR if floor is None else floor
     med, lo, hi = median_ci(pairs, confidence)
-    return {"ratio": med, "lo": lo, "hi": hi, "n": len(pairs),
+    wlo, whi = lo - floor * med, hi + floor * med
+    return {"ratio": med, "lo": wlo, "hi": whi, "lo_samples": lo, "hi_samples": hi, "floor": floor,
+            "n": len(pairs),
             "coverage": round(coverage(len(pairs), median_rank(len(pairs), confidence)), 4),
-            "verdict": compare(med, lo, hi, band)}
+            "verdict": compare(med, wlo, whi, band)}
 
 
 def unpaired_ratio(now: dict, before: dict) -> dict:
