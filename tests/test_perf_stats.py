@@ -233,3 +233,19 @@ def test_a_per_capture_offset_the_samples_cannot_see_is_covered_by_the_floor():
     widened = stats.ratio_figure(a, b)
     assert widened["lo"] <= 1.0 <= widened["hi"] and widened["verdict"] == "same"
     assert widened["lo_samples"] == raw["lo"] and widened["floor"] == stats.CAPTURE_FLOOR
+
+
+def test_status_shows_the_delta_to_the_accepted_result(tmp_path):
+    from types import SimpleNamespace
+    from mpkbuild import status
+    rule = [{"variants": "*", "max_time_vs_baseline": 1.0}]
+    entry = history.entry_from_result(perfcheck.judge(timed({"v": variant(1.0)}), rule, ["v"]))
+    res = perfcheck.judge(timed({"v": variant(1.08)}), rule, ["v"], history=entry)
+    (tmp_path / "perf.json").write_text(json.dumps(res))
+    node = SimpleNamespace(targets=("perf.json",), kernel="k")
+    line = status.perf_delta(tmp_path, node)
+    assert line.startswith(f"vs accepted {entry['accepted']}: hot 0 faster, 1 slower of 1; largest v 1.080x [")
+    assert line.endswith("regressed; 1 regression confirmed")
+    first = perfcheck.judge(timed({"v": variant(1.0)}), rule, ["v"])
+    (tmp_path / "perf.json").write_text(json.dumps(first))
+    assert status.perf_delta(tmp_path, node).startswith("no accepted result for this GPU")
