@@ -16,21 +16,23 @@ K = "rmsnorm_v2"
 GPU = "fake-gpu-sm90"
 
 
-def start(project, *args, sleep="30"):
+def start(project, *args, sleep="30", sleep_gate=None):
     project.runs_file.unlink(missing_ok=True)     # wait_for_gate watches for a fresh line
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_GPU")}
     env.update(PYTHONPATH=os.pathsep.join([str(FAKES), str(project.root / "site_scons")]
                                           + [p for p in [os.environ.get("PYTHONPATH")] if p]),
                FAKE_GPU_RUNS=str(project.runs_file), FAKE_GPU_SLEEP=sleep)
+    if sleep_gate:
+        env["FAKE_GPU_SLEEP_GATE"] = sleep_gate
     return subprocess.Popen([sys.executable, "-m", "SCons", "-Q", *args, "executor=fake_gpu:FakeGpuExecutor"],
                             cwd=project.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
 
 
-def wait_for_gate(project, proc, timeout=120):
+def wait_for_gate(project, proc, timeout=120, gate="validate"):
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if project.runs_file.exists() and "validate" in project.runs_file.read_text():
+        if project.runs_file.exists() and f"{gate} " in project.runs_file.read_text():
             return
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.2)
@@ -70,3 +72,37 @@ def test_build_killed_mid_gate_leaves_nothing_trusted(built, sig):
     run = built.scons("stage=validate")
     assert f"validate {K} {GPU}" in run.actions
     assert json.loads(result.read_text())["finished"] != before
+
+
+KILLS = {"SIGKILL in validate": ("validate", signal.SIGKILL), "SIGINT in validate": ("validate", signal.SIGINT),
+         "SIGKILL in perf": ("perf", signal.SIGKILL), "SIGINT in perf": ("perf", signal.SIGINT)}
+
+
+@pytest.mark.parametrize("case", list(KILLS))
+def test_after_a_kill_dry_run_status_check_and_build_agree(built, case):
+    """After each kind of kill: -n, status and check name the same nodes, the next build
+    runs exactly those, and no finished gate is called hand-edited."""
+    gate, sig = KILLS[case]
+    built.edit(f"kernels/{K}/reference.py", '"""Called with float64', '"""Called (edited) with float64')
+    proc = start(built, "stage=review", sleep_gate=gate)
+    wait_for_gate(built, proc, gate=gate)
+    os.killpg(proc.pid, sig)
+    proc.wait(timeout=20)
+    dry = built.scons("-n", "stage=review")
+    predicted = set(dry.stdout.split("\n")) - {""}
+    status = built.scons("status", "--json")
+    nodes = json.loads(status.stdout)["nodes"]
+    assert predicted == {n["label"] for n in nodes if n["will_run"]}
+    assert f"{gate} {K} {GPU}" in predicted
+    check = built.scons("check", f"gpu={GPU}", check=False)
+    assert check.returncode == 1
+    listed = {line.split(":")[0].strip() for line in check.stderr.splitlines() if line.startswith("  ")}
+    assert listed == {n["label"] for n in nodes if n["will_run"] and n["kind"] in ("gate", "compile", "wire")}
+    run = built.scons("stage=review")
+    executed = set(run.actions)
+    assert executed == predicted, f"-n {sorted(predicted)} != executed {sorted(executed)}"
+    for out in (dry.stdout + dry.stderr, status.stderr, check.stderr, run.stdout):
+        assert "modified after its gate wrote it" not in out, out
+    assert {n["label"] for n in json.loads(built.scons("status", "--json").stdout)["nodes"]
+            if n["will_run"]} == set()
+

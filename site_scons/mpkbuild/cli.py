@@ -87,8 +87,9 @@ class Build:
 
 
 def note(message: str) -> None:
-    """An mpk note while planning: stdout, or stderr when stdout is --json's alone."""
-    stream = sys.stderr if GetOption("mpk_json") else sys.stdout
+    """An mpk note while planning: stdout for a build, stderr when stdout is --json's alone
+    or the dry run's list of actions."""
+    stream = sys.stderr if GetOption("mpk_json") or GetOption("no_exec") else sys.stdout
     stream.write(f"mpk: {message}\n")
 
 

@@ -66,6 +66,11 @@ def declare(env) -> list:
 
 
 def generate(env):
+    # No timestamp is trusted: by default SCons reuses a file's recorded signature when its
+    # mtime is unchanged and more than two days old (max_drift), so a same-size edit with
+    # its mtime put back (cp -p, rsync -t, a restored cache) would go unseen. A negative
+    # max_drift makes SCons hash every file on every run (0 would mean "always trust").
+    SCons.Script.SetOption("max_drift", -1)
     SCons.Script.AddOption("--json", dest="mpk_json", action="store_true", default=False,
                            help="scons status: print JSON")
     env.AddMethod(declare, "MpkDeclare")
