@@ -106,3 +106,51 @@ def test_after_a_kill_dry_run_status_check_and_build_agree(built, case):
     assert {n["label"] for n in json.loads(built.scons("status", "--json").stdout)["nodes"]
             if n["will_run"]} == set()
 
+
+def test_clean_waits_for_no_one_it_refuses_while_a_build_runs(built):
+    """`scons -c` takes the build lock too (it used to remove files under a running build);
+    and the lock holds when its pid file is deleted."""
+    built.edit(f"specs/{K}.yaml", "rel_max: 3.0e-2", "rel_max: 2.0e-2")
+    first = start(built, "stage=validate")
+    try:
+        wait_for_gate(built, first)
+        clean = built.scons("-c", check=False)
+        assert clean.returncode != 0, clean.stdout
+        assert f"another scons is building in this tree (pid {first.pid})" in clean.stderr
+        assert (built.root / "build" / K / "spec.json").exists()
+        (built.root / "build" / ".mpk-build.lock").unlink()
+        second = built.scons("stage=validate", check=False)
+        assert second.returncode != 0 and "another scons is building in this tree" in second.stderr
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    assert built.scons("-c").returncode == 0        # the lock died with its holder
+
+
+def test_orphaned_temporary_files_are_removed_by_the_next_build(built):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    gpu_dir = built.root / "build" / K / "gpu" / GPU
+    lib_dir = next(p for p in (built.root / "build" / K).iterdir() if p.name.startswith("sm_"))
+    orphans = [lib_dir / f".lib{K}.so.{dead.pid}.tmp", gpu_dir / f".validate.json.{dead.pid}-k2j4_x.tmp"]
+    live = gpu_dir / f".perf.json.{os.getpid()}-abc123.tmp"      # a writer still alive: kept
+    for p in orphans + [live]:
+        p.write_text("half-written")
+    assert built.scons("stage=review").actions == []
+    assert not any(p.exists() for p in orphans)
+    assert live.exists()
+
+
+def test_piping_a_build_into_head_ends_quietly(built):
+    built.edit(f"kernels/{K}/reference.py", '"""Called with float64', '"""Called (edited) with float64')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_GPU")}
+    env.update(PYTHONPATH=os.pathsep.join([str(FAKES), str(built.root / "site_scons")]
+                                          + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    proc = subprocess.Popen([sys.executable, "-m", "SCons", "-Q", "stage=review",
+                             "executor=fake_gpu:FakeGpuExecutor"], cwd=built.root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()                              # `| head -0`: the reader is gone
+    err = proc.stderr.read().decode()
+    rc = proc.wait(timeout=300)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert rc == 0, err

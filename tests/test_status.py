@@ -4,6 +4,7 @@ import json
 import os
 import stat
 import time
+from pathlib import Path
 
 import pytest
 
@@ -311,3 +312,33 @@ def test_old_timestamp_is_not_trusted_by_the_build(built):
     assert "One task = one ROW." in (built.root / "build" / K / "gen" / f"{K}.cuh").read_text()
     assert stale_set(built, "stage=review") == set()
 
+
+def test_shared_cache_files_follow_the_umask_and_another_user_reads_them(built, tmp_path):
+    """SCons's CacheDir copies a target's mode: results written mode 0600 (mkstemp) were
+    unreadable by the cache's other users. They follow the umask, as open() would."""
+    import subprocess, sys, tempfile
+    share = Path(tempfile.mkdtemp(prefix="mpk-shared-cache-"))
+    try:
+        share.chmod(0o755)
+        cache = share / "cache"
+        run = built.scons("stage=review", f"cache={cache}", "--cache-force",
+                          env={"PYTHONDONTWRITEBYTECODE": "1"})
+        files = [p for p in cache.rglob("*") if p.is_file() and p.name != "config"]
+        assert files, run.stdout
+        result = built.root / "build" / K / "gpu" / GPU / "validate.json"
+        umask = os.umask(0o022)
+        os.umask(umask)
+        assert stat.S_IMODE(os.stat(result).st_mode) == 0o666 & ~umask
+        for p in files:
+            assert stat.S_IMODE(p.stat().st_mode) & 0o044 == 0o044 & ~umask, (p, oct(p.stat().st_mode))
+        if os.geteuid() != 0:
+            pytest.skip("reading as another user needs root (to switch to uid 65534)")
+        reader = ("import os, sys\nos.setgid(65534); os.setuid(65534)\n"
+                  "for p in sys.argv[1:]:\n    open(p, 'rb').read()\nprint('read', len(sys.argv) - 1)\n")
+        proc = subprocess.run([sys.executable, "-c", reader, *map(str, files)],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == f"read {len(files)}"
+    finally:
+        import shutil
+        shutil.rmtree(share, ignore_errors=True)

@@ -58,8 +58,16 @@ def declare(env) -> list:
             env.SideEffect(side, declared)
         if node.always:
             env.AlwaysBuild(declared)
+        if node.kernel is None and SCons.Script.ARGUMENTS.get("kernel", "all") != "all":
+            env.NoClean(declared)          # shared per-GPU nodes: only kernel=all cleans them
     for k in build.kernels.values():
-        env.Clean(env.File(str(k.spec_json)), str(k.build_dir))
+        # what no node declares (the spec cache, the digests gate results keep beside them),
+        # file by file: cleaning the whole folder first made SCons then fail to remove the
+        # targets inside it ("Could not remove ..._spec.h")
+        extra = [p for p in k.build_dir.rglob(".*") if p.is_file()
+                 and (p.name == ".spec-cache.json" or p.name.endswith(".written"))]
+        if extra:
+            env.Clean(env.File(str(k.spec_json)), [str(p) for p in extra])
     cli.report_at_exit(env, requested)
     # one alias as the default target: a no-op prints one line, not one per file
     return env.Alias("mpk", [env.File(t) for t in targets])
