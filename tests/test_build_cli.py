@@ -86,9 +86,22 @@ def test_review_pages_show_every_gate(built):
 
 @pytest.mark.nvcc
 def test_clean_removes_build_outputs(built):
-    built.scons("-c", "stage=review")
+    run = built.scons("-c", "stage=review")
     assert not (built.root / "build" / K / "sm_90a" / f"lib{K}.so").exists()
     assert not (built.root / "build" / K / "review.md").exists()
+    assert "Could not remove" not in run.stdout + run.stderr, run.stdout + run.stderr
+
+
+@pytest.mark.nvcc
+def test_clean_of_one_kernel_leaves_shared_gpu_nodes(built):
+    bandwidth = built.root / "build" / "gpu" / GPU / "bandwidth.json"
+    assert bandwidth.exists()
+    run = built.scons("-c", f"kernel={K}")
+    assert not (built.root / "build" / K / "spec.json").exists()
+    assert bandwidth.exists(), run.stdout
+    assert "Could not remove" not in run.stdout + run.stderr, run.stdout + run.stderr
+    built.scons("-c")                                  # kernel=all: everything goes
+    assert not bandwidth.exists()
 
 
 @pytest.mark.nvcc

@@ -4,6 +4,7 @@ import json
 import os
 import stat
 import time
+from pathlib import Path
 
 import pytest
 
@@ -48,6 +49,19 @@ def fake_nvcc(p):
     return {"PATH": f"{tool.parent}:{os.environ['PATH']}"}
 
 
+def kept_mtime_edit(rel, old, new):
+    """A same-size edit with the file's mtime put back (what `cp -p`, `rsync -t` or a
+    restored cache do): only the bytes tell."""
+    assert len(old) == len(new)
+
+    def apply(p):
+        st = os.stat(p.path(rel))
+        p.edit(rel, old, new)
+        os.utime(p.path(rel), ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert os.stat(p.path(rel)).st_size == st.st_size
+    return apply
+
+
 CORPUS = {
     "codegen param": edit_spec("eps: 1.0e-6", "eps: 1.0e-5"),
     "codegen variant": edit_spec("decode_r8_h4096:    {rows: 8,", "decode_r8_h4096:    {rows: 4,"),
@@ -63,7 +77,16 @@ CORPUS = {
     "wiring template": lambda p: p.edit("wiring/templates/layer.py.j2", "{{", "{{ "),
     "harness template": lambda p: p.edit("site_scons/mpkbuild/templates/harness.cu.j2", "// harness.cu:", "// harness.cu (edited):"),
     "touch": touch_all,
+    "body, same size, mtime kept": kept_mtime_edit(f"kernels/{K}/{K}.cuh.j2", "// One task = one row.",
+                                                   "// One task = one ROW."),
+    "reference, same size, mtime kept": kept_mtime_edit(f"kernels/{K}/reference.py", '"""Called with float64',
+                                                        '"""CALLED with float64'),
+    "spec, same size, mtime kept": kept_mtime_edit(SPEC, "rel_max: 3.0e-2", "rel_max: 2.0e-2"),
+    "render-neutral codegen edit": edit_spec("family: B", "family: C"),
 }
+MUST_RUN = {"body, same size, mtime kept": {f"generate {K} {K}.cuh", f"compile {K} sm_90a"},
+            "reference, same size, mtime kept": {f"validate {K} {GPU}"},
+            "spec, same size, mtime kept": {f"spec {K}", f"validate {K} {GPU}"}}
 
 
 @pytest.mark.parametrize("case", list(CORPUS) + ["toolchain"])
@@ -80,6 +103,7 @@ def test_dry_run_status_and_build_agree(built, case):
     assert stale_set(built, "stage=review", env=env) == set()
     if case in ("comment only", "touch"):
         assert executed == set()
+    assert MUST_RUN.get(case, set()) <= executed, executed
     if case == "toolchain":
         assert f"compile {K} sm_90a" in executed and f"validate {K} {GPU}" in executed
 
@@ -269,3 +293,52 @@ def test_same_size_mtime_kept_result_edit_is_not_trusted(built):
     run = built.scons("stage=validate")
     assert f"validate {K} {GPU}" in run.actions
     assert json.loads(result.read_text())["verdict"] == "pass"
+
+
+def test_old_timestamp_is_not_trusted_by_the_build(built):
+    """SCons's max_drift shortcut trusts a recorded signature for a file whose mtime is more
+    than two days old and unchanged; a same-size edit with that old mtime put back must
+    still rebuild (and -n and status say so)."""
+    body = f"kernels/{K}/{K}.cuh.j2"
+    old = time.time() - 5 * 24 * 3600
+    os.utime(built.path(body), (old, old))
+    assert built.scons("stage=review").actions == []       # SCons records the old timestamp
+    kept_mtime_edit(body, "// One task = one row.", "// One task = one ROW.")(built)
+    predicted = dry_run_set(built, "stage=review")
+    assert f"compile {K} sm_90a" in predicted
+    assert predicted == stale_set(built, "stage=review")
+    executed = set(built.scons("stage=review").actions)
+    assert executed == predicted
+    assert "One task = one ROW." in (built.root / "build" / K / "gen" / f"{K}.cuh").read_text()
+    assert stale_set(built, "stage=review") == set()
+
+
+def test_shared_cache_files_follow_the_umask_and_another_user_reads_them(built, tmp_path):
+    """SCons's CacheDir copies a target's mode: results written mode 0600 (mkstemp) were
+    unreadable by the cache's other users. They follow the umask, as open() would."""
+    import subprocess, sys, tempfile
+    share = Path(tempfile.mkdtemp(prefix="mpk-shared-cache-"))
+    try:
+        share.chmod(0o755)
+        cache = share / "cache"
+        run = built.scons("stage=review", f"cache={cache}", "--cache-force",
+                          env={"PYTHONDONTWRITEBYTECODE": "1"})
+        files = [p for p in cache.rglob("*") if p.is_file() and p.name != "config"]
+        assert files, run.stdout
+        result = built.root / "build" / K / "gpu" / GPU / "validate.json"
+        umask = os.umask(0o022)
+        os.umask(umask)
+        assert stat.S_IMODE(os.stat(result).st_mode) == 0o666 & ~umask
+        for p in files:
+            assert stat.S_IMODE(p.stat().st_mode) & 0o044 == 0o044 & ~umask, (p, oct(p.stat().st_mode))
+        if os.geteuid() != 0:
+            pytest.skip("reading as another user needs root (to switch to uid 65534)")
+        reader = ("import os, sys\nos.setgid(65534); os.setuid(65534)\n"
+                  "for p in sys.argv[1:]:\n    open(p, 'rb').read()\nprint('read', len(sys.argv) - 1)\n")
+        proc = subprocess.run([sys.executable, "-c", reader, *map(str, files)],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == f"read {len(files)}"
+    finally:
+        import shutil
+        shutil.rmtree(share, ignore_errors=True)

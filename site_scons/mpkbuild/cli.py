@@ -87,8 +87,9 @@ class Build:
 
 
 def note(message: str) -> None:
-    """An mpk note while planning: stdout, or stderr when stdout is --json's alone."""
-    stream = sys.stderr if GetOption("mpk_json") else sys.stdout
+    """An mpk note while planning: stdout for a build, stderr when stdout is --json's alone
+    or the dry run's list of actions."""
+    stream = sys.stderr if GetOption("mpk_json") or GetOption("no_exec") else sys.stdout
     stream.write(f"mpk: {message}\n")
 
 
@@ -308,28 +309,31 @@ def use_cache(env, root: Path) -> None:
     env.CacheDir(str(path))
 
 
-_LOCK = []      # the open lock file: held (and the lock with it) until this process ends
+_LOCK = []      # the locked folder's descriptor: held (and the lock with it) until this process ends
 
 
 def take_build_lock(root: Path) -> None:
-    """One building scons per tree: a second one refuses at once (the lock dies with its
-    holder, however it dies)."""
+    """One building (or cleaning) scons per tree: a second one refuses at once. The lock is
+    an flock on the tree's own folder, which neither `scons -c` nor deleting build/ (or the
+    holder's pid file in it) can remove; the kernel drops it when its holder dies, however
+    it dies. build/.mpk-build.lock only names the holder's pid, for the message."""
     import fcntl
-    lock_path = root / config.BUILD_DIRNAME / ".mpk-build.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(lock_path, "a+")
+    pid_file = root / config.BUILD_DIRNAME / ".mpk-build.lock"
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        fh.seek(0)
-        holder = fh.read().strip() or "?"
+        os.close(fd)
+        try:
+            holder = pid_file.read_text().strip() or "?"
+        except OSError:
+            holder = "?"
         fail_early(f"another scons is building in this tree (pid {holder}); wait for it to "
                    f"finish or stop it. Nothing was changed. (status, -n, dag and why= do not lock)")
-    fh.seek(0)
-    fh.truncate()
-    fh.write(f"{os.getpid()}\n")
-    fh.flush()
-    _LOCK.append(fh)
+    _LOCK.append(fd)
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    from mpkbuild.util.fsutil import write_atomic
+    write_atomic(pid_file, f"{os.getpid()}\n")
 
 
 def verdict_table(requested: dict) -> None:
@@ -350,9 +354,9 @@ def verdict_table(requested: dict) -> None:
     if not rows:
         return
     width = max(len(r[0]) for r in rows)
-    print("\nverdicts:")
+    say("\nverdicts:")
     for kname, label, verdict in rows:
-        print(f"  {kname:<{width}}  {label:<16} {verdict}")
+        say(f"  {kname:<{width}}  {label:<16} {verdict}")
 
 
 def gate_order(g: graph_mod.Graph, kernels: list[Kernel], closure) -> list[str]:
@@ -414,8 +418,10 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
     if command is not None:
         SCons.Script.Exit(report(build, command, g, sconsign, names, stage, with_summary))
     use_cache(env, root)
+    take_build_lock(root)                  # a clean too: it removes what a build writes
     if not GetOption("clean"):
-        take_build_lock(root)
+        from mpkbuild.util.fsutil import remove_orphaned_temps
+        remove_orphaned_temps(root / config.BUILD_DIRNAME)   # left by a build killed mid-write
     for k in kernels:
         k.save_spec_cache()                # only now: bad input above must write nothing
     closure = stages.closure(stage)

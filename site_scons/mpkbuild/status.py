@@ -62,17 +62,32 @@ class Sconsign:
         return self._dirs[d].get(name)
 
 
-def tampered(root: Path, sconsign: Sconsign, rel: str) -> bool:
-    """A target whose bytes differ from those SCons recorded when its action wrote them."""
+def tampered(root: Path, sconsign: Sconsign, rel: str) -> str | None:
+    """Whether a gate result still has the bytes SCons recorded when its action wrote them:
+    None when it does (or nothing was recorded); "unrecorded" when it has the bytes its gate
+    wrote (the digest record() keeps beside it) but SCons never recorded them (the build
+    was killed before it wrote .sconsign); "tampered" otherwise (edited by hand)."""
     entry = sconsign.entry(rel)
     ninfo = getattr(entry, "ninfo", None)
     recorded = getattr(ninfo, "csig", None)
     if not recorded:
-        return False
+        return None
     # Gate results only (they are small): hashed every time, never trusted on mtime + size,
     # so a same-size edit with its mtime put back is still caught.
-    current = _disk_csig(root, rel, None)
-    return current is not None and current != recorded
+    try:
+        with open(os.path.join(root, rel), "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    if _hash(data) == recorded:
+        return None
+    from mpkbuild.stages.gates import written_mark
+    from mpkbuild.util.fsutil import sha256_bytes
+    try:
+        mark = written_mark(os.path.join(root, rel)).read_text().strip()
+    except OSError:
+        mark = None
+    return "unrecorded" if mark == sha256_bytes(data) else "tampered"
 
 
 def _hash(data: bytes) -> str:
@@ -98,18 +113,19 @@ def _stat(root: Path, rel: str, disk: dict):
 
 
 def _disk_csig(root: Path, rel: str, recorded, disk: dict | None = None) -> str | None:
-    """The file's content signature; trusts the recorded one when mtime and size match."""
+    """The file's content signature, from its bytes: an mtime and size that match what was
+    recorded prove nothing (`cp -p`, `rsync -t` and a restored cache put mtimes back), so,
+    as the build does (SCons runs with max_drift -1), every input is hashed."""
     disk = {} if disk is None else disk
-    st = _stat(root, rel, disk)
-    if st is None:
+    if _stat(root, rel, disk) is None:
         return None
-    if recorded is not None and getattr(recorded, "timestamp", None) == int(st.st_mtime) \
-            and getattr(recorded, "size", None) == st.st_size and getattr(recorded, "csig", None):
-        return recorded.csig
     key = ("hash", rel)
     if key not in disk:
-        with open(os.path.join(root, rel), "rb") as fh:
-            disk[key] = _hash(fh.read())
+        try:
+            with open(os.path.join(root, rel), "rb") as fh:
+                disk[key] = _hash(fh.read())
+        except OSError:
+            disk[key] = None
     return disk[key]
 
 

@@ -58,14 +58,27 @@ def declare(env) -> list:
             env.SideEffect(side, declared)
         if node.always:
             env.AlwaysBuild(declared)
+        if node.kernel is None and SCons.Script.ARGUMENTS.get("kernel", "all") != "all":
+            env.NoClean(declared)          # shared per-GPU nodes: only kernel=all cleans them
     for k in build.kernels.values():
-        env.Clean(env.File(str(k.spec_json)), str(k.build_dir))
+        # what no node declares (the spec cache, the digests gate results keep beside them),
+        # file by file: cleaning the whole folder first made SCons then fail to remove the
+        # targets inside it ("Could not remove ..._spec.h")
+        extra = [p for p in k.build_dir.rglob(".*") if p.is_file()
+                 and (p.name == ".spec-cache.json" or p.name.endswith(".written"))]
+        if extra:
+            env.Clean(env.File(str(k.spec_json)), [str(p) for p in extra])
     cli.report_at_exit(env, requested)
     # one alias as the default target: a no-op prints one line, not one per file
     return env.Alias("mpk", [env.File(t) for t in targets])
 
 
 def generate(env):
+    # No timestamp is trusted: by default SCons reuses a file's recorded signature when its
+    # mtime is unchanged and more than two days old (max_drift), so a same-size edit with
+    # its mtime put back (cp -p, rsync -t, a restored cache) would go unseen. A negative
+    # max_drift makes SCons hash every file on every run (0 would mean "always trust").
+    SCons.Script.SetOption("max_drift", -1)
     SCons.Script.AddOption("--json", dest="mpk_json", action="store_true", default=False,
                            help="scons status: print JSON")
     env.AddMethod(declare, "MpkDeclare")

@@ -44,7 +44,9 @@ class FakeGpuExecutor:
                 fh.write(f"{job.gate} {job.kernel}\n")
         job.workdir.mkdir(parents=True, exist_ok=True)
         job.log_file.write_text(f"fake {job.gate} run\n")
-        deadline = time.monotonic() + float(os.environ.get("FAKE_GPU_SLEEP", "0"))
+        sleepy = os.environ.get("FAKE_GPU_SLEEP_GATE")      # only this gate sleeps (default: all)
+        sleep = float(os.environ.get("FAKE_GPU_SLEEP", "0")) if sleepy in (None, job.gate) else 0.0
+        deadline = time.monotonic() + sleep
         while time.monotonic() < deadline:       # a slow gate, to interrupt
             if should_stop():
                 from mpkbuild.run.job import GateInterrupted

@@ -24,7 +24,7 @@ from mpkbuild.model.kernel import bandwidth_file
 from mpkbuild.stages.compile import toolchain_fact
 from mpkbuild.util import config
 from mpkbuild.util.closure import module_files
-from mpkbuild.util.fsutil import read_json, sha256_file, write_atomic, write_json_atomic
+from mpkbuild.util.fsutil import dump_json, read_json, sha256_bytes, sha256_file, write_atomic, write_json_atomic
 
 read_result = read_json
 
@@ -124,6 +124,12 @@ def require_gpu(fingerprint: GpuFingerprint | None, absence: str, kernel: str, s
     return fingerprint
 
 
+def written_mark(result_path: Path) -> Path:
+    """Where record() keeps the digest of the result bytes it wrote."""
+    result_path = Path(result_path)
+    return result_path.with_name(f".{result_path.name}.written")
+
+
 def record(result: dict, *, gate: str, kernel: str, fingerprint: GpuFingerprint, lock: dict,
            result_path: Path, verdict_path: Path | None) -> dict:
     """Write result + verdict files (each atomic); the verdict file holds only the word."""
@@ -134,7 +140,12 @@ def record(result: dict, *, gate: str, kernel: str, fingerprint: GpuFingerprint,
     full = {"gate": gate, "kernel": kernel, **result, "gpu": fingerprint.to_json(),
             "gpu_signature": fingerprint.signature(), "inputs": lock,
             "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-    write_json_atomic(result_path, full)
+    text = dump_json(full)
+    # the bytes' digest beside them, written before the result: a result SCons never
+    # recorded (the build was killed before it wrote .sconsign) is then told from one
+    # edited by hand (status.tampered)
+    write_atomic(written_mark(result_path), sha256_bytes(text.encode()) + "\n")
+    write_atomic(result_path, text)
     if verdict_path is not None:
         write_atomic(verdict_path, full["verdict"] + "\n", only_if_changed=True)
     return full
@@ -172,9 +183,11 @@ def nodes(g, k, stage: str) -> None:
     always = None
     if verdict not in (None, "pass"):
         always = f"its last verdict was {verdict}: failures are never cached"
-    elif verdict is not None and g.tampered(g.rel(result)):
+    elif verdict is not None and (why := g.tampered(g.rel(result))):
         always = (f"{g.rel(result)} was modified after its gate wrote it (signature mismatch): "
-                  "it is not trusted, the gate runs again")
+                  "it is not trusted, the gate runs again") if why == "tampered" else (
+                  f"{g.rel(result)} was written by a build that was killed before SCons "
+                  "recorded it: the gate runs again")
     node = g.add(Node(f"{stage} {k.name} {key}", "gate", stage, k.name,
                       (g.rel(result), g.rel(result.with_suffix(".verdict")), g.rel(k.gate_log(stage, key))),
                       tuple(sources), facts, opts=(("MPK_GATE", stage),), always=always))

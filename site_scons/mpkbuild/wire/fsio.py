@@ -93,7 +93,9 @@ MANIFEST = ".wire-fragments"
 def _atomic(target: Path, raw: bytes) -> bool:
     if target.is_file() and target.read_bytes() == raw:
         return False
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    from mpkbuild.util.fsutil import FILE_MODE, temp_name
+    fd, tmp = tempfile.mkstemp(prefix=temp_name(target), suffix=".tmp", dir=target.parent)
+    os.fchmod(fd, FILE_MODE)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(raw)
