@@ -57,7 +57,9 @@ def nvcc(root: Path, name: str, source: str, out: Path) -> set[str]:
     """nvcc (device and host front ends, no object kept) of one translation unit placed in
     the runtime folder: its error/warning lines, paths and line numbers dropped."""
     pk = root / "include/mirage/persistent_kernel"
-    tu = out / f"{root.name}_{name}.cu"
+    # the applied and the pristine copy are both named after the branch: the unit's name
+    # must tell them apart, or two compiles running at once overwrite each other's source
+    tu = out / f"{root.parent.name}_{root.name}_{name}.cu"
     tu.write_text(source)
     r = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90a", "-DMIRAGE_BACKEND_USE_CUDA",
                         "-DMIRAGE_GRACE_HOPPER", "-DMPK_ENABLE_TMA", "-DMODE_OFFLINE",
