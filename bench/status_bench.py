@@ -500,13 +500,21 @@ def main(argv=None) -> int:
     ap.add_argument("--results", default=str(REPO / "bench" / "RESULTS.md"))
     ap.add_argument("--no-results", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folders (debugging)")
+    ap.add_argument("--work", default=None,
+                    help="folder for the trees, kept; a tree already built there by an earlier "
+                         "run is reused (brought up to date, its twin remade) instead of rebuilt")
     ap.add_argument("--out", default=None,
                     help="folder for the raw output (raw.json, summary.md, dryrun/); default: a new "
                          "temporary folder, printed at the end")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     command = "python bench/status_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    work = Path(tempfile.mkdtemp(prefix="mpk-status-bench-"))
+    if args.work:
+        work = Path(args.work).resolve()
+        work.mkdir(parents=True, exist_ok=True)
+        args.keep = True
+    else:
+        work = Path(tempfile.mkdtemp(prefix="mpk-status-bench-"))
     out = Path(args.out).resolve() if args.out else Path(tempfile.mkdtemp(prefix="mpk-status-bench-out-"))
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -517,20 +525,30 @@ def main(argv=None) -> int:
     def save_raw():
         (out / "raw.json").write_text(json.dumps(raw, indent=1))
     try:
+        shutil.rmtree(work / "bare", ignore_errors=True)
         bare = bare_startup(work / "bare", args.runs)
         raw["bare_startup_s"] = bare
         print(f"bare SCons start-up: {bare:.2f} s", flush=True)
         for n in sizes:
             trees = {"ours": work / f"n{n}" / "tree", "plain": work / f"n{n}" / "plain"}
-            make_tree(trees["ours"], n)
+            reused = (trees["ours"] / ".sconsign.dblite").exists()
+            if not reused:
+                shutil.rmtree(trees["ours"], ignore_errors=True)
+                make_tree(trees["ours"], n)
+            else:                            # this checkout's library, over the kept tree's
+                shutil.rmtree(trees["ours"] / "site_scons")
+                shutil.copytree(REPO / "site_scons", trees["ours"] / "site_scons",
+                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
             t0 = time.perf_counter()
             scons(trees["ours"], "-j2", "kernel=all", "stage=review", EXECUTOR)
             t_build = time.perf_counter() - t0
             graph = dump_graph(trees["ours"])
+            shutil.rmtree(trees["plain"], ignore_errors=True)
             shape = make_plain(trees["plain"], graph)
             scons(trees["plain"])
             print(f"N={n}: {shape['nodes']} nodes, {shape['targets']} targets, {shape['leaves']} "
-                  f"leaf sources, {shape['edges']} input edges; first build {t_build:.0f} s",
+                  f"leaf sources, {shape['edges']} input edges; "
+                  f"{'catch-up build of the kept tree' if reused else 'first build'} {t_build:.0f} s",
                   flush=True)
             load_before = os.getloadavg()
             t = median_runs(trees, args.runs)
