@@ -541,7 +541,7 @@ def main(argv=None) -> int:
                     help="folder for the trees, kept; a tree already built there by an earlier "
                          "run is reused (brought up to date, its twin remade) instead of rebuilt")
     ap.add_argument("--stand-in-nvcc", type=int, default=0, metavar="N",
-                    help="first builds of trees with N or more kernels use a stand-in nvcc (the real "
+                    help="the first (or catch-up) build of a tree of N or more kernels uses a stand-in nvcc (the real "
                          "one's --version, ~1 MB libraries, ptxas lines); no-ops, status and the "
                          "dry-run corpus always use the real nvcc")
     ap.add_argument("--out", default=None,
@@ -581,7 +581,7 @@ def main(argv=None) -> int:
                 shutil.copytree(REPO / "site_scons", trees["ours"] / "site_scons",
                                 ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
             t0 = time.perf_counter()
-            fast = args.stand_in_nvcc and n >= args.stand_in_nvcc and not reused
+            fast = bool(args.stand_in_nvcc) and n >= args.stand_in_nvcc
             scons(trees["ours"], "-j2", "kernel=all", "stage=review", EXECUTOR,
                   env=scons_env(stand_in_nvcc(work / "stand-in-bin")) if fast else None)
             t_build = time.perf_counter() - t0
