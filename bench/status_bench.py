@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -120,10 +121,15 @@ def scons_env(extra: dict | None = None) -> dict:
 def scons(cwd: Path, *args: str, env: dict | None = None, check: bool = True,
           timeout: int = 3600) -> tuple[float, subprocess.CompletedProcess]:
     cmd = [sys.executable, "-m", "SCons", "-Q", *args]
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, env=env or scons_env(), capture_output=True, text=True,
                           timeout=timeout)
     wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU seconds (user + system) of the process and its children: steadier than wall time
+    # on a loaded machine, recorded beside it in raw.json
+    proc.cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     if check and proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} in {cwd} exited {proc.returncode}\n"
                            f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
@@ -252,17 +258,21 @@ def make_plain(dest: Path, graph: dict) -> dict:
 # ---------------------------------------------------------------- timing
 def median_runs(trees: dict, runs: int) -> dict:
     """Interleaved: plain no-op, ours no-op, ours status; `runs` rounds; wall seconds."""
-    times = {"plain": [], "noop": [], "status": [], "plain_md0": [], "noop_md0": []}
+    times = {"plain": [], "noop": [], "status": [], "plain_md0": [], "noop_md0": [],
+             "cpu": {"plain": [], "noop": [], "status": []}}
     for _ in range(runs):
         w, p = scons(trees["plain"])
         assert "up to date" in p.stdout, p.stdout[-500:]
         times["plain"].append(w)
+        times["cpu"]["plain"].append(p.cpu)
         w, p = scons(trees["ours"], "kernel=all", "stage=review", EXECUTOR)
         assert "up to date" in p.stdout and "\nspec " not in p.stdout, p.stdout[-500:]
         times["noop"].append(w)
+        times["cpu"]["noop"].append(p.cpu)
         w, p = scons(trees["ours"], "status", EXECUTOR)
         assert "everything is fresh" in p.stdout, p.stdout[-800:]
         times["status"].append(w)
+        times["cpu"]["status"].append(p.cpu)
         # --max-drift=0: SCons trusts a file's recorded content signature while its mtime is
         # unchanged, as it does by default for files older than two days. Our outputs are
         # real (a ~1 MB .so per arch); the twin's are tiny: this pair shows the difference
@@ -596,17 +606,21 @@ def main(argv=None) -> int:
                   flush=True)
             load_before = os.getloadavg()
             t = median_runs(trees, args.runs)
-            med = {k: statistics.median(v) for k, v in t.items()}
+            med = {k: statistics.median(v) for k, v in t.items() if k != "cpu"}
+            cpu = {k: statistics.median(v) for k, v in t["cpu"].items()}
             results.append({"n": n, "shape": shape, **med, "raw": t})
             raw["sizes"][str(n)] = {"shape": shape, "first_build_s": t_build, "reused": reused,
                                     "stand_in_nvcc": fast, "wall_s": t,
-                                    "median_s": med, "loadavg_before": load_before,
+                                    "median_s": med, "median_cpu_s": cpu,
+                                    "loadavg_before": load_before,
                                     "loadavg_after": os.getloadavg()}
             save_raw()
             print(f"  plain no-op {med['plain']:.2f} s  ours no-op {med['noop']:.2f} s  status "
                   f"{med['status']:.2f} s  ->  status/plain {med['status'] / med['plain']:.2f}  "
                   f"no-op/plain {med['noop'] / med['plain']:.2f}  (--max-drift=0: plain "
-                  f"{med['plain_md0']:.2f} ours {med['noop_md0']:.2f})", flush=True)
+                  f"{med['plain_md0']:.2f} ours {med['noop_md0']:.2f}); CPU s: plain "
+                  f"{cpu['plain']:.2f} ours {cpu['noop']:.2f} status {cpu['status']:.2f}; "
+                  f"load {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
             if n == min(sizes) and not args.no_corpus:
                 acc_n = n
                 print(f"dry-run accuracy, N={n}:", flush=True)
