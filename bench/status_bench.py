@@ -112,7 +112,11 @@ def make_tree(dest: Path, n: int) -> list[str]:
 
 
 def scons_env(extra: dict | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKE_GPU", "MPK_"))}
+    # PYTHONDONTWRITEBYTECODE off: the tree's site_scons gets its __pycache__ as on a user's
+    # machine (SCons itself is installed with its .pyc files); otherwise every run of ours
+    # compiles the whole mpkbuild package from source and the twin compiles nothing
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("FAKE_GPU", "MPK_")) and k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPATH"] = os.pathsep.join([str(FAKES)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     env.update(extra or {})
     return env
