@@ -14,6 +14,7 @@ so a later reader can tell whether it still matches the sources. A gate that cou
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ class GateKind:
     can_share_gpu: bool = False   # the spec may let it share a GPU (`share_gpu`)
     timeout_s: float | None = None  # fixed watchdog (else the spec section's timeout_s)
 
+    @functools.lru_cache(maxsize=None)
     def code(self) -> tuple[Path, ...]:
         """The package files whose code makes this gate's result."""
         files = set(module_files(f"mpkbuild.runners.{self.runner}"))
