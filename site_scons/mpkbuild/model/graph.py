@@ -62,7 +62,11 @@ class Graph:
 
     def pkg(self, *parts: str) -> str:
         """A file of this package, repo-relative (code a node depends on)."""
-        return rel(self.root, PKG.joinpath(*parts))
+        try:
+            return self._rels[parts]
+        except KeyError:
+            out = self._rels[parts] = rel(self.root, PKG.joinpath(*parts))
+            return out
 
     def previous_verdict(self, path: Path) -> str | None:
         """The verdict of a stored gate result (None: none), its time remembered for the order."""
