@@ -1,7 +1,7 @@
 """Issue 3's performance numbers: `scons status` and a no-op build against plain SCons.
 
     python bench/status_bench.py [--sizes 10,50,200] [--runs 5] [--corpus-size 10]
-                                 [--results bench/RESULTS.md | --no-results]
+                                 [--results bench/RESULTS.md | --no-results] [--out DIR]
 
 For each N it makes, in a temporary folder, a synthetic tree of N kernels (specs made from
 specs/rmsnorm_v2.yaml: renamed, no `wiring:` section, two small variants, a trivial task
@@ -11,9 +11,17 @@ tests/fakes/fake_gpu.py). Beside it, a plain-SCons tree whose SConstruct declare
 nodes — one Command per node of `mpkbuild.model.graph.build(...)` on the synthetic tree, with the
 same targets, file sources, facts as Value nodes, side effects, AlwaysBuild and default
 alias — whose actions are trivial Python functions (each target gets the concatenation of
-the sources' bytes). Then, interleaved, `--runs` times: plain no-op `scons -Q`, ours no-op
+the sources' bytes). The twin is lean and set up as ours is: no default tools
+(DefaultEnvironment and Environment), implicit cache off, the content decider, and one
+shared Action with no per-Command construction variables or varlist. Then, interleaved, `--runs` times: plain no-op `scons -Q`, ours no-op
 `scons -Q kernel=all stage=review executor=...`, ours `scons -Q status executor=...`.
 Each figure is the median wall time of a fresh process.
+
+Raw output goes to --out DIR (default: a new temporary folder, printed at the end and kept):
+raw.json (every run's wall time per command and N, the tree shapes, the load average before
+and after each N, every dry-run row with its missing/extra actions), summary.md (the section
+below), and dryrun/NN-<edit>.txt (the stdout of our `-n`, of the real build and of the twin's
+`-n` for each edit), so a dry-run miss can be read afterwards.
 
 Dry-run accuracy: over an edit corpus on the smallest tree, the actions our `scons -n`
 lists against the actions the real build then executes (and the stand-in GPU's runs). For
@@ -28,6 +36,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -103,7 +112,11 @@ def make_tree(dest: Path, n: int) -> list[str]:
 
 
 def scons_env(extra: dict | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKE_GPU", "MPK_"))}
+    # PYTHONDONTWRITEBYTECODE off: the tree's site_scons gets its __pycache__ as on a user's
+    # machine (SCons itself is installed with its .pyc files); otherwise every run of ours
+    # compiles the whole mpkbuild package from source and the twin compiles nothing
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("FAKE_GPU", "MPK_")) and k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPATH"] = os.pathsep.join([str(FAKES)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     env.update(extra or {})
     return env
@@ -112,10 +125,15 @@ def scons_env(extra: dict | None = None) -> dict:
 def scons(cwd: Path, *args: str, env: dict | None = None, check: bool = True,
           timeout: int = 3600) -> tuple[float, subprocess.CompletedProcess]:
     cmd = [sys.executable, "-m", "SCons", "-Q", *args]
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, env=env or scons_env(), capture_output=True, text=True,
                           timeout=timeout)
     wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU seconds (user + system) of the process and its children: steadier than wall time
+    # on a loaded machine, recorded beside it in raw.json
+    proc.cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     if check and proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} in {cwd} exited {proc.returncode}\n"
                            f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
@@ -148,14 +166,56 @@ def dump_graph(tree: Path, extra: dict | None = None) -> dict:
     return json.loads(out)
 
 
+STAND_IN_NVCC = r"""#!{python}
+# bench/status_bench.py --stand-in-nvcc: the first build of a big synthetic tree without
+# running the real nvcc per kernel (hours on a small machine). `--version` is the real
+# nvcc's, so the toolchain fact is the same as a real build's; a compile writes a library of
+# a real one's size (~1 MB, its bytes derived from the harness) and prints ptxas's resource
+# lines for the synthetic kernels' two variants.
+import hashlib, os, re, sys
+REAL = {real!r}
+args = sys.argv[1:]
+if "--version" in args:
+    os.execv(REAL, [REAL, *args])
+out, harness = args[args.index("-o") + 1], args[-1]
+arch = re.search(r"code=(sm_\w+)", " ".join(args)).group(1)
+kernel = harness.replace(os.sep, "/").split("/")[-3]
+seed = hashlib.sha256(open(harness, "rb").read() + arch.encode()).digest()
+with open(out, "wb") as fh:
+    fh.write((seed * (997832 // len(seed) + 1))[:997832])
+print("ptxas info    : 0 bytes gmem")
+for v in ("decode_r8_h2048", "decode_r1_h1024"):
+    name = f"{{kernel}}__{{v}}"
+    mangled = f"_Z{{len(name)}}{{name}}PK13__nv_bfloat16S1_PS_Py"
+    print(f"ptxas info    : Compiling entry function '{{mangled}}' for '{{arch}}'")
+    print(f"ptxas info    : Function properties for {{mangled}}")
+    print("    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads")
+    print("ptxas info    : Used 14 registers, used 1 barriers")
+"""
+
+
+def stand_in_nvcc(folder: Path) -> dict:
+    """A folder with the stand-in nvcc; returns the environment that puts it first on PATH."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tool = folder / "nvcc"
+    tool.write_text(STAND_IN_NVCC.format(python=sys.executable, real=shutil.which("nvcc")))
+    tool.chmod(0o755)
+    return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"}
+
+
 # ---------------------------------------------------------------- the plain-SCons twin
 PLAIN_SCONSTRUCT = '''\
 # Plain SCons twin of a synthetic mpkbuild tree (bench/status_bench.py): the same nodes,
 # targets, sources, facts (Value nodes), side effects and default alias; trivial actions.
+# Lean, and set up as ours is (SConstruct + site_tools/mpk.py): no default tools, implicit
+# cache off, content decider, one shared Action with no construction variables or varlist
+# per Command (the printed label is looked up by the first target, as ours does).
 import json
 SetOption("implicit_cache", 0)
-Decider("content")
+DefaultEnvironment(tools=[])
 env = Environment(tools=[])
+env.Decider("content")
+LABELS = {}
 
 
 def concat(target, source, env):
@@ -166,12 +226,13 @@ def concat(target, source, env):
     return 0
 
 
-ACT = Action(concat, strfunction=lambda t, s, e: e.get("LABEL"), varlist=["LABEL", "KIND"])
+ACT = Action(concat, strfunction=lambda t, s, e: LABELS[str(t[0])])
 with open("graph.json") as fh:
     graph = json.load(fh)
 for n in graph["nodes"]:
     srcs = [env.File(s) for s in n["sources"]] + [env.Value(f) for f in n["facts"]]
-    tgts = env.Command(n["targets"], srcs, ACT, LABEL=n["label"], KIND=n["kind"])
+    tgts = env.Command(n["targets"], srcs, ACT)
+    LABELS[str(tgts[0])] = n["label"]
     for side in n["side_effects"]:
         env.SideEffect(side, tgts)
     if n["always"]:
@@ -201,17 +262,21 @@ def make_plain(dest: Path, graph: dict) -> dict:
 # ---------------------------------------------------------------- timing
 def median_runs(trees: dict, runs: int) -> dict:
     """Interleaved: plain no-op, ours no-op, ours status; `runs` rounds; wall seconds."""
-    times = {"plain": [], "noop": [], "status": [], "plain_md0": [], "noop_md0": []}
+    times = {"plain": [], "noop": [], "status": [], "plain_md0": [], "noop_md0": [],
+             "cpu": {"plain": [], "noop": [], "status": []}}
     for _ in range(runs):
         w, p = scons(trees["plain"])
         assert "up to date" in p.stdout, p.stdout[-500:]
         times["plain"].append(w)
+        times["cpu"]["plain"].append(p.cpu)
         w, p = scons(trees["ours"], "kernel=all", "stage=review", EXECUTOR)
         assert "up to date" in p.stdout and "\nspec " not in p.stdout, p.stdout[-500:]
         times["noop"].append(w)
+        times["cpu"]["noop"].append(p.cpu)
         w, p = scons(trees["ours"], "status", EXECUTOR)
         assert "everything is fresh" in p.stdout, p.stdout[-800:]
         times["status"].append(w)
+        times["cpu"]["status"].append(p.cpu)
         # --max-drift=0: SCons trusts a file's recorded content signature while its mtime is
         # unchanged, as it does by default for files older than two days. Our outputs are
         # real (a ~1 MB .so per arch); the twin's are tiny: this pair shows the difference
@@ -315,8 +380,11 @@ def sync_plain(plain: Path, graph: dict, changed_leaves: list[str]) -> None:
     (plain / "graph.json").write_text(json.dumps(graph))
 
 
-def dry_run_accuracy(tree: Path, plain: Path, k: str, limit: int | None) -> list[dict]:
+def dry_run_accuracy(tree: Path, plain: Path, k: str, limit: int | None,
+                     out: Path | None = None) -> list[dict]:
     rows = []
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
     graph = dump_graph(tree)
     cases = list(corpus(k).items())[:limit]
     env_extra: dict = {}
@@ -332,15 +400,23 @@ def dry_run_accuracy(tree: Path, plain: Path, k: str, limit: int | None) -> list
         sync_plain(plain, after_graph, changed)
         _, p = scons(plain, "-n")
         plain_listed = set(action_lines(p.stdout))
+        plain_out = p.stdout
         # ours: the dry run, then the real build
         _, p = scons(tree, "-n", "kernel=all", "stage=review", EXECUTOR, env=env)
         listed = set(action_lines(p.stdout))
+        dry_out = p.stdout
         runs_file = tree.parent / "fake-gpu-runs.txt"
         runs_file.unlink(missing_ok=True)
         _, p = scons(tree, "-j2", "kernel=all", "stage=review", EXECUTOR,
                      env={**env, "FAKE_GPU_RUNS": str(runs_file)})
         executed = set(action_lines(p.stdout))
         gpu_runs = runs_file.read_text().splitlines() if runs_file.exists() else []
+        if out is not None:
+            safe = "".join(c if c.isalnum() else "-" for c in name).strip("-")
+            (out / f"{len(rows):02d}-{safe}.txt").write_text(
+                f"edit: {name}\nchanged leaves: {changed}\n\n==== ours scons -n\n{dry_out}\n"
+                f"==== ours build (executed)\n{p.stdout}\n{p.stderr}\n==== fake GPU runs\n"
+                + "\n".join(gpu_runs) + f"\n\n==== plain twin scons -n\n{plain_out}")
         # the twin catches up (its own build), so the next edit starts from fresh there too
         scons(plain)
         # the same count computed from our graph: executed actions with a direct input changed
@@ -408,11 +484,13 @@ def render(results: list[dict], accuracy: list[dict], acc_n: int | None, runs: i
              "`-j2 kernel=all stage=review` and the stand-in GPU executor (tests/fakes). Plain "
              "SCons: an SConstruct with the same Command nodes (targets, file sources, facts as "
              "Value nodes, side effects, default alias) taken from `mpkbuild.model.graph.build` on the "
-             "same tree; its actions are trivial Python functions and its files are small (ours "
+             "same tree, lean (no default tools, no per-Command variables) and with our SCons "
+             "settings (implicit cache off, content decider); its actions are trivial Python "
+             "functions and its files are small (ours "
              "hashes its real outputs, e.g. ~1 MB per .so). "
              f"Bare SCons start-up (empty SConstruct): {bare:.2f} s.", "",
              "| N | nodes | files (targets + leaves) | plain no-op s | ours no-op s | status s "
-             "| status / plain (≤ 0.3) | ours no-op / plain (≤ 1.2) | with `--max-drift=0`: plain "
+             "| status / plain (≤ 0.2) | ours no-op / plain (≤ 1.1) | with `--max-drift=0`: plain "
              "/ ours no-op s (ratio) |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
@@ -425,9 +503,9 @@ def render(results: list[dict], accuracy: list[dict], acc_n: int | None, runs: i
         big = results[-1]
         verdict = lambda ok: "met" if ok else "NOT met"
         lines += ["", f"At N={big['n']}: status / plain = {big['status'] / big['plain']:.2f} "
-                  f"(target ≤ 0.3: {verdict(big['status'] / big['plain'] <= 0.3)}); ours no-op / "
-                  f"plain = {big['noop'] / big['plain']:.2f} (target ≤ 1.2: "
-                  f"{verdict(big['noop'] / big['plain'] <= 1.2)})."]
+                  f"(target ≤ 0.2: {verdict(big['status'] / big['plain'] <= 0.2)}); ours no-op / "
+                  f"plain = {big['noop'] / big['plain']:.2f} (target ≤ 1.1: "
+                  f"{verdict(big['noop'] / big['plain'] <= 1.1)})."]
     if accuracy:
         exact = sum(a["exact"] for a in accuracy)
         lines += ["", f"Dry-run accuracy over {len(accuracy)} edits on the N={acc_n} tree (one kernel "
@@ -473,50 +551,103 @@ def main(argv=None) -> int:
     ap.add_argument("--results", default=str(REPO / "bench" / "RESULTS.md"))
     ap.add_argument("--no-results", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folders (debugging)")
+    ap.add_argument("--work", default=None,
+                    help="folder for the trees, kept; a tree already built there by an earlier "
+                         "run is reused (brought up to date, its twin remade) instead of rebuilt")
+    ap.add_argument("--stand-in-nvcc", type=int, default=0, metavar="N",
+                    help="the first (or catch-up) build of a tree of N or more kernels uses a stand-in nvcc (the real "
+                         "one's --version, ~1 MB libraries, ptxas lines); no-ops, status and the "
+                         "dry-run corpus always use the real nvcc")
+    ap.add_argument("--out", default=None,
+                    help="folder for the raw output (raw.json, summary.md, dryrun/); default: a new "
+                         "temporary folder, printed at the end")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     command = "python bench/status_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    work = Path(tempfile.mkdtemp(prefix="mpk-status-bench-"))
+    if args.work:
+        work = Path(args.work).resolve()
+        work.mkdir(parents=True, exist_ok=True)
+        args.keep = True
+    else:
+        work = Path(tempfile.mkdtemp(prefix="mpk-status-bench-"))
+    out = Path(args.out).resolve() if args.out else Path(tempfile.mkdtemp(prefix="mpk-status-bench-out-"))
+    out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     results, accuracy, acc_n = [], [], None
+    raw: dict = {"command": command.strip(), "machine": machine(), "runs": args.runs,
+                 "loadavg_start": os.getloadavg(), "sizes": {}, "accuracy": None}
+
+    def save_raw():
+        (out / "raw.json").write_text(json.dumps(raw, indent=1))
     try:
+        shutil.rmtree(work / "bare", ignore_errors=True)
         bare = bare_startup(work / "bare", args.runs)
+        raw["bare_startup_s"] = bare
         print(f"bare SCons start-up: {bare:.2f} s", flush=True)
         for n in sizes:
             trees = {"ours": work / f"n{n}" / "tree", "plain": work / f"n{n}" / "plain"}
-            make_tree(trees["ours"], n)
+            reused = (trees["ours"] / ".sconsign.dblite").exists()
+            if not reused:
+                shutil.rmtree(trees["ours"], ignore_errors=True)
+                make_tree(trees["ours"], n)
+            else:                            # this checkout's library, over the kept tree's
+                shutil.rmtree(trees["ours"] / "site_scons")
+                shutil.copytree(REPO / "site_scons", trees["ours"] / "site_scons",
+                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
             t0 = time.perf_counter()
-            scons(trees["ours"], "-j2", "kernel=all", "stage=review", EXECUTOR)
+            fast = bool(args.stand_in_nvcc) and n >= args.stand_in_nvcc
+            scons(trees["ours"], "-j2", "kernel=all", "stage=review", EXECUTOR,
+                  env=scons_env(stand_in_nvcc(work / "stand-in-bin")) if fast else None)
             t_build = time.perf_counter() - t0
             graph = dump_graph(trees["ours"])
+            shutil.rmtree(trees["plain"], ignore_errors=True)
             shape = make_plain(trees["plain"], graph)
             scons(trees["plain"])
             print(f"N={n}: {shape['nodes']} nodes, {shape['targets']} targets, {shape['leaves']} "
-                  f"leaf sources, {shape['edges']} input edges; first build {t_build:.0f} s",
+                  f"leaf sources, {shape['edges']} input edges; "
+                  f"{'catch-up build of the kept tree' if reused else 'first build'} {t_build:.0f} s"
+                  f"{' (stand-in nvcc)' if fast else ''}",
                   flush=True)
+            load_before = os.getloadavg()
             t = median_runs(trees, args.runs)
-            med = {k: statistics.median(v) for k, v in t.items()}
+            med = {k: statistics.median(v) for k, v in t.items() if k != "cpu"}
+            cpu = {k: statistics.median(v) for k, v in t["cpu"].items()}
             results.append({"n": n, "shape": shape, **med, "raw": t})
+            raw["sizes"][str(n)] = {"shape": shape, "first_build_s": t_build, "reused": reused,
+                                    "stand_in_nvcc": fast, "wall_s": t,
+                                    "median_s": med, "median_cpu_s": cpu,
+                                    "loadavg_before": load_before,
+                                    "loadavg_after": os.getloadavg()}
+            save_raw()
             print(f"  plain no-op {med['plain']:.2f} s  ours no-op {med['noop']:.2f} s  status "
                   f"{med['status']:.2f} s  ->  status/plain {med['status'] / med['plain']:.2f}  "
                   f"no-op/plain {med['noop'] / med['plain']:.2f}  (--max-drift=0: plain "
-                  f"{med['plain_md0']:.2f} ours {med['noop_md0']:.2f})", flush=True)
+                  f"{med['plain_md0']:.2f} ours {med['noop_md0']:.2f}); CPU s: plain "
+                  f"{cpu['plain']:.2f} ours {cpu['noop']:.2f} status {cpu['status']:.2f}; "
+                  f"load {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
             if n == min(sizes) and not args.no_corpus:
                 acc_n = n
                 print(f"dry-run accuracy, N={n}:", flush=True)
                 accuracy = dry_run_accuracy(trees["ours"], trees["plain"], kernel_name(0),
-                                            args.corpus_size)
+                                            args.corpus_size, out / "dryrun")
+                raw["accuracy"] = {"n": n, "rows": accuracy}
+                save_raw()
             if n == max(sizes) and args.profile:
                 print(profile(trees["ours"], work))
             if n != max(sizes) and not args.keep:
                 shutil.rmtree(work / f"n{n}")
         section = render(results, accuracy, acc_n, args.runs, bare, command.strip())
+        (out / "summary.md").write_text(section)
         print("\n" + section)
         if not args.no_results:
             write_results(Path(args.results), section)
             print(f"written to {args.results}")
         print(f"total {time.perf_counter() - t_start:.0f} s")
     finally:
+        raw["loadavg_end"] = os.getloadavg()
+        raw["total_s"] = time.perf_counter() - t_start
+        save_raw()
+        print(f"raw output in {out}")
         if args.keep:
             print(f"kept {work}")
         else:

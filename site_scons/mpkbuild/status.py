@@ -35,6 +35,31 @@ class NodeStatus:
     delta: str | None = None        # perf: the last result against the last accepted one
 
 
+class _Record:
+    """What status reads of one pickled SCons record (an SConsignEntry, a node's ninfo or
+    binfo): its fields as plain attributes. SCons's own classes restore each field with
+    setattr from Python (__setstate__); a plain instance gets its fields in one C-level
+    dict update, which makes reading a large .sconsign several times faster."""
+
+
+# the record classes SCons pickles into .sconsign (SCons.SConsign, SCons.Node.*)
+_RECORD_CLASSES = ("SConsignEntry", "NodeInfoBase", "BuildInfoBase", "FileNodeInfo",
+                   "FileBuildInfo", "DirNodeInfo", "DirBuildInfo", "ValueNodeInfo",
+                   "ValueBuildInfo", "AliasNodeInfo", "AliasBuildInfo", "EntryNodeInfo",
+                   "EntryBuildInfo")
+
+
+def _unpickler():
+    import pickle
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module, name):
+            if module.startswith("SCons.") and name in _RECORD_CLASSES:
+                return _Record
+            return super().find_class(module, name)
+    return Unpickler
+
+
 class Sconsign:
     """Read-only view of what SCons recorded for each target (.sconsign.dblite)."""
 
@@ -45,8 +70,8 @@ class Sconsign:
         path = root / ".sconsign.dblite"
         if path.exists():
             import SCons.dblite          # the format is SCons's own; read it with SCons
-            import SCons.SConsign  # noqa: F401  (registers the pickled classes)
             self._db = SCons.dblite.open(str(root / ".sconsign"), "r")
+            self._unpickler = _unpickler()
 
     def entry(self, rel: str):
         if self._db is None:
@@ -54,9 +79,9 @@ class Sconsign:
         d, name = os.path.split(rel)
         d = d or "."
         if d not in self._dirs:
-            import pickle
+            import io
             try:
-                self._dirs[d] = pickle.loads(self._db[d])
+                self._dirs[d] = self._unpickler(io.BytesIO(self._db[d])).load()
             except KeyError:
                 self._dirs[d] = {}
         return self._dirs[d].get(name)

@@ -6,6 +6,7 @@ what runs (by content); the executor only decides where a GPU gate runs.
 """
 from __future__ import annotations
 
+import gc
 import signal
 
 import SCons.Action
@@ -42,7 +43,22 @@ _ACTION = SCons.Action.Action(_run_node, strfunction=lambda t, s, e: _BUILD[0].i
 
 
 def declare(env) -> list:
-    """Declare everything the command line asks for; returns the default targets."""
+    """Declare everything the command line asks for; returns the default targets.
+
+    The cyclic garbage collector is off while the graph is planned and declared (status, -n,
+    check, dag and why= answer and exit in there): that allocates many objects and frees
+    almost none, so each collection only re-scans a heap that keeps growing. Then the
+    declared graph is frozen (never scanned again) and collection resumes for what the
+    build itself allocates: ~17% of a no-op build's CPU time at 200 kernels."""
+    gc.disable()
+    try:
+        return _declare(env)
+    finally:
+        gc.freeze()
+        gc.enable()
+
+
+def _declare(env) -> list:
     build, g, targets, requested = cli.plan(env, should_stop=_interrupted)
     if g is None:                          # -h
         return []

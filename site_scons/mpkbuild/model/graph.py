@@ -47,17 +47,26 @@ class Graph:
     summary_targets: list[str] = field(default_factory=list)
     # seconds each stored gate result took (read once, with its verdict): the gate order
     last_elapsed: dict[Path, float] = field(default_factory=dict)
+    _rels: dict = field(default_factory=dict, repr=False, compare=False)   # path -> rel (memo)
 
     def add(self, node: Node) -> Node:
         self.nodes.append(node)
         return node
 
     def rel(self, path: Path | str) -> str:
-        return rel(self.root, path)
+        try:
+            return self._rels[path]
+        except KeyError:
+            out = self._rels[path] = rel(self.root, path)
+            return out
 
     def pkg(self, *parts: str) -> str:
         """A file of this package, repo-relative (code a node depends on)."""
-        return rel(self.root, PKG.joinpath(*parts))
+        try:
+            return self._rels[parts]
+        except KeyError:
+            out = self._rels[parts] = rel(self.root, PKG.joinpath(*parts))
+            return out
 
     def previous_verdict(self, path: Path) -> str | None:
         """The verdict of a stored gate result (None: none), its time remembered for the order."""

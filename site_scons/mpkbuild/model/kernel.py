@@ -5,6 +5,7 @@ status all ask a Kernel where things are instead of joining strings themselves.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -13,9 +14,28 @@ from mpkbuild.util import config
 from mpkbuild.model.spec import LoadedSpec, load_spec_cached, save_spec_cache
 
 
+def _memo(method):
+    """A path method remembered per kernel and arguments: declaring the graph asks each
+    kernel for the same few paths over and over (~10 times each at 200 kernels)."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def remembered(self, *args):
+        memo = self.__dict__.get("_paths")
+        if memo is None:
+            memo = self.__dict__["_paths"] = {}    # frozen: set beside the fields, as cached_property does
+        key = (name, *args)
+        try:
+            return memo[key]
+        except KeyError:
+            value = memo[key] = method(self, *args)
+            return value
+    return remembered
+
+
 @dataclass(frozen=True)
 class Kernel:
-    """Frozen; the path properties used in hot loops are cached on first use."""
+    """Frozen; the paths used in hot loops are computed once per kernel (and arguments)."""
 
     root: Path
     spec: LoadedSpec
@@ -73,10 +93,11 @@ class Kernel:
     def build_dir(self) -> Path:
         return self.root / config.BUILD_DIRNAME / self.name
 
-    @property
+    @cached_property
     def spec_json(self) -> Path:
         return self.build_dir / "spec.json"
 
+    @_memo
     def section_file(self, section: str) -> Path:
         return self.build_dir / "spec" / f"{section}.json"
 
@@ -93,24 +114,31 @@ class Kernel:
             "harness": self.gen_dir / "harness.cu",
         }
 
+    @_memo
     def arch_dir(self, arch: str) -> Path:
         return self.build_dir / arch
 
+    @_memo
     def library(self, arch: str) -> Path:
         return self.arch_dir(arch) / f"lib{self.name}.so"
 
+    @_memo
     def resources(self, arch: str) -> Path:
         return self.arch_dir(arch) / "resources.json"
 
+    @_memo
     def gpu_dir(self, gpu_key: str) -> Path:
         return self.build_dir / "gpu" / gpu_key
 
+    @_memo
     def gate_result(self, gate: str, gpu_key: str) -> Path:
         return self.gpu_dir(gpu_key) / f"{gate}.json"
 
+    @_memo
     def gate_log(self, gate: str, gpu_key: str) -> Path:
         return self.gpu_dir(gpu_key) / f"{gate}.log"
 
+    @_memo
     def gate_stamp(self, gate: str, gpu_key: str) -> Path:
         """Exists only while the gate's verdict is pass; what later stages and exit codes key on."""
         return self.gpu_dir(gpu_key) / f"{gate}.ok"

@@ -428,9 +428,11 @@ def _product(values) -> int | float:
 
 
 @functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)
 def loader_version() -> str:
     """Changes whenever the code that validates and normalises specs changes (the import
-    closure of this module: schema, expressions, the wire section's checks)."""
+    closure of this module: schema, expressions, the wire section's checks). Once per
+    process: the loader code running is the code that was read."""
     from mpkbuild.util.closure import module_files
     return sha256_bytes(b"".join(f.read_bytes() for f in module_files(__name__)))
 

@@ -14,6 +14,7 @@ so a later reader can tell whether it still matches the sources. A gate that cou
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ class GateKind:
     timeout_s: float | None = None  # fixed watchdog (else the spec section's timeout_s)
     uses_history: bool = False    # judged against the kernel's ledger (perf_history/)
 
+    @functools.lru_cache(maxsize=None)
     def code(self) -> tuple[Path, ...]:
         """The package files whose code makes this gate's result."""
         files = set(module_files(f"mpkbuild.runners.{self.runner}"))

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
+import json
+import os
+import sys
 from pathlib import Path
 
 from mpkbuild.util import config
@@ -28,11 +32,62 @@ def _file_of(module: str) -> Path | None:
     return None
 
 
+# Parsing every module of the package costs ~0.3 s, on every build and status: what each
+# module imports is kept beside Python's own bytecode cache, keyed by the module's bytes.
+_CACHE_FILE = config.PACKAGE_DIR / "__pycache__" / "mpkbuild-imports.json"
+_cache: dict | None = None
+_cache_dirty = False
+
+
+def _load_cache() -> dict:
+    global _cache
+    if _cache is None:
+        try:
+            _cache = json.loads(_CACHE_FILE.read_text())
+            if not isinstance(_cache, dict):
+                _cache = {}
+        except (OSError, ValueError):
+            _cache = {}
+    return _cache
+
+
+def _save_cache() -> None:
+    """Best effort, as Python's own .pyc files: a read-only package just parses again."""
+    global _cache_dirty
+    if not _cache_dirty or sys.dont_write_bytecode:
+        return
+    _cache_dirty = False
+    tmp = _CACHE_FILE.with_name(f".{_CACHE_FILE.name}.{os.getpid()}.tmp")
+    try:
+        _CACHE_FILE.parent.mkdir(exist_ok=True)
+        tmp.write_text(json.dumps(_cache, sort_keys=True))
+        os.replace(tmp, _CACHE_FILE)
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+
+
 def _imports(path: Path, module: str) -> set[str]:
     """Every mpkbuild module `path` (the module `module`) may import, absolute names."""
+    global _cache_dirty
+    data = path.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    cache = _load_cache()
+    hit = cache.get(module)
+    if isinstance(hit, list) and len(hit) == 2 and hit[0] == sha:
+        return set(hit[1])
+    found = _parse_imports(data, path, module)
+    cache[module] = [sha, sorted(found)]
+    _cache_dirty = True
+    return found
+
+
+def _parse_imports(data: bytes, path: Path, module: str) -> set[str]:
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+    for node in ast.walk(ast.parse(data, str(path))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -63,4 +118,5 @@ def module_files(module: str) -> tuple[Path, ...]:
             if path is not None and prefix not in seen:
                 seen[prefix] = path
                 todo.extend(_imports(path, prefix))
+    _save_cache()
     return tuple(sorted(set(seen.values())))
