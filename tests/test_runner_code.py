@@ -24,6 +24,9 @@ EXPECTED = {
     "runners/perf.py": {PERF},
     "runners/timing.py": {PERF, BANDWIDTH},
     "runners/bandwidth.py": {PERF, BANDWIDTH},
+    "runners/gpustate.py": {PERF, BANDWIDTH},     # NVML clocks recorded with every sample
+    "util/stats.py": {PERF, BANDWIDTH},          # the intervals
+    "util/perfspec.py": {PERF},                  # the judge's view of the perf section
     "util/expr.py": ALL,                 # shapes and sizes every runner evaluates
     "util/fsutil.py": ALL,               # the result file's atomic write
     "stages/perfcheck.py": {PERF},       # the build-side judge of perf's figures
@@ -61,3 +64,25 @@ def test_editing_a_module_makes_exactly_its_gates_stale(built):
         finally:
             path.write_bytes(original)
     assert stale_gpu_nodes(built) == set()
+
+
+def test_the_import_scan_finds_every_import_a_full_parse_finds():
+    """closure parses only import statements (fast); over the whole package it must see
+    every mpkbuild import that parsing each module whole sees."""
+    import ast
+    from mpkbuild.util import closure
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+        full = set()
+        for node in ast.walk(ast.parse(path.read_bytes())):
+            if isinstance(node, ast.Import):
+                full.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[:len(package.split(".")) - max(node.level - 1, 0)]
+                origin = ".".join(base + [node.module or ""]).strip(".") if node.level else node.module
+                full.add(origin)
+                full.update(f"{origin}.{a.name}" for a in node.names)
+        full = {n for n in full if n.split(".")[0] == "mpkbuild"}
+        assert full <= closure._parse_imports(path.read_text(), path, module), path
