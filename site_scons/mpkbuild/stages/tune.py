@@ -303,7 +303,10 @@ def nodes(g, k, stage: str) -> None:
     kind = GATES["trial"]
     trial_code = [g.rel(p) for p in kind.code()]
     refs = [g.rel(python_file(k, GATES["validate"])), g.rel(python_file(k, GATES["perf"]))]
-    sections = [g.rel(k.section_file(s)) for s in SECTIONS_READ]
+    # a trial reads the sections a gate reads; of `tune` only the repeats (a fact), so a
+    # wider space re-times nothing it already timed
+    sections = [g.rel(k.section_file(s)) for s in SECTIONS_READ if s != "tune"]
+    repeats = base.data["tune"].get("repeats") or base.data["perf"]["repeats"]
     compile_sources = (g.rel(k.body_source), g.pkg("templates", "spec_header.h.j2"),
                        g.pkg("templates", "harness.cu.j2"), g.pkg("stages", "generate.py"),
                        g.pkg("stages", "compile.py"), g.pkg("stages", "tune.py"))
@@ -330,7 +333,8 @@ def nodes(g, k, stage: str) -> None:
                               (g.rel(result), g.rel(tdir / "trial.log")),
                               (cc.targets[0], *sections, *trial_code, *refs,
                                g.rel(bandwidth_file(g.root, g.gpu_key))),
-                              (gpu_fact(g.fingerprint), toolchain_fact(), fact),
+                              (gpu_fact(g.fingerprint), toolchain_fact(), fact,
+                               f"trial: repeats={repeats}"),
                               opts=(("MPK_CID", cand.cid), ("MPK_ARCH", arch),
                                     ("MPK_TIMEOUT", timeout)), always=always))
             trials.append(node.targets[0])
@@ -409,7 +413,7 @@ def run_trial(build, info, target, source) -> int:
         result = {"verdict": "rejected", "check": "compile",
                   "message": "compile: " + " ".join(problems[0].split())[:400]}
     else:
-        tune = read_json(k.section_file("tune"))["tune"]
+        tune = k.base.data["tune"]
         perf = read_json(k.section_file("perf"))
         perf["perf"] = {**perf["perf"], "repeats": tune.get("repeats") or perf["perf"]["repeats"]}
         library = cdir / f"lib{k.name}.so"
