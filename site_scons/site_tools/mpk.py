@@ -58,6 +58,8 @@ def declare(env) -> list:
             env.SideEffect(side, declared)
         if node.always:
             env.AlwaysBuild(declared)
+        if node.kind == "tune":            # tuned/<gpu>/K.json is committed: -c keeps it
+            env.NoClean(declared)
     for k in build.kernels.values():
         env.Clean(env.File(str(k.spec_json)), str(k.build_dir))
     cli.report_at_exit(env, requested)
