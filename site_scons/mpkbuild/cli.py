@@ -216,6 +216,8 @@ def help_text(root: Path) -> str:
              "         executor=dask scheduler=tcp://HOST:8786   (pip install -e .[dask])",
              "         executor=module:Class   (your own; see docs/executors.md)",
              "       scons stage=wire mpk_root=PATH [apply=1] [unwire=1]   registration edits",
+             "       scons -jN stage=tune kernel=K [gpu=PROFILE] [gpus=0,1]   search tune.space: "
+             "tuned/<profile>/K.json",
              "       scons status [kernel=..] [stage=..] [gpu=PROFILE] [--json]   fresh/stale (why)",
              "       scons check gpu=PROFILE      exit 1 if any gate for that GPU is stale/failed/missing",
              "       scons dag [kernel=..] [stage=..]   build/dag/<name>.dot/.mmd/.svg",
@@ -399,9 +401,12 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
     build.wire_request = wire_request()
     if GetOption("help"):
         return build, None, [], {}
+    from mpkbuild.stages.tune import apply_tuned
     for name in names:
         try:
-            build.kernels[name] = Kernel.load(root, name, write_cache=False)
+            # the build for a GPU profile uses its committed tuned file (tuned/<profile>/K.json)
+            build.kernels[name] = apply_tuned(Kernel.load(root, name, write_cache=False),
+                                              build.fingerprint)
         except spec_mod.SpecError as exc:
             fail_early(str(exc))
     with_summary = stage == "review" and ARGUMENTS.get("kernel", "all") == "all"
@@ -437,6 +442,9 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
             if gate in closure and f"{gate} {k.name} {g.gpu_key}" in needed:
                 # the gate's own node: its check is not built when a later gate is asked for
                 requested[(k.name, gate, gate)] = k.gate_result(gate, g.gpu_key)
+        if "tune" in closure and f"tune {k.name} {g.gpu_key}" in needed:
+            from mpkbuild.stages.tune import tuned_file
+            requested[(k.name, "tune", "tune")] = tuned_file(root, g.gpu_key, k.name)
     if not targets:
         print(f"mpk: nothing to build for stage={stage} (no requested kernel has a "
               f"{'wiring section' if stage == 'wire' else 'node for it'})")

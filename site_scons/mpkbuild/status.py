@@ -19,7 +19,8 @@ from pathlib import Path
 from mpkbuild import stages
 from mpkbuild.model.graph import Graph, Node
 
-CHANGED = object()          # a predicted output whose new bytes cannot be known in advance
+CHANGED = object()
+GPU_KINDS = ("gate", "bandwidth", "trial", "tune")   # nodes that run on a GPU of the profile          # a predicted output whose new bytes cannot be known in advance
 
 
 @dataclass
@@ -204,6 +205,8 @@ def _fact_change(old: str, new: str) -> str:
         return f"GPU {strip(old)} -> {strip(new)}"
     if kind == "spec":
         return "the normalised spec changed"
+    if kind == "tuned":
+        return f"tuned config {strip(old)} -> {strip(new)}"
     return f"{kind} {strip(old)} -> {strip(new)}"
 
 
@@ -243,16 +246,19 @@ def compute(g: Graph, sconsign: Sconsign, predictor: Predictor, gpu_here: bool,
                 for t in node.targets:
                     predicted[t] = CHANGED
         if will_run and node.kind == "spec":
-            reasons = _spec_field_changes(node, g.root, predicted) or reasons
+            # the tuned file it applies is named, then the fields that changed
+            tuned = [r for r in reasons if "tuned" in r]
+            reasons = tuned + (_spec_field_changes(node, g.root, predicted) or
+                               [r for r in reasons if r not in tuned])
         if only is not None and node.label not in only:
             continue
         verdict = _stored_verdict(g.root, node)
         if not will_run:
             state = "fresh"
-        elif node.kind in ("gate", "bandwidth") and not gpu_here:
+        elif node.kind in GPU_KINDS and not gpu_here:
             state = "pending"
             reasons.insert(0, "no GPU of this profile here")
-        elif verdict not in (None, "pass"):
+        elif verdict not in (None, "pass") and not (node.kind == "trial" and verdict in ("timed", "rejected")):
             state = "failed"
         elif never:
             state = "never run"
@@ -277,7 +283,7 @@ def _spec_field_changes(node: Node, root: Path, predicted) -> list[str]:
 
 
 def _stored_verdict(root: Path, node: Node) -> str | None:
-    if node.kind not in ("gate", "compile", "wire"):
+    if node.kind not in ("gate", "compile", "wire", "trial", "tune"):
         return None
     try:
         return json.loads((root / node.targets[0 if node.kind != "compile" else 1]).read_text()).get("verdict")
@@ -303,7 +309,9 @@ def _judge(node: Node, root: Path, sconsign: Sconsign, producers, predicted,
     for fact in node.facts:
         if fact not in recorded:
             old = next((r for r in recorded if _fact_kind(r) == _fact_kind(fact) and r not in wanted), None)
-            reasons.append(_fact_change(old, fact) if old else f"new input {_fact_kind(fact)}")
+            reasons.append(_fact_change(old, fact) if old else
+                           f"tuned config now applied: {fact.split(':', 1)[1].strip()}"
+                           if _fact_kind(fact) == "tuned" else f"new input {_fact_kind(fact)}")
     for src in node.sources:
         rec = recorded.get(src)
         if rec is None:

@@ -10,6 +10,11 @@ FAKE_GPU_NOISE (default 0.004; a deterministic pattern, so a ratio's interval is
 each of the spec's perf.baselines gets a figure too, FAKE_GPU_BASELINE {name: us} (2 us). Each run appends one line to $FAKE_GPU_RUNS (when it starts) so
 tests can see which gates were really executed. FAKE_GPU_ELAPSED ({kernel: s}) sets the
 recorded elapsed_s (the gate order reads it).
+
+A tune trial (gate "trial") answers from the candidate's configuration: FAKE_GPU_TRIAL_US
+{"sym=value[,sym=value]": us} gives the time of the first candidate pattern that holds (10 us
+otherwise; the variant's name may be one of the terms), FAKE_GPU_TRIAL_FAIL [pattern, ...]
+makes validate fail. Samples are paired with a 20 us torch, with a small fixed jitter.
 """
 import json
 import math
@@ -52,6 +57,8 @@ class FakeGpuExecutor:
                 from mpkbuild.run.job import GateInterrupted
                 raise GateInterrupted("the build was interrupted; the stand-in gate stopped")
             time.sleep(0.1)
+        if job.gate == "trial":
+            return _trial(job)
         if job.gate == "bandwidth":
             return {"verdict": "pass", "copy_bandwidth_Bps": 4.0e12, "message": "fake copy 4.00 TB/s",
                     "ceilings_Bps": {"1:1": 4.0e12, "2:1": 4.2e12, "read": 4.4e12}}
@@ -87,3 +94,39 @@ def _figures(ratio: float, pcfg: dict) -> dict:
             "baselines": baselines, "ceiling": {"mix": "1:1", "Bps": 4.0e12},
             "slowcta": {"slowest_task_us": ratio}, "vs_baseline_hot": ratio, "vs_baseline_cold": ratio,
             "hot_bandwidth_fraction": 0.95, "cold_bandwidth_fraction": 0.95}
+
+
+def _holds(pattern: str, variant: str, config: dict) -> bool:
+    for term in pattern.split(","):
+        if "=" not in term:
+            if term != variant:
+                return False
+            continue
+        key, value = term.split("=", 1)
+        got = config.get(key)
+        got = ("on" if got else "off") if isinstance(got, bool) else str(got)
+        if got != value:
+            return False
+    return True
+
+
+def _trial(job) -> dict:
+    cand = job.payload["candidate"]
+    variant, config = cand["variant"], cand["config"]
+    for pattern in json.loads(os.environ.get("FAKE_GPU_TRIAL_FAIL", "[]")):
+        if _holds(pattern, variant, config):
+            return {"verdict": "rejected", "check": "validate",
+                    "message": f"validate: {variant}: stand-in validate failed ({pattern})"}
+    us = 10.0
+    for pattern, value in json.loads(os.environ.get("FAKE_GPU_TRIAL_US", "{}")).items():
+        if _holds(pattern, variant, config):
+            us = float(value)
+            break
+    repeats = job.payload["perf"]["perf"]["repeats"]
+    jitter = [1.0 + 0.004 * ((i * 3) % 5 - 2) for i in range(repeats)]
+    fig = {"median_us": us, "samples_us": [us * j for j in jitter]}
+    base = {"median_us": 20.0, "samples_us": [20.0] * repeats}
+    return {"verdict": "timed", "message": "validated and timed (stand-in)",
+            "validate": {"verdict": "pass"},
+            "perf": {"verdict": "timed", "variants": {variant: {
+                "hot": fig, "cold": dict(fig), "baseline_hot": base, "baseline_cold": dict(base)}}}}

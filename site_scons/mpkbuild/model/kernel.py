@@ -38,7 +38,14 @@ class Kernel:
     """Frozen; the paths used in hot loops are computed once per kernel (and arguments)."""
 
     root: Path
-    spec: LoadedSpec
+    spec: LoadedSpec                       # what the build uses (tuned values applied, if any)
+    base_spec: LoadedSpec | None = None    # the spec as written, when `spec` has tuned values
+    tuned: dict | None = None              # the tuned file applied: path, sha256, applied, skipped
+
+    @property
+    def base(self) -> LoadedSpec:
+        """The spec's own values (what the tune stage searches from)."""
+        return self.base_spec or self.spec
 
     @classmethod
     def load(cls, root: Path | str, name: str, write_cache: bool = True) -> "Kernel":
@@ -52,8 +59,8 @@ class Kernel:
         return Path(root) / config.BUILD_DIRNAME / name / ".spec-cache.json"
 
     def save_spec_cache(self) -> None:
-        if not self.spec.from_cache:
-            save_spec_cache(self.spec, self.cache_path(self.root, self.name))
+        if not self.base.from_cache:
+            save_spec_cache(self.base, self.cache_path(self.root, self.name))
 
     @property
     def name(self) -> str:

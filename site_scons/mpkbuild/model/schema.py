@@ -117,6 +117,56 @@ _SAMPLING = {
     },
 }
 
+_LEVER = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "default": {"type": "boolean", "default": False,
+                    "description": "on for every GPU profile (turning one on is a spec edit)"},
+        "description": {"type": "string"},
+    },
+}
+
+_TUNE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["space"],
+    "description": "the configuration space the tune stage searches per variant and GPU profile",
+    "properties": {
+        "variants": {"type": "array", "minItems": 1, "maxItems": 64, "default": ["*"],
+                     "items": {"type": "string"},
+                     "description": "fnmatch globs over variant names: the variants tuned"},
+        "space": {"type": "object", "minProperties": 1, "maxProperties": 16,
+                  "propertyNames": {"pattern": C_IDENT},
+                  "additionalProperties": {
+                      "type": "array", "minItems": 1, "maxItems": 64, "uniqueItems": True,
+                      "items": {"type": ["integer", "boolean"]}},
+                  "description": "symbol (a variant symbol every tuned variant binds, or a "
+                                 "lever) -> candidate values"},
+        "constraints": {"type": "array", "default": [], "maxItems": 32,
+                        "items": {"type": "string"},
+                        "description": "conditions over threads, params, the variant's symbols "
+                                       "and levers (0/1): comparisons joined by and/or/not"},
+        "budget": {
+            "type": "object", "additionalProperties": False,
+            "default": {"candidates": 32, "seconds": 900},
+            "properties": {
+                "candidates": {"type": "integer", "minimum": 1, "maximum": 512, "default": 32,
+                               "description": "at most this many per variant (the spec's own "
+                                              "config first, then the nearest to it)"},
+                "seconds": {"type": "number", "exclusiveMinimum": 0,
+                            "maximum": config.MAX_TIMEOUT_S, "default": 900,
+                            "description": "GPU time per variant: split evenly into each "
+                                           "candidate's watchdog"},
+            },
+        },
+        "repeats": {"type": "integer", "minimum": 5, "maximum": 1000,
+                    "description": "timed replays per candidate (default: perf.repeats)"},
+        "figure": {"enum": ["hot", "cold"], "default": "hot",
+                   "description": "the perf figure candidates are compared on"},
+    },
+}
+
 SPEC_SCHEMA: dict = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "mpkbuild/spec.schema.json",
@@ -168,6 +218,12 @@ SPEC_SCHEMA: dict = {
                          "description": "number of tasks (grid x), an expression over variant symbols"},
                 "inputs": {"type": "array", "minItems": 1, "maxItems": 7, "items": _TENSOR},
                 "outputs": {"type": "array", "minItems": 1, "maxItems": 3, "items": _TENSOR},
+                # no default: a spec without levers keeps its codegen signature
+                "levers": {"type": "object", "maxProperties": 16,
+                           "propertyNames": {"pattern": C_IDENT},
+                           "additionalProperties": _LEVER,
+                           "description": "default-off switches: `levers.NAME` (a bool) in the "
+                                          "body template; off, they must not change a byte"},
                 # no default: a spec without overrides keeps its codegen signature
                 "overrides": {"type": "array", "maxItems": 64, "items": _OVERRIDE,
                               "description": "per-variant tensor partitions (a variant glob each); "
@@ -218,6 +274,7 @@ SPEC_SCHEMA: dict = {
                                              "one GPU (small memory, no timing); perf never shares"},
             },
         },
+        "tune": _TUNE,
         "perf": {
             "type": "object",
             "additionalProperties": False,

@@ -32,7 +32,9 @@ SECTIONS = {
     "perf": ("perf",),
 }
 # present only when the spec has the last key; archs ride along (the wire stage renders per arch)
-OPTIONAL_SECTIONS = {"wiring": ("archs", "wiring")}
+OPTIONAL_SECTIONS = {"wiring": ("archs", "wiring"),
+                     # the tune stage reads the spec's own codegen (never a tuned one) with it
+                     "tune": ("kernel", "op", "family", "codegen", "tune")}
 COSMETIC_KEYS = {"description"}
 # what a generator may draw for an input of each dtype: float -> largest finite magnitude,
 # int -> (lowest, highest) value
@@ -413,11 +415,62 @@ def _semantic_errors(data: dict, root: Path, stem: str):
             yield ("perf", "thresholds", i, "variants"), f"{rule['variants']!r} matches no variant"
         if not any(k in rule for k in ("min_bandwidth_fraction", "max_time_vs_baseline", "max_us")):
             yield ("perf", "thresholds", i), "a threshold needs at least one limit"
+    # levers and the tune space
+    yield from _tune_problems(data, consts)
     # wiring (owned by the wire stage)
     if "wiring" in data:
         from mpkbuild import wire
         for path, message in wire.check_section(data):
             yield tuple(str(path).split(".")), message
+
+
+def tuned_variants(data: dict) -> list[str]:
+    """The variants tune.variants' globs select, in spec order."""
+    globs = data["tune"]["variants"]
+    return [v for v in data["codegen"]["variants"] if any(fnmatch.fnmatch(v, g) for g in globs)]
+
+
+def _tune_problems(data: dict, consts: dict):
+    cg = data["codegen"]
+    levers = cg.get("levers", {})
+    for name in levers:
+        clash = name in consts or any(name in b for b in cg["variants"].values())
+        if clash:
+            yield ("codegen", "levers", name), f"lever {name!r} shadows a param, 'threads' or a variant symbol"
+    if "tune" not in data:
+        return
+    t = data["tune"]
+    for i, glob in enumerate(t["variants"]):
+        if not fnmatch.filter(cg["variants"], glob):
+            yield ("tune", "variants", i), f"{glob!r} matches no variant"
+    chosen = tuned_variants(data)
+    for sym, values in t["space"].items():
+        where = ("tune", "space", sym)
+        if sym in levers:
+            if not all(isinstance(v, bool) for v in values):
+                yield where, f"lever {sym!r} takes true/false, got {_short(values)}"
+            continue
+        if sym in consts:
+            yield where, f"{sym!r} is a codegen param or 'threads', not a variant symbol (tune variant symbols or levers)"
+            continue
+        unbound = [v for v in chosen if sym not in cg["variants"][v]]
+        if unbound:
+            yield where, (f"{sym!r} is neither a lever nor a symbol of every tuned variant "
+                          f"(not bound by {unbound[0]!r})")
+            continue
+        for value in values:
+            if isinstance(value, bool) or not 0 <= value <= config.INT32_MAX:
+                yield where, f"{_short(value)} is not a symbol value (an integer 0..{config.INT32_MAX})"
+                break
+    for i, text in enumerate(t["constraints"]):
+        for vname in chosen:
+            symbols = {**consts, **cg["variants"][vname],
+                       **{k: int(v.get("default", False)) for k, v in levers.items()}}
+            try:
+                expr.holds(text, symbols)
+            except expr.ExprError as exc:
+                yield ("tune", "constraints", i), f"variant {vname}: {exc}"
+                break
 
 
 def _product(values) -> int | float:

@@ -45,13 +45,17 @@ STAGES: tuple[Stage, ...] = (
           "run every variant against the float64 torch reference (GPU)"),
     Stage("perf", ("codegen", "generators", "perf"), ("compile", "validate"), "gpu", True, True, "gates",
           "CUDA-graph timing, cold/hot, slowCTA, torch baseline, bandwidth (GPU)"),
+    Stage("tune", ("tune", "generators", "validate", "perf"), ("spec",), "gpu", True, True, "tune",
+          "search tune.space per variant: candidates compiled (CPU, -jN), validated and timed "
+          "(GPU), the fastest committed as tuned/<gpu>/K.json"),
     Stage("review", (), ("compile", "wire", "validate", "perf"), "kernel", False, False, "review",
           "build/K/review.md and build/review.md: every verdict and key number"),
 )
 
 BY_NAME = {s.name: s for s in STAGES}
 NAMES = tuple(s.name for s in STAGES)
-GPU_GATES = tuple(s.name for s in STAGES if s.needs_gpu)
+# the gates every kernel has on a GPU (gates.py); tune is a GPU stage of its own, asked for by name
+GPU_GATES = tuple(s.name for s in STAGES if s.needs_gpu and s.module == "gates")
 
 
 def closure(stage: str) -> list[str]:

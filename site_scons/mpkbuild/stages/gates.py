@@ -58,6 +58,8 @@ GATES = {
     "perf": GateKind("perf", "perf", "perf.baseline", judge="mpkbuild.stages.perfcheck",
                      needs_pass=("validate",), uses_bandwidth=True, uses_history=True),
     "bandwidth": GateKind("bandwidth", "bandwidth", None, timeout_s=300),
+    # the tune stage's: one candidate validated, then timed (its nodes: stages/tune.py)
+    "trial": GateKind("trial", "trial", "validate.reference", uses_bandwidth=True),
 }
 
 

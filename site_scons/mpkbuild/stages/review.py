@@ -61,7 +61,46 @@ def kernel_review(name: str, build_dir: Path, archs, gpu_key: str | None,
         ("fail" if any(v in ("fail", "hang", "crash") for v in verdicts) else
          ("unsure" if any(v == "unsure" for v in verdicts) else "incomplete"))
     return {"kernel": name, "gpu_key": gpu_key, "compile": compile_rows, "gates": gates,
-            "wire": wire, "overall": overall}
+            "wire": wire, "overall": overall, "tune": None}
+
+
+def _cfg(values: dict | None) -> str:
+    return " ".join(f"{k}={('on' if v else 'off') if isinstance(v, bool) else v}"
+                    for k, v in (values or {}).items())
+
+
+def _interval_us(e: dict | None) -> str | None:
+    t = (e or {}).get("time_us")
+    return f"{t['median']:.2f} [{t['lo']:.2f}, {t['hi']:.2f}]" if t else None
+
+
+def tune_review(record: dict | None, codegen: dict, applied: dict | None, link: str) -> dict | None:
+    """What won, what lost and by how much, per tuned variant; the levers' state."""
+    if not record:
+        return None
+    levers = {name: {"default": bool(l.get("default")), "applied": bool((applied or {}).get(name, l.get("default"))),
+                     "tuned": ("on" if record.get("levers", {}).get(name) else "off")
+                     if name in record.get("levers", {}) else "not in the space"}
+              for name, l in codegen.get("levers", {}).items()}
+    variants = {}
+    for v, w in (record.get("variants") or {}).items():
+        rows = record.get("ledger", {}).get(v, [])
+        losers = sorted((e for e in rows if e.get("cid") != w.get("cid") or e.get("cid") is None),
+                        key=lambda e: (e.get("verdict") != "timed", e.get("vs_winner") or 0))
+        timed = [e for e in losers if e.get("verdict") == "timed"]
+        variants[v] = {
+            "config": _cfg(w.get("config")), "spec": _cfg(w.get("spec")), "from": w.get("from"),
+            "time": _interval_us(w), "vs_spec": f"{w['vs_spec']:.3f}×" if w.get("vs_spec") else None,
+            "runner_up": (f"{_cfg(timed[0]['config'])}, +{100 * (timed[0]['vs_winner'] - 1):.1f}%"
+                          if timed and timed[0].get("vs_winner") else None),
+            "rejected": sum(1 for e in rows if e.get("verdict") == "rejected"),
+            "losers": [{"config": _cfg(e.get("config")), "verdict": e.get("verdict"),
+                        "time": _interval_us(e),
+                        "vs_winner": f"{e['vs_winner']:.3f}×" if e.get("vs_winner") else None,
+                        "message": (e.get("message") or "").replace("|", "/")[:160]} for e in losers]}
+    return {"verdict": record.get("verdict", "?"), "message": record.get("message", ""),
+            "figure": record.get("figure"), "interval": record.get("interval"), "levers": levers,
+            "variants": variants, "file": link.rsplit("/", 1)[-1], "link": link}
 
 
 def slower_than_baseline(perf: dict) -> list[dict]:
@@ -297,10 +336,14 @@ def nodes(g, k, stage: str) -> None:
     if k.has_wiring:
         sources.append(g.rel(k.wire_result))
     sources += [g.rel(k.gate_result(gate, g.gpu_key)) for gate in GPU_GATES]
+    from mpkbuild.stages.tune import tuned_fact
+    # the tuned file is read (not depended on as a file: it is the tune stage's target, and
+    # review does not run the tune): its hash is a fact, so a new tune re-runs the review
     node = g.add(Node(f"review {k.name}", "review", stage, k.name,
                       (g.rel(k.review), g.rel(k.review.with_suffix(".json")),
                        g.rel(k.review.with_name("junit.xml"))),
-                      (*sources, g.pkg("stages", "review.py"), g.pkg("templates", "review.md.j2"))))
+                      (*sources, g.pkg("stages", "review.py"), g.pkg("templates", "review.md.j2")),
+                      tuned_fact(k)))
     checks = [g.rel(k.gate_stamp(gate, g.gpu_key)) for gate in GPU_GATES]
     g.requested[(k.name, stage)] = [*node.targets, *checks]
 
@@ -327,6 +370,11 @@ def run_review(build, info, target, source) -> int:
                          k.wire_result if k.has_wiring else None)
     # the inputs' signatures: the data changes whenever an input did, so the summary that
     # reads it re-runs exactly when a review ran (the exact dry run relies on that)
+    if k.tuned:
+        path = k.root / k.tuned["path"]
+        data["tune"] = tune_review(read_json(path), k.base.data["codegen"],
+                                   {n: l["default"] for n, l in k.spec.data["codegen"].get("levers", {}).items()},
+                                   _rel(path, k.build_dir))
     data["inputs"] = lock_for(source, k.root)
     try:
         write_kernel_review(data, Path(target[0].abspath), Path(target[1].abspath),

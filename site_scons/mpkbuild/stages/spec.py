@@ -19,8 +19,9 @@ def spec_fact(k) -> str:
 
 def nodes(g, k, stage: str) -> None:
     sections = [g.rel(k.section_file(s)) for s in k.spec.sections]
+    from mpkbuild.stages.tune import tuned_fact
     node = g.add(Node(f"spec {k.name}", "spec", stage, k.name,
-                      (g.rel(k.spec_json), *sections), (), (spec_fact(k),)))
+                      (g.rel(k.spec_json), *sections), (), (spec_fact(k), *tuned_fact(k))))
     g.requested[(k.name, stage)] = list(node.targets)
 
 

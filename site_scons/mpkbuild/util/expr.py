@@ -9,6 +9,7 @@ arithmetic faults (division by zero, a float overflow) are ExprErrors, not trace
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import operator
 
@@ -28,7 +29,13 @@ class ExprError(ValueError):
 
 
 def _parse(text) -> ast.Expression:
-    text = str(text)
+    return _parse_cached(str(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_cached(text: str) -> ast.Expression:
+    """Parsed once per text (the tune space evaluates the same few hundred times); the
+    trees are only read, never changed."""
     if len(text) > MAX_CHARS:
         raise ExprError(f"expression is {len(text)} characters long (at most {MAX_CHARS})")
     try:
@@ -95,6 +102,40 @@ def evaluate(text: str | int | float, symbols: dict[str, int | float], cpp_int: 
     if isinstance(value, float) and not math.isfinite(value):
         raise ExprError(f"{text!r} = {value} is not a finite number")
     return value
+
+
+_CMPOPS = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
+           ast.Eq: operator.eq, ast.NotEq: operator.ne}
+
+
+def holds(text: str, symbols: dict[str, int | float]) -> bool:
+    """A condition (tune.constraints): comparisons of expressions (`a < b`, chains
+    `1 <= a <= 4`, `==`, `!=`), joined by `and` / `or` / `not`; each operand is an
+    expression as `evaluate` takes it. Nothing else is a condition (a bare `nt` is refused:
+    write `nt != 0`)."""
+    tree = _parse(text)
+
+    def cond(node) -> bool:
+        if isinstance(node, ast.BoolOp):
+            values = [cond(v) for v in node.values]
+            return all(values) if isinstance(node.op, ast.And) else any(values)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            return not cond(node.operand)
+        if isinstance(node, ast.Compare) and all(type(op) in _CMPOPS for op in node.ops):
+            left = evaluate(ast.unparse(node.left), symbols)
+            for op, right_node in zip(node.ops, node.comparators):
+                right = evaluate(ast.unparse(right_node), symbols)
+                if not _CMPOPS[type(op)](left, right):
+                    return False
+                left = right
+            return True
+        raise ExprError(f"{text!r} is not a condition: use comparisons (< <= == != >= >) "
+                        "joined by and / or / not")
+
+    try:
+        return cond(tree.body)
+    except RecursionError:
+        raise ExprError(f"condition nests too deeply: {str(text)[:40]!r}...") from None
 
 
 def _call_name(node: ast.Call, text) -> str:

@@ -1,0 +1,576 @@
+"""The tune stage: each kernel's configuration space searched, validated, timed and cached
+per GPU profile; the winners committed as tuned/<gpu-profile>/<kernel>.json.
+
+Nodes, per kernel with a `tune` section and GPU profile (all in the one graph, so SCons
+decides what runs and -jN spreads them):
+
+    tunecc K <cid>         one per candidate: the candidate's one-variant sources rendered
+                           and compiled for the profile's arch, resource-gated; a candidate
+                           that spills or exceeds SMEM (or does not compile) is recorded as
+                           rejected (resources.json, verdict fail), never timed
+    trial K <cid> <gpu>    one per candidate: validate, and time the survivors, through the
+                           executor (a GPU lease per trial: -jN with gpus=0,1 runs two at once)
+    tune K <gpu>           picks per variant from every trial (stages/interval.py judges
+                           "faster"), writes the tuned file: the winners, every candidate
+                           with its verdict and numbers (the ledger), and the key it was made from
+
+A candidate is a variant with some of its symbols (and levers) set to values of
+`tune.space`: the spec's own configuration first, then the nearest others (fewest symbols
+changed) that meet `tune.constraints` and the loader's rules for a variant (tiling, grid,
+partitions, the SMEM plan), up to `tune.budget.candidates`. Candidates are derived from the
+spec's codegen, never from a tuned one, so a tune never makes itself stale. A trial is its
+own node with its own inputs: a candidate that lost is not timed again unless one of them
+changed (a crashed or hung trial is, as any failed gate).
+
+Using the result: when tuned/<profile>/<K>.json exists for the GPU profile the build is for
+(`gpu=` or the detected GPU), `apply_tuned` sets the tuned variants' symbols (and levers)
+in the codegen section the whole build uses; for every other profile the spec's values
+stay. The spec node carries the file's hash as a fact, so status says "tuned config" when
+it is what changed. The file's key (body, the sections the stage reads, references,
+toolchain, GPU signature, the search space) is compared with the current one on every
+plan: a mismatch makes the tune node stale with the reasons, on any clone.
+"""
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import hashlib
+import itertools
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from mpkbuild.model.graph import Node
+from mpkbuild.util import config, expr
+from mpkbuild.util.fsutil import dump_json, read_json, sha256_bytes, sha256_file, sha256_json, write_json_atomic
+
+TUNED_DIRNAME = "tuned"
+MIN_TRIAL_TIMEOUT_S = 20.0
+SECTIONS_READ = ("tune", "generators", "validate", "perf")   # "tune" holds the spec's codegen
+
+
+def tuned_file(root: Path | str, gpu_key: str, kernel: str) -> Path:
+    return Path(root) / TUNED_DIRNAME / gpu_key / f"{kernel}.json"
+
+
+# ---------------------------------------------------------------- the search space
+@dataclass(frozen=True)
+class Candidate:
+    variant: str
+    config: tuple[tuple[str, object], ...]     # space name -> value, in the space's order
+    current: bool                              # the spec's own configuration
+
+    @property
+    def values(self) -> dict:
+        return dict(self.config)
+
+    @property
+    def cid(self) -> str:
+        digest = hashlib.sha256(json.dumps([self.variant, self.config]).encode()).hexdigest()[:10]
+        return f"{self.variant}-{digest}"
+
+    def text(self) -> str:
+        return " ".join(f"{k}={_fmt(v)}" for k, v in self.config)
+
+
+def _fmt(v) -> str:
+    return ("on" if v else "off") if isinstance(v, bool) else str(v)
+
+
+def _consts(cg: dict) -> dict:
+    return {"threads": cg["threads"], **{k: v for k, v in cg["params"].items() if not isinstance(v, bool)}}
+
+
+def _split(cg: dict, values: dict) -> tuple[dict, dict]:
+    levers = cg.get("levers", {})
+    return ({k: v for k, v in values.items() if k not in levers},
+            {k: v for k, v in values.items() if k in levers})
+
+
+def candidate_problem(data: dict, variant: str, values: dict, constraints: bool = True) -> str | None:
+    """Why a configuration of one variant is not a candidate (None: it is one): a
+    constraint it breaks, or a rule of the loader's it breaks for that variant."""
+    from mpkbuild.model.spec import SmemPlanError, smem_layout, variant_tensors
+    cg = data["codegen"]
+    symbols_set, lever_set = _split(cg, values)
+    binding = {**cg["variants"][variant], **symbols_set}
+    levers = {k: bool(v.get("default", False)) for k, v in cg.get("levers", {}).items()}
+    levers.update(lever_set)
+    symbols = {**_consts(cg), **binding}
+    try:
+        if constraints:
+            for text in data["tune"]["constraints"]:
+                if not expr.holds(text, {**symbols, **{k: int(v) for k, v in levers.items()}}):
+                    return f"constraint {text!r}"
+        for rule in cg["tiling"]:
+            mult = expr.evaluate(rule["multiple_of"], symbols, cpp_int=True)
+            if not isinstance(mult, int) or mult <= 0 or binding[rule["symbol"]] % mult:
+                return f"tiling: {rule['symbol']} not a multiple of {rule['multiple_of']}"
+        blocks = expr.evaluate(cg["min_blocks_per_sm"], symbols)
+        if not isinstance(blocks, int) or not 1 <= blocks <= 32:
+            return f"min_blocks_per_sm = {blocks!r}"
+        grid = expr.evaluate(cg["grid"][0], symbols)
+        if not isinstance(grid, int) or not 1 <= grid <= config.INT32_MAX:
+            return f"grid = {grid!r}"
+        for kind, tensors in variant_tensors(cg, variant).items():
+            for t in tensors:
+                for d, extent in enumerate(t["shape"]):
+                    n = expr.evaluate(extent, symbols)
+                    if not isinstance(n, int) or not 1 <= n <= config.INT32_MAX:
+                        return f"{t['name']} extent {extent} = {n!r}"
+                    if t["partition"][d] == 0 and n % grid:
+                        return f"{t['name']} dim {d} ({n}) is not split evenly over {grid} tasks"
+        smem_layout(cg["smem"], symbols)
+    except SmemPlanError as exc:
+        return f"SMEM plan: {exc}"
+    except (expr.ExprError, KeyError) as exc:
+        return f"does not evaluate: {exc}"
+    return None
+
+
+_SPACES: dict = {}
+
+
+def space(data: dict) -> dict:
+    """The candidates (computed once per tune section and codegen in a process)."""
+    key = sha256_json({"tune": data["tune"], "codegen": data["codegen"]})
+    if key not in _SPACES:
+        _SPACES[key] = _space(data)
+    return _SPACES[key]
+
+
+def _space(data: dict) -> dict:
+    """{variant: {"candidates": [Candidate], "excluded": {reason kind: count},
+    "static_rejected": [(values, why)]}} for the tuned variants."""
+    from mpkbuild.model.spec import tuned_variants
+    t, cg = data["tune"], data["codegen"]
+    levers = cg.get("levers", {})
+    names = list(t["space"])
+    out = {}
+    for variant in tuned_variants(data):
+        binding = cg["variants"][variant]
+        current = {n: bool(levers[n]["default"]) if n in levers else binding[n] for n in names}
+        valid, excluded, rejected = [], 0, []
+        for i, combo in enumerate(itertools.product(*t["space"].values())):
+            values = dict(zip(names, combo))
+            if values == current:
+                continue
+            why = candidate_problem(data, variant, values)
+            if why is None:
+                valid.append((sum(values[n] != current[n] for n in names), i, values))
+            elif why.startswith("constraint"):
+                excluded += 1
+            else:
+                rejected.append((values, why))
+        valid.sort(key=lambda item: item[:2])
+        budget = t["budget"]["candidates"]
+        chosen = [current] + [v for _, _, v in valid[:budget - 1]]
+        out[variant] = {
+            "candidates": [Candidate(variant, tuple((n, c[n]) for n in names), c is current) for c in chosen],
+            "excluded_by_constraints": excluded, "over_budget": max(0, len(valid) - (budget - 1)),
+            "static_rejected": rejected}
+    return out
+
+
+def candidate_section(data: dict, cand: Candidate) -> dict:
+    """The codegen section of a candidate's own build: one variant, its configuration."""
+    cg = copy.deepcopy(data["codegen"])
+    symbols_set, lever_set = _split(cg, cand.values)
+    cg["variants"] = {cand.variant: {**cg["variants"][cand.variant], **symbols_set}}
+    for name, value in lever_set.items():
+        cg["levers"][name]["default"] = bool(value)
+    return json.loads(dump_json({"kernel": data["kernel"], "op": data["op"], "family": data["family"],
+                                 "codegen": cg}))
+
+
+def candidate_fact(data: dict, cand: Candidate) -> str:
+    return f"candidate: {cand.variant} {cand.text()}; codegen {sha256_json(candidate_section(data, cand))[:16]}"
+
+
+# ---------------------------------------------------------------- the key
+def tune_key(k, fingerprint) -> dict:
+    """What a tune was made from: any change makes it stale (and says which)."""
+    from mpkbuild.stages.compile import toolchain_fact
+    from mpkbuild.stages.gates import GATES, python_file
+    base = k.base
+    sp = space(base.data)
+    return {
+        "body": _sha_or_missing(k.body_source),
+        "sections": {s: base.signatures[s] for s in SECTIONS_READ},
+        "reference": _sha_or_missing(python_file(k, GATES["validate"])),
+        "baseline": _sha_or_missing(python_file(k, GATES["perf"])),
+        "toolchain": toolchain_fact(),
+        "gpu": fingerprint.signature() if fingerprint else "none",
+        "space": sha256_json({v: [c.cid for c in s["candidates"]] for v, s in sp.items()})[:16],
+        "candidates": sum(len(s["candidates"]) for s in sp.values()),
+    }
+
+
+def _sha_or_missing(path: Path) -> str:
+    try:
+        return sha256_file(path)
+    except OSError:
+        return "missing"
+
+
+KEY_WORDS = {"body": "the body source changed", "reference": "the reference changed",
+             "baseline": "the torch baseline changed"}
+
+
+def key_changes(old: dict, new: dict) -> list[str]:
+    out = []
+    for field in ("body", "reference", "baseline"):
+        if old.get(field) != new.get(field):
+            out.append(KEY_WORDS[field])
+    for s, sig in new["sections"].items():
+        if (old.get("sections") or {}).get(s) != sig:
+            out.append(f"spec section {s if s != 'tune' else 'tune (or the codegen it tunes)'} changed")
+    if old.get("toolchain") != new["toolchain"]:
+        out.append(f"toolchain {str(old.get('toolchain')).split(';')[0]} -> {new['toolchain'].split(';')[0]}")
+    if old.get("gpu") != new["gpu"]:
+        out.append(f"GPU {old.get('gpu')} -> {new['gpu']}")
+    if old.get("space") != new["space"]:
+        out.append(f"search space changed ({old.get('candidates')} -> {new['candidates']} candidates)")
+    return out
+
+
+# ---------------------------------------------------------------- using a tuned file
+def apply_tuned(k, fingerprint):
+    """The kernel as the build for this GPU profile sees it: the spec's codegen with the
+    tuned file's values, or the kernel unchanged (no profile, no file, no tune section).
+    A variant whose tuned values no longer make a valid variant keeps the spec's."""
+    if fingerprint is None or "tune" not in k.base.sections:
+        return k
+    path = tuned_file(k.root, fingerprint.key, k.name)
+    record = read_json(path)
+    if not record or not isinstance(record.get("variants"), dict):
+        return k
+    data = copy.deepcopy(k.base.data)
+    cg = data["codegen"]
+    applied, skipped = [], {}
+    levers = {n: bool(v) for n, v in (record.get("levers") or {}).items() if n in cg.get("levers", {})}
+    for name, value in levers.items():
+        cg["levers"][name]["default"] = value
+    for variant, entry in record["variants"].items():
+        if variant not in cg["variants"]:
+            skipped[variant] = "no such variant in the spec"
+            continue
+        values = {s: v for s, v in (entry.get("config") or {}).items() if s in cg["variants"][variant]}
+        why = candidate_problem(data, variant, values, constraints=False)
+        if why:
+            skipped[variant] = why
+            continue
+        if any(cg["variants"][variant][s] != v for s, v in values.items()):
+            cg["variants"][variant] = {**cg["variants"][variant], **values}
+            applied.append(variant)
+    rel = os.path.relpath(path, k.root)
+    tuned = {"path": rel, "sha256": sha256_file(path), "applied": applied, "skipped": skipped,
+             "levers": levers}
+    if not applied and not any(levers.values()):
+        return replace(k, tuned=tuned)
+    from mpkbuild.model.spec import SECTIONS
+    data = json.loads(dump_json(data))
+    sections = dict(k.base.sections)
+    sections["codegen"] = {key: data[key] for key in SECTIONS["codegen"]}
+    signatures = {**k.base.signatures, "codegen": sha256_json(sections["codegen"])}
+    spec = replace(k.base, data=data, sections=sections, signatures=signatures)
+    return replace(k, spec=spec, base_spec=k.base, tuned=tuned)
+
+
+def tuned_fact(k) -> tuple[str, ...]:
+    """The spec node's (and review's) fact for the tuned file it used, if any."""
+    if not k.tuned:
+        return ()
+    return (f"tuned: {k.tuned['path']} sha256 {k.tuned['sha256'][:12]}",)
+
+
+# ---------------------------------------------------------------- the stage's nodes
+def _dirs(g, k, arch: str, cand: Candidate) -> tuple[Path, Path]:
+    return (k.build_dir / "tune" / arch / cand.cid, k.gpu_dir(g.gpu_key) / "tune" / cand.cid)
+
+
+def nodes(g, k, stage: str) -> None:
+    from mpkbuild.model.kernel import bandwidth_file
+    from mpkbuild.stages.compile import nvcc_command, toolchain_fact
+    from mpkbuild.stages.gates import GATES, gpu_fact, python_file
+    base = k.base
+    if "tune" not in base.sections:
+        return
+    run_arch = config.ARCH_FOR_CC.get(g.fingerprint.cc) if g.fingerprint else None
+    arch = run_arch if run_arch in k.archs else k.archs[0]
+    sp = space(base.data)
+    kind = GATES["trial"]
+    trial_code = [g.rel(p) for p in kind.code()]
+    refs = [g.rel(python_file(k, GATES["validate"])), g.rel(python_file(k, GATES["perf"]))]
+    # a trial reads the sections a gate reads; of `tune` only the repeats (a fact), so a
+    # wider space re-times nothing it already timed
+    sections = [g.rel(k.section_file(s)) for s in SECTIONS_READ if s != "tune"]
+    repeats = base.data["tune"].get("repeats") or base.data["perf"]["repeats"]
+    compile_sources = (g.rel(k.body_source), g.pkg("templates", "spec_header.h.j2"),
+                       g.pkg("templates", "harness.cu.j2"), g.pkg("stages", "generate.py"),
+                       g.pkg("stages", "compile.py"), g.pkg("stages", "tune.py"))
+    trials = []
+    for variant, entry in sp.items():
+        timeout = max(MIN_TRIAL_TIMEOUT_S, base.data["tune"]["budget"]["seconds"] / len(entry["candidates"]))
+        for cand in entry["candidates"]:
+            cdir, tdir = _dirs(g, k, arch, cand)
+            fact = candidate_fact(base.data, cand)
+            lib = cdir / f"lib{k.name}.so"
+            cmd = nvcc_command(arch, g.rel(cdir / "gen" / "harness.cu"), g.rel(cdir / "gen"), g.rel(lib))
+            cc = g.add(Node(f"tunecc {k.name} {cand.cid}", "tune_compile", stage, k.name,
+                            (g.rel(cdir / "resources.json"), g.rel(lib), g.rel(cdir / "compile.log")),
+                            compile_sources, (toolchain_fact(), fact),
+                            opts=(("MPK_CID", cand.cid), ("MPK_ARCH", arch), ("MPK_NVCC_CMD", cmd))))
+            result = tdir / "trial.json"
+            verdict = g.previous_verdict(result)
+            always = None
+            if verdict in ("crash", "hang"):
+                always = f"its last verdict was {verdict}: failures are never cached"
+            elif verdict is not None and g.tampered(g.rel(result)):
+                always = f"{g.rel(result)} was modified after its trial wrote it: the trial runs again"
+            node = g.add(Node(f"trial {k.name} {cand.cid} {g.gpu_key}", "trial", stage, k.name,
+                              (g.rel(result), g.rel(tdir / "trial.log")),
+                              (cc.targets[0], *sections, *trial_code, *refs,
+                               g.rel(bandwidth_file(g.root, g.gpu_key))),
+                              (gpu_fact(g.fingerprint), toolchain_fact(), fact,
+                               f"trial: repeats={repeats}"),
+                              opts=(("MPK_CID", cand.cid), ("MPK_ARCH", arch),
+                                    ("MPK_TIMEOUT", timeout)), always=always))
+            trials.append(node.targets[0])
+    out = tuned_file(g.root, g.gpu_key, k.name)
+    always = None
+    record = read_json(out)
+    if record and g.fingerprint is not None:
+        changes = key_changes(record.get("key") or {}, tune_key(k, g.fingerprint))
+        if changes:
+            always = f"{g.rel(out)} was tuned from other inputs: " + "; ".join(changes)
+    node = g.add(Node(f"tune {k.name} {g.gpu_key}", "tune", stage, k.name, (g.rel(out),),
+                      (*trials, g.rel(k.section_file("tune")), g.rel(k.body_source),
+                       g.pkg("stages", "tune.py"), g.pkg("stages", "interval.py")),
+                      (gpu_fact(g.fingerprint), toolchain_fact()), always=always))
+    g.requested[(k.name, stage)] = list(node.targets)
+
+
+def predict(node, k, predictor) -> None:
+    """nvcc, the GPU and the pick cannot be known without running them."""
+    return None
+
+
+# ---------------------------------------------------------------- actions
+def _candidate(k, cid: str) -> Candidate:
+    for entry in space(k.base.data).values():
+        for cand in entry["candidates"]:
+            if cand.cid == cid:
+                return cand
+    raise KeyError(cid)
+
+
+def run_compile(build, info, target, source) -> int:
+    """Render and compile one candidate; a candidate nvcc or the resource gate refuses is
+    recorded as rejected (an empty library beside it), and the build goes on."""
+    from mpkbuild.stages.compile import CompileError, CompileJob, run_compile as nvcc
+    from mpkbuild.stages.generate import TemplateError, generate_file, smem_plan
+    k = build.kernels[info["MPK_KERNEL"]]
+    cand = _candidate(k, info["MPK_CID"])
+    section = candidate_section(k.base.data, cand)
+    resources, lib, log = (Path(t.abspath) for t in target)
+    gen = resources.parent / "gen"
+    plan = smem_plan(section["codegen"])
+    try:
+        for role, name in (("spec_header", f"{k.name}_spec.h"), ("body", f"{k.name}.cuh"),
+                           ("harness", "harness.cu")):
+            generate_file(role, section, k.spec.file, k.body_source, k.root, gen / name)
+        nvcc(CompileJob(kernel=k.name, arch=info["MPK_ARCH"], variants=(cand.variant,),
+                        harness=gen / "harness.cu", library=lib, resources=resources, log=log,
+                        smem_total=plan["total"], smem_budget=plan["budget"]),
+             info["MPK_NVCC_CMD"], k.root)
+    except (CompileError, TemplateError) as exc:
+        if not log.exists():
+            log.write_text(f"{exc}\n")
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        lib.write_bytes(b"")
+        write_json_atomic(resources, {"kernel": k.name, "arch": info["MPK_ARCH"], "verdict": "fail",
+                                      "problems": [str(exc)], "candidate": cand.cid})
+        print(f"          tunecc {k.name} {cand.cid}: rejected ({str(exc).splitlines()[-1].strip()})")
+    return 0
+
+
+def run_trial(build, info, target, source) -> int:
+    from mpkbuild.model.kernel import bandwidth_file
+    from mpkbuild.run.job import GateJob
+    from mpkbuild.stages.gates import GATES, GateCannotRun, lock_for, python_file, record, verdict_line
+    k = build.kernels[info["MPK_KERNEL"]]
+    cand = _candidate(k, info["MPK_CID"])
+    try:
+        fp = build.ready_gpu(k.name, "tune")
+    except GateCannotRun as exc:
+        return build.fail(str(exc))
+    cdir = k.build_dir / "tune" / info["MPK_ARCH"] / cand.cid
+    resources = read_json(cdir / "resources.json") or {}
+    if resources.get("verdict") != "pass":
+        problems = resources.get("problems") or ["no resources.json"]
+        result = {"verdict": "rejected", "check": "compile",
+                  "message": "compile: " + " ".join(problems[0].split())[:400]}
+    else:
+        tune = k.base.data["tune"]
+        perf = read_json(k.section_file("perf"))
+        perf["perf"] = {**perf["perf"], "repeats": tune.get("repeats") or perf["perf"]["repeats"]}
+        library = cdir / f"lib{k.name}.so"
+        payload = {"root": str(k.root), "library": str(library),
+                   "codegen": candidate_section(k.base.data, cand),
+                   "generators": read_json(k.section_file("generators")),
+                   "validate": read_json(k.section_file("validate")), "perf": perf,
+                   "bandwidth_file": str(bandwidth_file(k.root, fp.key)),
+                   "candidate": {"cid": cand.cid, "variant": cand.variant, "config": cand.values}}
+        inputs = [library, python_file(k, GATES["validate"]), python_file(k, GATES["perf"]),
+                  bandwidth_file(k.root, fp.key)]
+        job = GateJob("trial", k.name, payload, Path(target[0].abspath).parent, float(info["MPK_TIMEOUT"]),
+                      root=k.root, inputs=tuple(dict.fromkeys(os.path.relpath(p, k.root) for p in inputs)))
+        try:
+            result = build.run_gate(job)
+        except GateCannotRun as exc:
+            return build.fail(str(exc))
+    result = {**result, "candidate": {"cid": cand.cid, "variant": cand.variant, "config": cand.values,
+                                      "current": cand.current}}
+    full = record(result, gate="trial", kernel=k.name, fingerprint=fp, lock=lock_for(source, k.root, fp),
+                  result_path=Path(target[0].abspath), verdict_path=None)
+    if not Path(target[1].abspath).exists():
+        Path(target[1].abspath).write_text(f"{verdict_line(full)}\n")
+    print(f"          trial {k.name} {cand.variant} {cand.text()}: {verdict_line(full)}")
+    return 0
+
+
+# ---------------------------------------------------------------- the pick
+def ledger_entry(res: dict | None, cand: Candidate, figure: str, rel: str) -> dict:
+    """One candidate as the ledger keeps it: verdict, message, the figure with its interval."""
+    from mpkbuild.stages import interval
+    entry = {"cid": cand.cid, "config": cand.values, "current": cand.current,
+             "verdict": (res or {}).get("verdict", "not run"),
+             "message": (res or {}).get("message", "no trial result"), "trial": rel}
+    if entry["verdict"] != "timed":
+        return entry
+    try:
+        fig = res["perf"]["variants"][cand.variant]
+        ratios = interval.paired_ratios(fig[figure], fig[f"baseline_{figure}"])
+        entry["ratio"] = interval.median_interval(ratios)
+        entry["time_us"] = interval.median_interval(fig[figure]["samples_us"])
+        entry["baseline_us"] = fig[f"baseline_{figure}"]["median_us"]
+    except (KeyError, TypeError, ValueError) as exc:
+        entry.update(verdict="rejected", message=f"no paired {figure} samples in the trial result ({exc})")
+    return entry
+
+
+def _simplicity(entry: dict, current: dict) -> tuple:
+    levers_on = sum(1 for v in entry["config"].values() if v is True)
+    changed = sum(1 for k, v in entry["config"].items() if current.get(k) != v)
+    return (levers_on, changed)
+
+
+def winner(entries: list[dict]) -> dict | None:
+    """The fastest candidate the interval says is faster than the spec's configuration;
+    among those the interval cannot tell apart from it, the simplest (fewest levers on,
+    fewest symbols changed); with nothing clearly faster, the spec's configuration."""
+    from mpkbuild.stages import interval
+    timed = [e for e in entries if e["verdict"] == "timed"]
+    if not timed:
+        return None
+    current = next((e for e in timed if e["current"]), None)
+    spec_cfg = next((e["config"] for e in entries if e["current"]), {})
+    ref = current or min(timed, key=lambda e: (_simplicity(e, spec_cfg), e["ratio"]["median"]))
+    better = [e for e in timed if interval.faster(e["ratio"], ref["ratio"])]
+    if not better:
+        return ref
+    best = min(better, key=lambda e: e["ratio"]["median"])
+    close = [e for e in better if not interval.faster(best["ratio"], e["ratio"])]
+    return min(close, key=lambda e: (_simplicity(e, spec_cfg), e["ratio"]["median"]))
+
+
+def pick(ledger: dict[str, list[dict]], lever_names: list[str]) -> tuple[dict, dict]:
+    """({variant: winning entry or None}, {lever: on}). A lever is kernel-wide (one body
+    render serves every variant): it is on only if, with it free, every tuned variant's
+    winner has it on; the winners are then picked among candidates with the levers so set."""
+    fixed: dict = {}
+
+    def among(entries):
+        return [e for e in entries if all(e["config"].get(n, v) == v for n, v in fixed.items())]
+
+    for name in lever_names:
+        wins = [winner(among(entries)) for entries in ledger.values()]
+        wins = [w for w in wins if w is not None]
+        fixed[name] = bool(wins) and all(w["config"].get(name) is True for w in wins)
+    return {v: winner(among(entries)) for v, entries in ledger.items()}, fixed
+
+
+def run_pick(build, info, target, source) -> int:
+    from mpkbuild.stages.gates import GateCannotRun, lock_for
+    from mpkbuild.stages import interval
+    k = build.kernels[info["MPK_KERNEL"]]
+    try:
+        fp = build.ready_gpu(k.name, "tune")
+    except GateCannotRun as exc:
+        return build.fail(str(exc))
+    data = k.base.data
+    t, cg = data["tune"], data["codegen"]
+    figure = t["figure"]
+    sp = space(data)
+    arch = config.ARCH_FOR_CC.get(fp.cc)
+    ledger, notes = {}, {}
+    for variant, entry in sp.items():
+        rows = []
+        for cand in entry["candidates"]:
+            path = k.gpu_dir(fp.key) / "tune" / cand.cid / "trial.json"
+            rows.append(ledger_entry(read_json(path), cand, figure, os.path.relpath(path, k.root)))
+        for values, why in entry["static_rejected"]:
+            rows.append({"cid": None, "config": values, "current": False, "verdict": "rejected",
+                         "message": f"not a valid variant: {why}"})
+        ledger[variant] = rows
+        notes[variant] = {"excluded_by_constraints": entry["excluded_by_constraints"],
+                          "over_budget": entry["over_budget"]}
+    lever_names = [n for n in t["space"] if n in cg.get("levers", {})]
+    wins, levers = pick(ledger, lever_names)
+    variants, failed = {}, []
+    for variant, rows in ledger.items():
+        w = wins[variant]
+        spec_row = next(r for r in rows if r["current"])
+        for r in rows:
+            if "ratio" in r and w is not None:
+                r["vs_winner"] = round(r["ratio"]["median"] / w["ratio"]["median"], 4)
+        if w is None:
+            failed.append(variant)
+            variants[variant] = {"config": None, "message": "no candidate was timed"}
+            continue
+        symbols = {s: v for s, v in w["config"].items() if s not in cg.get("levers", {})}
+        variants[variant] = {
+            "config": symbols, "spec": {s: cg["variants"][variant][s] for s in symbols},
+            "cid": w["cid"], "from": "spec" if w["current"] else "tune",
+            "time_us": w["time_us"], "ratio": w["ratio"],
+            "vs_spec": (round(w["ratio"]["median"] / spec_row["ratio"]["median"], 4)
+                        if "ratio" in spec_row else None)}
+    out = Path(target[0].abspath)
+    changed = [v for v, e in variants.items() if e.get("from") == "tune"]
+    full = {
+        "kernel": k.name, "gpu_profile": fp.key, "gpu": fp.to_json(), "arch": arch,
+        "verdict": "fail" if failed else "pass",
+        "message": (f"no candidate timed for {', '.join(failed)}" if failed else
+                    f"{len(changed)} of {len(variants)} variants tuned away from the spec"
+                    + (f"; levers on: {', '.join(n for n, on in levers.items() if on)}"
+                       if any(levers.values()) else "")),
+        "figure": figure, "interval": interval.METHOD, "levers": levers, "variants": variants,
+        "ledger": ledger, "space": notes, "key": tune_key(k, fp),
+        "inputs": lock_for(source, k.root, fp),
+        "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    write_json_atomic(out, full)
+    for variant, e in variants.items():
+        if e.get("config") is None:
+            print(f"          tune {k.name} {variant}: no candidate timed")
+            continue
+        cfg = " ".join(f"{s}={v}" for s, v in e["config"].items())
+        tu = e["time_us"]
+        print(f"          tune {k.name} {variant}: {cfg} ({e['from']}) {tu['median']:.2f} us "
+              f"[{tu['lo']:.2f}, {tu['hi']:.2f}]" + (f", {e['vs_spec']:.3f}x the spec's" if e["vs_spec"] else ""))
+    print(f"          tune {k.name}: {full['message']} -> {os.path.relpath(out, k.root)}")
+    return 0
+
+
+ACTIONS = {"tune_compile": run_compile, "trial": run_trial, "tune": run_pick}
