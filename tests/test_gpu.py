@@ -47,7 +47,8 @@ def test_rmsnorm_passes_every_gate_on_this_gpu(project):
         assert res["baseline_hot"]["median_us"] > 0
         for fig in ("hot", "cold"):         # the kernel's and torch's replays were paired
             kernel, torch_ = res[fig]["samples_us"], res[f"baseline_{fig}"]["samples_us"]
-            assert len(kernel) == len(torch_) == 7
+            # noise-driven sampling: at least `repeats` pairs, more where the spread asks
+            assert len(kernel) == len(torch_) >= 7
             assert res[f"vs_baseline_{fig}"] == statistics.median(k / t for k, t in zip(kernel, torch_))
     assert "verdicts:" in run.stdout
 

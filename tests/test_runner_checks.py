@@ -105,3 +105,12 @@ def test_warm_up_lasts_the_floor_even_when_the_first_round_is_slow(monkeypatch):
     clock[0] = 0.0
     timing.warm_up([step(lambda n: 0.03)], rounds=3)
     assert len(calls) == 3
+
+
+def test_a_loaded_baseline_is_an_importable_module(tmp_path):
+    """torch.compile resolves a function's module by name: load_function must register it."""
+    import sys
+    from mpkbuild.runners.common import load_function
+    (tmp_path / "ref.py").write_text("def double(x):\n    return 2 * x\n")
+    fn = load_function(str(tmp_path), "ref.py:double")
+    assert fn(3) == 6 and sys.modules[fn.__module__].double is fn

@@ -54,8 +54,12 @@ def device_facts() -> dict:
 def load_function(root: str, ref: str):
     rel, func = ref.rsplit(":", 1)
     path = Path(root) / rel
-    spec = importlib.util.spec_from_file_location(f"mpk_ref_{path.stem}", path)
+    name = f"mpk_ref_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    # registered as a module, as an import would: torch.compile (Dynamo) looks the
+    # function's module up by name and failed with ModuleNotFoundError without this
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return getattr(module, func)
 
