@@ -31,6 +31,7 @@ EXPECTED = {
     "util/fsutil.py": ALL,               # the result file's atomic write
     "stages/perfcheck.py": {PERF},       # the build-side judge of perf's figures
     "runners/launch.py": set(),          # the cold-start shim: runs a runner, computes nothing
+    "runners/trial.py": set(),           # the tune stage's trials only (not a validate/perf result)
     "stages/review.py": set(),
 }
 
