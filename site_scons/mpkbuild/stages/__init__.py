@@ -43,9 +43,13 @@ STAGES: tuple[Stage, ...] = (
           "apply=1 applies them, unwire=1 removes them"),
     Stage("validate", ("codegen", "generators", "validate"), ("compile",), "gpu", True, True, "gates",
           "run every variant against the float64 torch reference (GPU)"),
+    Stage("runtime", ("codegen", "generators", "validate", "wiring"), ("generate",), "gpu", True, True,
+          "runtime",
+          "every variant as tasks of the real MPK persistent kernel of mpk_root= at the "
+          "production grid, 3+ iterations, with the runtime profiler's task spans (GPU)"),
     Stage("perf", ("codegen", "generators", "perf"), ("compile", "validate"), "gpu", True, True, "gates",
           "CUDA-graph timing, cold/hot, slowCTA, torch baseline, bandwidth (GPU)"),
-    Stage("review", (), ("compile", "wire", "validate", "perf"), "kernel", False, False, "review",
+    Stage("review", (), ("compile", "wire", "validate", "runtime", "perf"), "kernel", False, False, "review",
           "build/K/review.md and build/review.md: every verdict and key number"),
 )
 

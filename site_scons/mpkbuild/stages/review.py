@@ -127,11 +127,13 @@ def nodes(g, k, stage: str) -> None:
     sources = [g.rel(k.resources(a)) for a in k.archs]
     if k.has_wiring:
         sources.append(g.rel(k.wire_result))
-    sources += [g.rel(k.gate_result(gate, g.gpu_key)) for gate in GPU_GATES]
+    # the runtime gate exists only with mpk_root= (stages/runtime.py)
+    gates = [gate for gate in GPU_GATES if gate != "runtime" or g.requested.get((k.name, gate))]
+    sources += [g.rel(k.gate_result(gate, g.gpu_key)) for gate in gates]
     node = g.add(Node(f"review {k.name}", "review", stage, k.name,
                       (g.rel(k.review), g.rel(k.review.with_suffix(".json"))),
                       (*sources, g.pkg("stages", "review.py"), g.pkg("templates", "review.md.j2"))))
-    checks = [g.rel(k.gate_stamp(gate, g.gpu_key)) for gate in GPU_GATES]
+    checks = [g.rel(k.gate_stamp(gate, g.gpu_key)) for gate in gates]
     g.requested[(k.name, stage)] = [*node.targets, *checks]
 
 
