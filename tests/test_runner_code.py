@@ -27,6 +27,7 @@ EXPECTED = {
     "util/expr.py": ALL,                 # shapes and sizes every runner evaluates
     "util/fsutil.py": ALL,               # the result file's atomic write
     "stages/perfcheck.py": {PERF},       # the build-side judge of perf's figures
+    "runners/runtime.py": set(),         # the runtime gate: not in this graph (no mpk_root=)
     "runners/launch.py": set(),          # the cold-start shim: runs a runner, computes nothing
     "stages/review.py": set(),
 }
