@@ -360,7 +360,8 @@ def gate_order(g: graph_mod.Graph, kernels: list[Kernel], closure) -> list[str]:
     every validate before any perf (a failed validate blocks its perf, and validates are
     short), then the longest gate by its last recorded time, so -jN GPUs finish together.
     The gate's result, not its check: a failed verdict must not stop the others."""
-    gates = [(k, gate) for gate in stages.GPU_GATES if gate in closure for k in kernels]
+    gates = [(k, gate) for gate in stages.GPU_GATES if gate in closure for k in kernels
+             if g.requested.get((k.name, gate))]      # runtime: only with mpk_root=
     rank = {gate: i for i, gate in enumerate(stages.GPU_GATES)}
     order = sorted(gates, key=lambda kg: (rank[kg[1]],
                                           -g.last_elapsed.get(kg[0].gate_result(kg[1], g.gpu_key), 0.0)))
