@@ -37,21 +37,42 @@ def main() -> None:
         (args.out / "catalog.log").write_text(log)
         if (tmp / "build" / "review.md").exists():
             shutil.copy2(tmp / "build" / "review.md", args.out / "summary.md")
-    print(f"{'kernel/variant':<36} {'verdict':<8} {'hot us':>7} {'cold us':>7} {'slowCTA':>7} "
-          f"{'torch us':>8} {'x torch':>7} {'BW cold':>7}")
+    for bw_path in sorted(tmp.glob("build/gpu/*/bandwidth.json")) + sorted(tmp.glob("build/*/bandwidth.json")):
+        bw = json.loads(bw_path.read_text())
+        ceil = bw.get("ceilings_Bps") or {}
+        print(f"ceilings ({bw_path.parent.name}): " + ", ".join(f"{k} {v / 1e12:.2f} TB/s" for k, v in ceil.items()))
+        if args.out:
+            shutil.copy2(bw_path, args.out / "bandwidth.json")
+    print(f"{'kernel/variant':<30} {'hot us':>7} {'cold us':>7} {'slowCTA':>7}  baselines hot us (ours/them [95% CI] verdict)  "
+          f"{'BW cold':>7} ceiling")
     for perf_path in sorted(tmp.glob("build/*/gpu/*/perf.json")):
         perf = json.loads(perf_path.read_text())
         val = json.loads((perf_path.parent / "validate.json").read_text())
         kname = perf_path.parts[-4]
-        print(f"{kname:<36} validate {val['verdict']}; perf {perf['verdict']}: {perf.get('message', '')[:90]}")
+        print(f"{kname} validate {val['verdict']}; perf {perf['verdict']} ({perf.get('elapsed_s', '?')} s): "
+              f"{perf.get('message', '')[:160]}")
         for name, v in perf.get("variants", {}).items():
             cold = v.get("cold", {}).get("median_us", float("nan"))
-            print(f"  {name:<34} {'':<8} {v['hot']['median_us']:>7.2f} {cold:>7.2f} "
-                  f"{v['slowcta']['slowest_task_us']:>7.2f} {v['baseline_hot']['median_us']:>8.2f} "
-                  f"{v['vs_baseline_hot']:>6.2f}x {v.get('cold_bandwidth_fraction', float('nan')):>7.1%}")
+            cells = []
+            for b, entry in (v.get("baselines") or {}).items():
+                if "error" in entry:
+                    cells.append(f"{b} ERROR {entry['error'][:200]}")
+            for b, c in (v.get("vs") or {}).items():
+                if "hot" not in c:
+                    continue
+                bh = v["baselines"][b]["hot"]["median_us"] if "baselines" in v else v["baseline_hot"]["median_us"]
+                h = c.get("hot") or {}
+                cc = c.get("cold") or {}
+                cells.append(f"{b} {bh:.2f} ({h.get('ratio', float('nan')):.3f} [{h.get('lo', float('nan')):.3f},"
+                             f"{h.get('hi', float('nan')):.3f}] {h.get('verdict')}; cold {cc.get('ratio', float('nan')):.3f} "
+                             f"{cc.get('verdict')})")
+            smp = v["hot"].get("sampling") or {}
+            print(f"  {name:<28} {v['hot']['median_us']:>7.2f} {cold:>7.2f} {v['slowcta']['slowest_task_us']:>7.2f}  "
+                  f"{'; '.join(cells)}  {v.get('cold_bandwidth_fraction', float('nan')):>7.1%} "
+                  f"{(v.get('ceiling') or {}).get('mix')}  n={smp.get('samples')} {smp.get('stop')} "
+                  f"rej={len(smp.get('rejected') or [])}")
         if args.out:
             shutil.copy2(perf_path, args.out / f"{kname}.perf.json")
-            shutil.copy2(perf_path.parent / "validate.json", args.out / f"{kname}.validate.json")
     for line in log.splitlines():
         if line.startswith("mpk: error") or line.startswith("scons: ***"):
             print(line[:200])

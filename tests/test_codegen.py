@@ -94,7 +94,7 @@ def test_partition_override_moves_the_task_slice(root):
         "  grid: [rows]", '  grid: [rows]\n  overrides:\n    - {variants: "large_r16384_*", partition: {input: [-1, -1]}}'))
     harness = render(Kernel.load(root, K), "harness")
     large = harness[harness.index("rmsnorm_v2__large_r16384_h7168("):]
-    assert "input + static_cast<size_t>(task)" not in large.split("task, mpk_smem")[0]
+    assert "input + static_cast<size_t>(task)" not in large.split("task, rmsnorm_v2_spec::task_smem()")[0]
     assert "input + static_cast<size_t>(task) * 7168ull" in harness      # the other variants
 
 

@@ -123,3 +123,11 @@ def test_the_torch_version_is_read_without_importing_torch():
         expected = "none"
     assert out.stdout.split() == [expected, "False"]
     assert gpu_mod._torch_version() == expected
+
+
+def test_smi_rows_keep_commas_in_gpu_names():
+    """One parser for nvidia-smi's CSV, here and on an ssh host: a name may hold commas."""
+    from mpkbuild.gpu import parse_smi
+    rows = parse_smi("0, GPU-aaaa, NVIDIA H200, NVL, 9.0, 580.1\nnot a row\n1, GPU-bbbb, NVIDIA H200, 9.0, 580.1\n")
+    assert [r["name"] for r in rows] == ["NVIDIA H200, NVL", "NVIDIA H200"]
+    assert rows[0]["compute_cap"] == "9.0" and rows[1]["uuid"] == "GPU-bbbb"

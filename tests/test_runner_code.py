@@ -23,6 +23,7 @@ EXPECTED = {
     "runners/validate.py": {VALIDATE},
     "runners/perf.py": {PERF},
     "runners/timing.py": {PERF, BANDWIDTH},
+    "runners/gpustate.py": {PERF, BANDWIDTH},   # NVML clocks: perf and the bandwidth node read them
     "runners/bandwidth.py": {PERF, BANDWIDTH},
     "util/expr.py": ALL,                 # shapes and sizes every runner evaluates
     "util/fsutil.py": ALL,               # the result file's atomic write

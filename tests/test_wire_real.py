@@ -2,6 +2,7 @@
 kernel at once on each branch, in a temporary copy (the shared trees are read-only)."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 MIRAGE = REPO.parent / "shared" / "mirage"
 WIRING = REPO / "wiring"
 CLANG_FORMAT = shutil.which("clang-format")
+NVCC = shutil.which("nvcc")
 
 pytestmark = pytest.mark.skipif(not MIRAGE.is_dir(), reason=f"{MIRAGE} is absent (the pinned "
                                 "Mirage trees are only on machines that carry ../shared)")
@@ -49,6 +51,61 @@ def gxx(root: Path, rel: str) -> set[str]:
                         str(root / rel)], capture_output=True, text=True)
     lines = r.stderr.replace(str(root) + "/", "").splitlines()
     return {re.sub(r":\d+:\d+:", ":", ln) for ln in lines if "error" in ln or "warning" in ln}
+
+
+def nvcc(root: Path, name: str, source: str, out: Path) -> set[str]:
+    """nvcc (device and host front ends, no object kept) of one translation unit placed in
+    the runtime folder: its error/warning lines, paths and line numbers dropped."""
+    pk = root / "include/mirage/persistent_kernel"
+    tu = out / f"{root.name}_{name}.cu"
+    tu.write_text(source)
+    r = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90a", "-DMIRAGE_BACKEND_USE_CUDA",
+                        "-DMIRAGE_GRACE_HOPPER", "-DMPK_ENABLE_TMA", "-DMODE_OFFLINE",
+                        "-DMAX_WORKER_PER_SCHEDULER=4", "-DMIRAGE_USE_CUTLASS_KERNEL=0",
+                        "-DMPK_MAX_NUM_BATCHED_REQUESTS=1", "-DMPK_MAX_NUM_BATCHED_TOKENS=8",
+                        "-DMPK_MAX_NUM_PAGES=16", "-DMPK_MAX_SEQ_LENGTH=512", "-DMPK_PAGE_SIZE=64",
+                        "--expt-relaxed-constexpr",
+                        f"-I{root}/include", f"-I{pk}",
+                        f"-I{MIRAGE}/deps/cutlass/include", f"-I{MIRAGE}/deps/json/include",
+                        "-c", "-o", "/dev/null", str(tu)], capture_output=True, text=True)
+    text = (r.stdout + r.stderr).replace(str(root) + "/", "").replace(str(out) + "/", "")
+    text = text.replace(tu.name, "TU.cu")
+    return {re.sub(r"\(\d+\)", "", ln) for ln in text.splitlines()
+            if "error" in ln or "warning" in ln}
+
+
+def wired_calls(root: Path, specs: list[dict]) -> list[tuple[str, str]]:
+    """(TASK_X, code) for every Hopper register_fn block in task_register.cc: the code string
+    the register function hands to register_task_variant, its $ filled with the kernel's
+    test variant (codegen.variants[wiring.test_variant] over codegen.params), the values the
+    layer's tensors and params would give."""
+    text = (root / "src/kernel/task_register.cc").read_text()
+    out = []
+    for s in specs:
+        cg, w = s["codegen"], s["wiring"]
+        syms = {**(cg.get("params") or {}), **cg["variants"][w.get("test_variant", min(cg["variants"]))]}
+        m = re.search(rf"// >>> mpk-wire {s['kernel']}/sm_90a/register_fn.*?\n(.*?)"
+                      rf"// <<< mpk-wire {s['kernel']}/sm_90a/register_fn", text, re.S)
+        assert m, f"{s['kernel']}: no sm_90a register_fn block"
+        code = []
+        for fmt, args in re.findall(r'code\.e\("((?:[^"\\]|\\.)*)"((?:, [^;]*)?)\);', m.group(1)):
+            for a in [x.strip() for x in args.split(",") if x.strip()]:
+                fmt = fmt.replace("$", str(syms[a]), 1)     # KeyError: an arg we cannot value
+            code.append(fmt.replace('\\"', '"'))
+        task = re.search(r"register_task_variant\((TASK_\w+)", m.group(1)).group(1)
+        out.append((task, "\n".join(code)))
+    return out
+
+
+def execute_task_tu(calls: list[tuple[str, str]]) -> str:
+    """What runtime.cc's print_task_graph emits: persistent_kernel.cuh, then _execute_task
+    with one branch per registered variant (task type, variant 0)."""
+    lines = ['#include "persistent_kernel.cuh"', "__device__ __forceinline__",
+             "void _execute_task(TaskDesc const* task_desc, RuntimeConfig const &runtime_config) {"]
+    for i, (task, code) in enumerate(calls):
+        lines += [f"  {'if' if i == 0 else 'else if'} (task_desc->task_type == {task} && "
+                  "task_desc->variant_id == 0) {", code, "  }"]
+    return "\n".join(lines + ["}", ""])
 
 
 @pytest.fixture(scope="module", params=["mpk", "main"])
@@ -101,6 +158,39 @@ def test_cpp_files_compile_with_no_new_diagnostic(applied, tmp_path):
         assert a - b == set(), f"{f}: new diagnostics {sorted(a - b)}"
 
 
+@pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA 12.x/13.x) not on PATH")
+def test_tma_and_execute_task_compile_under_nvcc_with_no_new_diagnostic(applied, tmp_path):
+    """nvcc -arch=sm_90a -c -o /dev/null (cicc and the host front end; about 10 s for tma.cuh
+    and 20 s for the runtime TU on one core) of tma.cuh, and of the translation unit
+    runtime.cc generates: persistent_kernel.cuh (Hopper, TMA, offline mode, the -D values
+    persistent_kernel.py passes, so the pristine tree compiles clean and templates are
+    instantiated) followed by _execute_task holding every wired Hopper call, its template
+    arguments from the kernel's test variant. The pristine snapshot's TU is the same minus
+    the calls. A copy of the applied TU with a template argument the body's static_assert
+    rejects must give a new error: the check reaches the installed bodies' instantiation
+    (checked on the mpk snapshot only; the bodies are the same on both). Blackwell (sm_100a)
+    is not compiled here: it would double the time."""
+    root, specs = applied["root"], applied["specs"]
+    pristine = copy_tree(applied["branch"], tmp_path)
+    calls = wired_calls(root, specs)
+    assert len(calls) == len(specs)
+    tu = execute_task_tu(calls)
+    broken = tu.replace("argmax_v2_task<129280>", "argmax_v2_task<129281>")
+    assert broken != tu
+    tma = '#include "tma.cuh"\n'
+    jobs = [(root, "exec", tu), (pristine, "exec", execute_task_tu([])), (root, "tma", tma),
+            (pristine, "tma", tma)]
+    if applied["branch"] == "mpk":        # the reach check once: the bodies are the same
+        jobs.append((root, "broken", broken))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        exec_a, exec_p, tma_a, tma_p, *bad = pool.map(lambda j: nvcc(*j, tmp_path), jobs)
+    assert tma_a - tma_p == set(), f"tma.cuh: new diagnostics {sorted(tma_a - tma_p)}"
+    assert exec_a - exec_p == set(), f"_execute_task: new diagnostics {sorted(exec_a - exec_p)}"
+    for b in bad:
+        assert any("static assertion failed" in d and "argmax_v2.cuh" in d for d in b - exec_a), \
+            sorted(b - exec_a)
+
+
 @pytest.mark.skipif(CLANG_FORMAT is None, reason="clang-format (15, pip install -e .[test]) not on PATH")
 def test_blocks_are_clang_format_clean_and_unwire_survives_a_format_pass(applied, tmp_path):
     root = tmp_path / "f"
@@ -127,11 +217,13 @@ def test_blocks_are_clang_format_clean_and_unwire_survives_a_format_pass(applied
     assert snapshot(root) == snapshot(pristine)
 
 
-def test_touched_python_files_compile(applied):
+def test_touched_python_files_compile(applied, tmp_path):
     root = applied["root"]
     py = [str(root / r) for r in applied["plan"].changes if r.endswith(".py")]
     assert py
-    r = subprocess.run([sys.executable, "-m", "py_compile", *py], capture_output=True, text=True)
+    # bytecode goes to tmp_path, not into the shared applied tree other tests compare
+    r = subprocess.run([sys.executable, "-m", "py_compile", *py], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPYCACHEPREFIX": str(tmp_path / "pyc")})
     assert r.returncode == 0, r.stderr
 
 
@@ -169,3 +261,37 @@ def test_bad_inputs_leave_the_copy_untouched(applied, tmp_path):
     with pytest.raises(wire.MarkerError):
         wire.unwire(wired, names, WIRING)
     assert snapshot(wired) == mid
+
+
+def test_missing_target_file_is_one_clear_error_and_changes_nothing(applied, tmp_path):
+    specs, sources, names = applied["specs"], applied["sources"], applied["names"]
+    root = copy_tree(applied["branch"], tmp_path)
+    (root / "include/mirage/kernel/task_register.h").unlink()   # a target outside `layout`
+    before = snapshot(root)
+    with pytest.raises(wire.TargetMissing) as exc:
+        p = wire.plan(root, specs, WIRING, names, sources=sources)
+        wire.apply(p)
+    msg = str(exc.value)
+    assert msg.startswith("include/mirage/kernel/task_register.h: file missing in mpk_root"), msg
+    assert msg.count("file missing") == 1
+    assert snapshot(root) == before
+
+
+def test_scons_wires_every_catalog_kernel_into_a_real_checkout(applied, tmp_path):
+    """The build as a user runs it: `scons kernel=all stage=wire mpk_root=<copy> apply=1` in a
+    copy of the project with every catalog kernel, against a copy of the snapshot."""
+    from conftest import copy_project
+    project = copy_project(tmp_path / "proj", kernels=None)
+    root = copy_tree(applied["branch"], tmp_path)
+    run = project.scons("kernel=all", "stage=wire", f"mpk_root={root}", "apply=1", timeout=600)
+    assert run.returncode == 0
+    graph = (root / "src/kernel/graph.cc").read_text()
+    register = (root / "src/kernel/task_register.cc").read_text()
+    enum = (root / "include/mirage/persistent_kernel/runtime_header.h").read_text()
+    for name in applied["names"]:
+        for arch in ("sm_90a", "sm_100a"):
+            for text, site in ((graph, "graph_branch"), (register, "register_fn"), (enum, "enum")):
+                assert f">>> mpk-wire {name}/{arch}/{site} " in text, f"{name}/{arch}/{site}"
+        assert (root / f"include/mirage/persistent_kernel/tasks/hopper/{name}.cuh").is_file()
+    # the same result as the library's all-at-once apply in the fixture
+    assert snapshot(root) == snapshot(applied["root"])

@@ -76,6 +76,20 @@ SMI_FIELDS = ("index", "uuid", "name", "compute_cap", "driver_version")
 SMI_TIMEOUT_S = 30.0
 
 
+def parse_smi(text: str) -> tuple[dict, ...]:
+    """Rows of `nvidia-smi --query-gpu=<SMI_FIELDS> --format=csv,noheader` (here or from a
+    remote host): a name may hold commas, so it is everything between the uuid and the
+    last two fields."""
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < len(SMI_FIELDS) or not cells[0].isdigit():
+            continue
+        rows.append({"index": int(cells[0]), "uuid": cells[1], "name": ", ".join(cells[2:len(cells) - 2]),
+                     "compute_cap": cells[-2], "driver_version": cells[-1]})
+    return tuple(rows)
+
+
 @functools.lru_cache(maxsize=None)
 def smi_rows() -> tuple[dict, ...]:
     """Every GPU nvidia-smi lists on this machine, one query per process (each call costs
@@ -90,16 +104,7 @@ def smi_rows() -> tuple[dict, ...]:
         return ()
     if proc.returncode != 0:
         return ()
-    rows = []
-    for line in proc.stdout.splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) < len(SMI_FIELDS) or not cells[0].isdigit():
-            continue
-        # a name with a comma in it: everything between uuid and the last two fields
-        name = ", ".join(cells[2:len(cells) - 2])
-        rows.append({"index": int(cells[0]), "uuid": cells[1], "name": name,
-                     "compute_cap": cells[-2], "driver_version": cells[-1]})
-    return tuple(rows)
+    return parse_smi(proc.stdout)
 
 
 @functools.lru_cache(maxsize=None)

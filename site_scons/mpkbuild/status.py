@@ -32,6 +32,7 @@ class NodeStatus:
     reasons: list[str] = field(default_factory=list)
     will_run: bool = False
     verdict: str | None = None      # a gate's stored verdict, when it has one
+    delta: str | None = None        # perf: the last result against the last accepted one
 
 
 class Sconsign:
@@ -216,8 +217,9 @@ def compute(g: Graph, sconsign: Sconsign, predictor: Predictor, gpu_here: bool,
             state = "never run"
         else:
             state = "stale"
+        delta = perf_delta(g.root, node) if node.kind == "gate" and node.stage == "perf" else None
         out.append(NodeStatus(node.label, node.kind, node.stage, node.kernel, state, reasons,
-                              will_run, verdict))
+                              will_run, verdict, delta))
     return out
 
 
@@ -305,6 +307,34 @@ def _read(path: Path) -> str | None:
         return None
 
 
+def perf_delta(root: Path, node: Node) -> str | None:
+    """One line: the last perf result's times over the last accepted ones (perf_history/),
+    the largest change per figure with its interval, and the regressions it confirmed."""
+    try:
+        res = json.loads((root / node.targets[0]).read_text())
+    except (OSError, ValueError):
+        return None
+    if "history" not in res:
+        return None
+    hist = res.get("history")
+    if not hist:
+        return "no accepted result for this GPU (python -m mpkbuild.history accept " + f"{node.kernel})"
+    parts = []
+    for fig in ("hot", "cold"):
+        ds = [(name, v["history"][fig]) for name, v in (res.get("variants") or {}).items()
+              if fig in (v.get("history") or {})]
+        if not ds:
+            continue
+        name, d = max(ds, key=lambda t: abs(t[1]["ratio"] - 1.0))
+        worse = sum(d2["verdict"] in ("slower", "regressed") for _, d2 in ds)
+        better = sum(d2["verdict"] == "faster" for _, d2 in ds)
+        parts.append(f"{fig} {better} faster, {worse} slower of {len(ds)}; largest {name} "
+                     f"{d['ratio']:.3f}x [{d['lo']:.3f}, {d['hi']:.3f}] {d['verdict']}")
+    regs = len(hist.get("regressions") or [])
+    return (f"vs accepted {hist.get('accepted')}: " + "; ".join(parts) +
+            f"; {regs} regression{'s' if regs != 1 else ''} confirmed")
+
+
 # ---------------------------------------------------------------- rendering
 def table(statuses: list[NodeStatus], gpu_key: str) -> str:
     """kernel x gate: one cell per stage (worst state of its nodes), then every reason."""
@@ -334,6 +364,10 @@ def table(statuses: list[NodeStatus], gpu_key: str) -> str:
     for st in detail:
         lines.append(f"{st.label}: {st.state}")
         lines.extend(f"    {reason}" for reason in st.reasons)
+    deltas = [st for st in statuses if st.delta]
+    if deltas:
+        lines.append("\nperf against the accepted results (perf_history/):")
+        lines.extend(f"  {st.kernel}: {st.delta}" for st in deltas)
     return "\n".join(lines)
 
 

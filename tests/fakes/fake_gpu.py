@@ -4,12 +4,17 @@ It never touches a GPU: it reports a fixed fingerprint and answers each gate wit
 whose verdict the test chooses through FAKE_GPU_VERDICT (default pass), after sleeping
 FAKE_GPU_SLEEP seconds. A perf verdict of "timed" answers as the real perf runner does:
 figures for every variant (2 us torch, FAKE_GPU_RATIO {variant: time / torch}, default 0.5,
-95% of copy bandwidth), which the build then judges against the spec's thresholds. Each run appends one line to $FAKE_GPU_RUNS (when it starts) so
+95% of copy bandwidth), which the build then judges against the spec's thresholds. Each
+figure carries FAKE_GPU_SAMPLES (default 21) paired samples whose relative noise is
+FAKE_GPU_NOISE (default 0.004; a deterministic pattern, so a ratio's interval is known);
+each of the spec's perf.baselines gets a figure too, FAKE_GPU_BASELINE {name: us} (2 us). Each run appends one line to $FAKE_GPU_RUNS (when it starts) so
 tests can see which gates were really executed. FAKE_GPU_ELAPSED ({kernel: s}) sets the
 recorded elapsed_s (the gate order reads it).
 """
 import json
+import math
 import os
+import statistics
 import time
 
 from mpkbuild.gpu import GpuFingerprint
@@ -46,18 +51,37 @@ class FakeGpuExecutor:
                 raise GateInterrupted("the build was interrupted; the stand-in gate stopped")
             time.sleep(0.1)
         if job.gate == "bandwidth":
-            return {"verdict": "pass", "copy_bandwidth_Bps": 4.0e12, "message": "fake copy 4.00 TB/s"}
+            return {"verdict": "pass", "copy_bandwidth_Bps": 4.0e12, "message": "fake copy 4.00 TB/s",
+                    "ceilings_Bps": {"1:1": 4.0e12, "2:1": 4.2e12, "read": 4.4e12}}
         verdicts = json.loads(os.environ.get("FAKE_GPU_VERDICT", "{}"))   # {"gate[:kernel]": verdict}
         wanted = verdicts.get(f"{job.gate}:{job.kernel}", verdicts.get(job.gate, "pass"))
         if job.gate == "perf" and wanted == "timed":
             ratios = json.loads(os.environ.get("FAKE_GPU_RATIO", "{}"))
             return {"verdict": "timed", "message": "stand-in perf timed", "copy_bandwidth_Bps": 4.0e12,
-                    "variants": {v: _figures(ratios.get(v, 0.5)) for v in job.payload["codegen"]["codegen"]["variants"]}}
+                    "variants": {v: _figures(ratios.get(v, 0.5), job.payload["perf"]["perf"])
+                                 for v in job.payload["codegen"]["codegen"]["variants"]}}
         return {"verdict": wanted, "message": f"stand-in {job.gate} said {wanted}", "variants": {}}
 
 
-def _figures(ratio: float) -> dict:
-    hot, base = {"median_us": 2.0 * ratio}, {"median_us": 2.0}
+def _samples(us: float, phase: float) -> list[float]:
+    n = int(os.environ.get("FAKE_GPU_SAMPLES", "21"))
+    noise = float(os.environ.get("FAKE_GPU_NOISE", "0.004"))
+    return [us * (1.0 + noise * math.sin(1.7 * j + phase)) for j in range(n)]
+
+
+def _fig(us: float, phase: float) -> dict:
+    samples = _samples(us, phase)
+    return {"median_us": statistics.median(samples), "samples_us": samples}
+
+
+def _figures(ratio: float, pcfg: dict) -> dict:
+    base_us = json.loads(os.environ.get("FAKE_GPU_BASELINE", "{}"))
+    hot, base = _fig(2.0 * ratio, 0.0), _fig(2.0, 1.0)
+    baselines = {"torch": {"hot": base, "cold": dict(base)}}
+    for b in pcfg.get("baselines", []):
+        f = _fig(base_us.get(b["name"], 2.0), 2.0)
+        baselines[b["name"]] = {"hot": f, "cold": dict(f), "compile": b.get("compile", False)}
     return {"hot": hot, "cold": dict(hot), "baseline_hot": base, "baseline_cold": dict(base),
+            "baselines": baselines, "ceiling": {"mix": "1:1", "Bps": 4.0e12},
             "slowcta": {"slowest_task_us": ratio}, "vs_baseline_hot": ratio, "vs_baseline_cold": ratio,
             "hot_bandwidth_fraction": 0.95, "cold_bandwidth_fraction": 0.95}

@@ -73,6 +73,47 @@ _THRESHOLD = {
         "max_us": {"type": "number", "exclusiveMinimum": 0},
         "time_figure": {"enum": ["hot", "cold"],
                         "description": "the figure max_time_vs_baseline and max_us judge (hot when absent)"},
+        "baseline": {"type": "string", "pattern": C_IDENT,
+                     "description": "the baseline max_time_vs_baseline compares with: `torch` "
+                                    "(perf.baseline, when absent) or a perf.baselines name"},
+    },
+}
+
+_BASELINE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "function"],
+    "properties": {
+        "name": {"type": "string", "pattern": C_IDENT,
+                 "description": "how the review and thresholds name it (not `torch`, the primary's)"},
+        "function": {"type": "string", "pattern": REF_PATH,
+                     "description": "path.py:function called with the kernel's inputs (and the "
+                                    "codegen params it names), like perf.baseline"},
+        "compile": {"type": "boolean", "default": False,
+                    "description": "time torch.compile(function, dynamic=False), compiled once per "
+                                   "variant before timing (compile time recorded, not timed)"},
+        "description": {"type": "string"},
+    },
+}
+
+_SAMPLING = {
+    "type": "object",
+    "additionalProperties": False,
+    "description": "sampling to a noise criterion (runners/timing.py): at least max(repeats, "
+                   "min_samples) samples, then until the relative half-width of the paired "
+                   "ratio's median interval is at most `target`, it stops improving, or `max_s`",
+    "properties": {
+        "min_samples": {"type": "integer", "minimum": 5, "maximum": 10000},
+        "target": {"type": "number", "exclusiveMinimum": 0, "maximum": 0.5},
+        "max_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 60},
+        "max_samples": {"type": "integer", "minimum": 5, "maximum": 100000},
+        "capture_floor": {"type": "number", "minimum": 0, "maximum": 0.5,
+                          "description": "widen each paired ratio's interval by this fraction "
+                                         "each side: the per-capture offset samples cannot see "
+                                         "(util.stats.CAPTURE_FLOOR when absent)"},
+        "clock_floor": {"type": "number", "minimum": 0, "maximum": 1,
+                        "description": "a sample whose SM clock is under this fraction of the "
+                                       "median clock seen is rejected (and reported)"},
     },
 }
 
@@ -183,8 +224,25 @@ SPEC_SCHEMA: dict = {
             "required": ["baseline", "bytes"],
             "properties": {
                 "baseline": {"type": "string", "pattern": REF_PATH,
-                             "description": "the torch op the kernel must beat, timed the same way"},
-                "bytes": {**INT_OR_EXPR, "description": "bytes moved per launch (roofline)"},
+                             "description": "the torch op the kernel must beat, timed the same way "
+                                            "(the primary baseline, named `torch`)"},
+                # no default: a spec without them keeps its perf signature
+                "baselines": {"type": "array", "maxItems": 8, "items": _BASELINE,
+                              "description": "more baselines a user might pick instead "
+                                             "(torch.compile, another library)"},
+                "bytes": {"oneOf": [
+                    {**INT_OR_EXPR, "description": "total bytes moved per launch, judged "
+                                                   "against the copy (1:1) ceiling"},
+                    {"type": "object", "additionalProperties": False, "required": ["read", "write"],
+                     "properties": {"read": INT_OR_EXPR, "write": INT_OR_EXPR},
+                     "description": "bytes read and written per launch: judged against the "
+                                    "ceiling measured for that read:write mix"}],
+                    "description": "bytes moved per launch (roofline)"},
+                "sampling": _SAMPLING,
+                "max_regression": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
+                                   "description": "fail when the interval of this result over the "
+                                                  "last accepted one (perf_history/) is all above "
+                                                  "1 + this (default 0.03)"},
                 "launches_per_graph": {"type": "integer", "minimum": 1, "maximum": 8192, "default": 20},
                 "repeats": {"type": "integer", "minimum": 5, "maximum": 1000, "default": 7},
                 "warmup": {"type": "integer", "minimum": 0, "maximum": 100000, "default": 16},

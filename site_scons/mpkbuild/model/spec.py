@@ -381,20 +381,37 @@ def _semantic_errors(data: dict, root: Path, stem: str):
     why = _py_function_exists(root, p["baseline"])
     if why:
         yield ("perf", "baseline"), f"baseline {p['baseline']!r}: {why}"
-    for vname, binding in cg["variants"].items():
-        try:
-            nbytes = expr.evaluate(p["bytes"], {**consts, **binding})
-        except expr.ExprError as exc:
-            yield ("perf", "bytes"), f"variant {vname}: {exc}"
-            break
-        if not isinstance(nbytes, (int, float)) or nbytes <= 0:
-            yield ("perf", "bytes"), f"variant {vname}: bytes = {nbytes!r} is not positive"
-        elif nbytes > INT64_MAX:
-            yield ("perf", "bytes"), f"variant {vname}: bytes = {nbytes:g} is more than 2**63 - 1"
+    names = ["torch"]
+    for i, b in enumerate(p.get("baselines", [])):
+        why = _py_function_exists(root, b["function"])
+        if why:
+            yield ("perf", "baselines", i, "function"), f"baseline {b['function']!r}: {why}"
+        if b["name"] in names:
+            yield ("perf", "baselines", i, "name"), (
+                f"baseline name {b['name']!r} is taken" +
+                (" (torch is perf.baseline's)" if b["name"] == "torch" else ""))
+        names.append(b["name"])
+    parts = ([(("perf", "bytes", "read"), p["bytes"]["read"]), (("perf", "bytes", "write"), p["bytes"]["write"])]
+             if isinstance(p["bytes"], dict) else [(("perf", "bytes"), p["bytes"])])
+    for where, text in parts:
+        for vname, binding in cg["variants"].items():
+            try:
+                nbytes = expr.evaluate(text, {**consts, **binding})
+            except expr.ExprError as exc:
+                yield where, f"variant {vname}: {exc}"
+                break
+            positive = where[-1] != "write"          # a read-only kernel writes (almost) nothing
+            if not isinstance(nbytes, (int, float)) or nbytes < 0 or (positive and nbytes == 0):
+                yield where, f"variant {vname}: {where[-1]} = {nbytes!r} is not {'positive' if positive else 'a count'}"
+            elif nbytes > INT64_MAX:
+                yield where, f"variant {vname}: {where[-1]} = {nbytes:g} is more than 2**63 - 1"
     for i, rule in enumerate(p["thresholds"]):
+        if "baseline" in rule and rule["baseline"] not in names:
+            yield ("perf", "thresholds", i, "baseline"), (
+                f"baseline {rule['baseline']!r} is not one of {', '.join(names)}")
         if not fnmatch.filter(cg["variants"], rule["variants"]):
             yield ("perf", "thresholds", i, "variants"), f"{rule['variants']!r} matches no variant"
-        if len(rule) == 1:
+        if not any(k in rule for k in ("min_bandwidth_fraction", "max_time_vs_baseline", "max_us")):
             yield ("perf", "thresholds", i), "a threshold needs at least one limit"
     # wiring (owned by the wire stage)
     if "wiring" in data:
@@ -434,7 +451,8 @@ def load_spec_cached(path: Path | str, root: Path | str, cache: Path, write: boo
         fresh = False
     if fresh:
         data = cached["spec"]
-        refs = (data["validate"]["reference"], data["perf"]["baseline"])
+        refs = (data["validate"]["reference"], data["perf"]["baseline"],
+                *(b["function"] for b in data["perf"].get("baselines", [])))
         body = _inside_repo(root, data["codegen"]["body"])
         if body is not None and body.is_file() and not any(_py_function_exists(root, r) for r in refs):
             return LoadedSpec(file=cached["file"], data=data, sections=cached["sections"],

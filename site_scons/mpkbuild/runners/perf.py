@@ -3,10 +3,14 @@
 - hot: one buffer set, `launches_per_graph` launches per replay (data may sit in L2);
 - cold: buffer sets rotated so that more than twice the L2 is touched between reuses;
 - slowCTA: the harness records each task's %globaltimer begin/end; the slowest span;
-- baseline: the spec's torch function captured and timed the same way on the same inputs,
-  its replays interleaved with the kernel's; vs_baseline is the median of the paired ratios;
-- bandwidth: the spec's bytes per launch over the time, against the GPU's measured copy
-  bandwidth (the bandwidth node's result).
+- baselines: each of the spec's baselines (the primary `perf.baseline`, named torch, and
+  `perf.baselines`: other callables, torch.compile'd ones compiled before timing) captured
+  and timed the same way on the same inputs, all replays interleaved with the kernel's;
+  vs_<figure> is the median of the paired ratios with its interval (util.stats);
+- sampling: to a noise criterion with each sample's SM clock (timing.time_graphs); the
+  GPU's clocks, power limit, temperature and throttle reasons at the start and end (NVML);
+- bandwidth: the spec's bytes per launch over the time, against the GPU's measured ceiling
+  for the spec's read:write mix (the bandwidth node's result, util.perfspec.ceiling).
 The runner only times; the build turns the figures into the verdict with the spec's
 thresholds (mpkbuild.perfcheck), also when several GPUs shared the gate's variants.
 """
@@ -19,11 +23,12 @@ import time
 
 import torch
 
-from ..util import expr
+from ..util import expr, perfspec
 from ..util.expr import variant_symbols
 from .common import (Harness, bind_params, device_facts, load_function, pointer_table,
                      random_tensor, run_main, tensor_specs)
-from .timing import capture, each, paired_ratio, time_graphs
+from .gpustate import Nvml
+from .timing import capture, each, paired_figure, paired_ratio, time_graphs
 
 MAX_COLD_LAUNCHES = 8192
 
@@ -52,16 +57,45 @@ def slow_cta(launch, inputs, outputs, grid: int, repeats: int) -> dict:
     return {"slowest_task_us": statistics.median(slowest), "all_tasks_us": statistics.median(whole)}
 
 
-def perf_variant(harness, job, variant, copy_bw, l2_bytes) -> dict:
+def prepared_baselines(job: dict, codegen: dict, inputs: list) -> list[dict]:
+    """Each baseline as a callable on the kernel's inputs: the spec's functions with their
+    params bound, torch.compile'd ones (dynamic=False) compiled here on the variant's inputs
+    (the compile time recorded, never timed). A fresh dynamo cache per variant: with one
+    cache, shapes past its recompile limit would silently run eagerly."""
+    out = []
+    for b in perfspec.baselines(job["perf"]["perf"]):
+        fn = bind_params(load_function(job["root"], b["function"]), codegen["params"])
+        entry = {"name": b["name"], "function": b["function"], "compile": b["compile"]}
+        if b["compile"]:
+            torch._dynamo.reset()
+            compiled = torch.compile(fn, dynamic=False)
+            started = time.perf_counter()
+            try:
+                compiled(*inputs)
+                torch.cuda.synchronize()
+            except Exception as exc:     # recorded, shown by the review; never timed as eager
+                entry["error"] = f"torch.compile failed: {type(exc).__name__}: {str(exc)[:300]}"
+                print(f"baseline {b['name']}: {entry['error']}", flush=True)
+                out.append(entry)
+                continue
+            entry["compile_s"] = round(time.perf_counter() - started, 3)
+            fn = compiled
+        entry["fn"] = fn
+        out.append(entry)
+    return out
+
+
+def perf_variant(harness, job, variant, bandwidth, l2_bytes, nvml=None) -> dict:
     codegen, pcfg = job["codegen"]["codegen"], job["perf"]["perf"]
     gens = timed_generators(job)
     launch = harness.launcher(variant)
-    baseline = load_function(job["root"], pcfg["baseline"])
     ins, outs = tensor_specs(codegen, variant)
     sym = variant_symbols(codegen, variant)
-    nbytes = float(expr.evaluate(pcfg["bytes"], sym))
+    nbytes, nread, nwrite = perfspec.byte_counts(pcfg["bytes"], sym)
+    roof = perfspec.ceiling(bandwidth, nread, nwrite)
     gen = torch.Generator(device="cuda").manual_seed(1234)
     L = pcfg["launches_per_graph"]
+    sampling = pcfg.get("sampling")
     phases = {}
     clock = time.perf_counter()
 
@@ -71,22 +105,29 @@ def perf_variant(harness, job, variant, copy_bw, l2_bytes) -> dict:
         phases[name] = round(phases.get(name, 0.0) + now - clock, 4)
         clock = now
 
-    def timed_pair(kernel, baseline, launches: int, warmup: int, prime: bool) -> tuple[dict, dict]:
-        graphs = [capture(kernel, launches), capture(baseline, launches)]
+    def timed(kernel, others, launches: int, warmup: int, prime: bool) -> list[dict]:
+        graphs = [capture(kernel, launches)] + [capture(o, launches) for o in others]
         lap("capture")
-        figures = time_graphs(graphs, launches, pcfg["repeats"], warmup, prime)
+        figures = time_graphs(graphs, launches, pcfg["repeats"], warmup, prime, sampling, nvml)
         lap("replay")
-        return figures[0], figures[1]
+        return figures
 
     # hot: one buffer set
     inputs = [t[0] for t in _sets(ins, gens, 1, gen)]
     outputs = [torch.empty(shape, dtype=dtype, device="cuda") for _, shape, dtype in outs]
     lap("inputs")
-    base = bind_params(baseline, codegen["params"])
-    hot, base_hot = timed_pair(each(lambda i, s: launch(inputs, outputs, stream=s)),
-                               each(lambda i, s: base(*inputs)), L, pcfg["warmup"], prime=True)
-    result = {"bytes": nbytes, "hot": hot, "baseline_hot": base_hot,
-              "slowcta": slow_cta(launch, inputs, outputs, _grid(codegen, sym), pcfg["repeats"])}
+    prepared = prepared_baselines(job, codegen, inputs)
+    bases = [b for b in prepared if "fn" in b]
+    lap("compile")
+    figs = timed(each(lambda i, s: launch(inputs, outputs, stream=s)),
+                 [each(lambda i, s, f=b["fn"]: f(*inputs)) for b in bases], L, pcfg["warmup"], prime=True)
+    hot = figs[0]
+    result = {"bytes": nbytes, "bytes_read": nread, "bytes_written": nwrite, "ceiling": roof,
+              "hot": hot, "baselines": {b["name"]: b for b in prepared if "fn" not in b}, "slowcta": slow_cta(launch, inputs, outputs, _grid(codegen, sym),
+                                                             pcfg["repeats"])}
+    for b, f in zip(bases, figs[1:]):
+        result["baselines"][b["name"]] = {k: v for k, v in b.items() if k != "fn"}
+        result["baselines"][b["name"]]["hot"] = f
     lap("slowcta")
 
     if pcfg["cold"]:
@@ -97,21 +138,30 @@ def perf_variant(harness, job, variant, copy_bw, l2_bytes) -> dict:
         in_sets = _sets(ins, gens, nsets, gen)
         out_sets = [torch.empty((nsets, *shape), dtype=dtype, device="cuda") for _, shape, dtype in outs]
         table = pointer_table(in_sets + out_sets, nsets)
-        set_inputs = [[t[j] for t in in_sets] for j in range(nsets)]     # the baseline's views
+        set_inputs = [[t[j] for t in in_sets] for j in range(nsets)]     # the baselines' views
         lap("inputs")
-        cold, base_cold = timed_pair(lambda count, s: launch.sets(table, nsets, count, s),
-                                     each(lambda i, s: base(*set_inputs[i % nsets])), n_launch, 0,
-                                     prime=False)     # 2x the L2 per replay: what ran before weighs little
-        result.update(cold=cold, baseline_cold=base_cold, cold_sets=nsets, cold_launches=n_launch)
+        figs = timed(lambda count, s: launch.sets(table, nsets, count, s),
+                     [each(lambda i, s, f=b["fn"]: f(*set_inputs[i % nsets])) for b in bases], n_launch, 0,
+                     prime=False)     # 2x the L2 per replay: what ran before weighs little
+        result.update(cold=figs[0], cold_sets=nsets, cold_launches=n_launch)
+        for b, f in zip(bases, figs[1:]):
+            result["baselines"][b["name"]]["cold"] = f
         del in_sets, out_sets, set_inputs
     for key in ("hot", "cold"):
         if key in result:
             bw = nbytes / (result[key]["median_us"] * 1e-6)
             result[f"{key}_bandwidth_Bps"] = bw
-            result[f"{key}_bandwidth_fraction"] = bw / copy_bw
-    result["vs_baseline_hot"] = paired_ratio(hot, base_hot)
+            result[f"{key}_bandwidth_fraction"] = bw / roof["Bps"]
+            for b in result["baselines"].values():
+                if key in b:
+                    b[f"vs_{key}"] = paired_figure(result[key], b[key])
+    primary = result["baselines"][perfspec.PRIMARY]
+    result["baseline_hot"] = primary["hot"]           # the primary baseline, as before
+    result["vs_baseline_hot"] = paired_ratio(hot, primary["hot"])
     if "cold" in result:
-        result["vs_baseline_cold"] = paired_ratio(result["cold"], result["baseline_cold"])
+        result["baseline_cold"] = primary["cold"]
+        result["vs_baseline_cold"] = paired_ratio(result["cold"], primary["cold"])
+    del bases
     result["timings_s"] = phases          # where the gate's own time goes (not the kernel's)
     return result
 
@@ -125,13 +175,15 @@ def main(job: dict) -> dict:
     thresholds (perfcheck.judge)."""
     torch.cuda.init()
     facts = device_facts()
+    nvml = Nvml()
+    state = {"start": nvml.snapshot()}
     bw = json.loads(open(job["bandwidth_file"]).read())
     copy_bw = bw["copy_bandwidth_Bps"]
     harness = Harness(job["library"], job["kernel"])
     variants = {}
     for variant in job["codegen"]["codegen"]["variants"]:
         print(f"perf variant {variant}", flush=True)      # a crash's last line names it
-        variants[variant] = perf_variant(harness, job, variant, copy_bw, facts["l2_bytes"])
+        variants[variant] = perf_variant(harness, job, variant, bw, facts["l2_bytes"], nvml)
         started = time.perf_counter()
         # Every variant starts from fresh allocations: with torch's cache kept between
         # variants, linear_v2's L2-resident decode shapes measured up to 1.35x slower on an
@@ -139,7 +191,9 @@ def main(job: dict) -> dict:
         # which variants ran before it.
         torch.cuda.empty_cache()
         variants[variant]["timings_s"]["free"] = round(time.perf_counter() - started, 4)
+    state["end"] = nvml.snapshot()
     return {"verdict": "timed", "device": facts, "copy_bandwidth_Bps": copy_bw,
+            "ceilings_Bps": bw.get("ceilings_Bps"), "gpu_state": state,
             "variants": variants, "message": f"timed {len(variants)} variants"}
 
 

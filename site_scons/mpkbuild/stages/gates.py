@@ -40,6 +40,7 @@ class GateKind:
     can_sanitize: bool = False    # sanitize= applies to it
     can_share_gpu: bool = False   # the spec may let it share a GPU (`share_gpu`)
     timeout_s: float | None = None  # fixed watchdog (else the spec section's timeout_s)
+    uses_history: bool = False    # judged against the kernel's ledger (perf_history/)
     section: str | None = None    # the spec section with its settings (default: the gate's name)
     library: str = "harness"      # what it loads: the harness library, or the runtime's megakernel
 
@@ -59,7 +60,7 @@ GATES = {
     "validate": GateKind("validate", "validate", "validate.reference", can_sanitize=True,
                          can_share_gpu=True),
     "perf": GateKind("perf", "perf", "perf.baseline", judge="mpkbuild.stages.perfcheck",
-                     needs_pass=("validate",), uses_bandwidth=True),
+                     needs_pass=("validate",), uses_bandwidth=True, uses_history=True),
     "bandwidth": GateKind("bandwidth", "bandwidth", None, timeout_s=300),
     # the variants as tasks of the real MPK persistent kernel (stages/runtime.py builds it);
     # judged by validate's reference and tolerances, so it reads the validate section
@@ -79,6 +80,14 @@ def gpu_fact(fingerprint) -> str:
 def python_file(k, kind: GateKind) -> Path:
     section, field = kind.python_file.split(".")
     return k.root / k.spec.data[section][field].rsplit(":", 1)[0]
+
+
+def python_files(k, kind: GateKind) -> list[Path]:
+    """Every Python file of the kernel the gate loads: perf's extra baselines too."""
+    files = [python_file(k, kind)]
+    if kind.python_file == "perf.baseline":
+        files += [k.root / b["function"].rsplit(":", 1)[0] for b in k.spec.data["perf"].get("baselines", [])]
+    return list(dict.fromkeys(files))
 
 
 def input_lock(root: Path, sources: list[tuple[str, str | Path]]) -> dict:
@@ -164,11 +173,14 @@ def gate_nodes(g, k, stage: str, library: str | None = None, extra_facts: tuple 
     result = k.gate_result(stage, key)
     sources = [library, *(g.rel(p) for p in k.generated.values()),
                *(g.rel(k.section_file(s)) for s in row.reads),
-               *(g.rel(p) for p in kind.code()), g.rel(python_file(k, kind))]
+               *(g.rel(p) for p in kind.code()), *(g.rel(p) for p in python_files(k, kind))]
     if kind.uses_bandwidth:
         sources.append(g.rel(bandwidth_file(g.root, key)))
     sources += [g.rel(k.gpu_dir(key) / f"{gate}.verdict") for gate in kind.needs_pass]
     facts = (gpu_fact(g.fingerprint), toolchain_fact(), *extra_facts)
+    if kind.uses_history:
+        from mpkbuild import history
+        facts += (history.fact(g.root, key, k.name),)
     if g.sanitize and kind.can_sanitize:
         # a sanitized validate is a different gate run: its verdict says so, and a plain run redoes it
         facts += (f"sanitize: {g.sanitize}",)
@@ -255,7 +267,7 @@ def run_gate(build, info, target, source) -> int:
         return build.fail(f"{gate} {k.name}: not run, {build.failed_gate} did not pass "
                           "(-k runs every gate)")
     else:
-        inputs = [library, python_file(k, kind)]
+        inputs = [library, *python_files(k, kind)]
         if kind.uses_bandwidth:
             payload["bandwidth_file"] = str(bandwidth_file(k.root, fp.key))
             inputs.append(bandwidth_file(k.root, fp.key))
@@ -271,8 +283,14 @@ def run_gate(build, info, target, source) -> int:
             return build.fail(str(exc))
         if kind.judge:      # the runners time; the verdict is made here, the same for every executor
             import importlib
+            extra = {}
+            if kind.uses_history:
+                from mpkbuild import history
+                extra = {"history": history.last_entry(k.root, fp.key, k.name)}
+                if "max_regression" in section:
+                    extra["max_regression"] = section["max_regression"]
             result = importlib.import_module(kind.judge).judge(
-                result, section["thresholds"], list(payload["codegen"]["codegen"]["variants"]))
+                result, section["thresholds"], list(payload["codegen"]["codegen"]["variants"]), **extra)
     full = record(result, gate=gate, kernel=k.name, fingerprint=fp,
                   lock=lock_for(source, k.root, fp), result_path=Path(target[0].abspath),
                   verdict_path=Path(target[1].abspath))

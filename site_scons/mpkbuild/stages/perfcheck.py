@@ -3,12 +3,25 @@
 The runners only time (verdict "timed", or hang/crash); the spec's thresholds are applied
 here, the same way whichever executor ran them.
 Standard library only: the build must not import torch.
+
+Every figure is judged with its uncertainty (util.stats): a ratio to a baseline by the
+interval of the median of its paired ratios, a time or a bandwidth fraction by the
+interval of the median time. A rule is `pass` when the whole interval meets it, `fail`
+when the whole interval misses it, `unsure` otherwise; the gate's verdict is fail if any
+rule failed (or a regression against the last accepted result for this GPU is confirmed,
+perf_history/), else unsure if any rule is unsure, else pass. `unsure` is not a pass: the
+check node fails on it and the review shows it as unsure. A figure without samples (a
+result from before the samples were kept) is judged on its point value and says so.
 """
 from __future__ import annotations
 
 import fnmatch
 
-LIMIT_KEYS = ("min_bandwidth_fraction", "max_time_vs_baseline", "max_us", "time_figure")
+from mpkbuild.util import perfspec, stats
+
+LIMIT_KEYS = ("min_bandwidth_fraction", "max_time_vs_baseline", "max_us", "time_figure", "baseline")
+DEFAULT_MAX_REGRESSION = 0.03
+FIGURES = ("hot", "cold")
 
 
 def limits_by_variant(variants, thresholds: list) -> dict[str, list[dict]]:
@@ -21,41 +34,146 @@ def limits_by_variant(variants, thresholds: list) -> dict[str, list[dict]]:
     return out
 
 
+def time_interval(fig: dict) -> tuple[float, float, float]:
+    """(median, lo, hi) microseconds of one figure: its samples' median interval, or the
+    recorded one, or the point value."""
+    if fig.get("samples_us"):
+        return stats.median_ci(fig["samples_us"])
+    med = fig["median_us"]
+    lo, hi = fig.get("ci_us") or (med, med)
+    return med, lo, hi
+
+
+def baseline_figure(r: dict, name: str, fig: str) -> dict | None:
+    b = (r.get("baselines") or {}).get(name)
+    if b is not None:
+        return b.get(fig)
+    if name == perfspec.PRIMARY:
+        return r.get(f"baseline_{fig}")
+    return None
+
+
+def comparison(r: dict, name: str, fig: str) -> dict | None:
+    """kernel / baseline `name` on figure `fig`: {ratio, lo, hi, n, verdict[, point]}."""
+    base = baseline_figure(r, name, fig)
+    ours = r.get(fig)
+    if base is None or ours is None:
+        return None
+    if ours.get("samples_us") and base.get("samples_us"):
+        floor = (ours.get("sampling") or {}).get("capture_floor")
+        return stats.ratio_figure(ours["samples_us"], base["samples_us"], floor=floor)
+    legacy = r.get(f"vs_baseline_{fig}") if name == perfspec.PRIMARY else None
+    ratio = legacy if isinstance(legacy, (int, float)) else ours["median_us"] / base["median_us"]
+    return {"ratio": ratio, "lo": ratio, "hi": ratio, "n": 0, "point": True,
+            "verdict": stats.compare(ratio, ratio, ratio)}
+
+
+def comparisons(r: dict) -> dict:
+    """{baseline: {figure: comparison}} for every baseline the figures hold."""
+    names = list(r.get("baselines") or {}) or ([perfspec.PRIMARY] if "baseline_hot" in r else [])
+    out = {}
+    for name in names:
+        out[name] = {fig: c for fig in FIGURES if (c := comparison(r, name, fig)) is not None}
+    return out
+
+
+def _ci_text(c: dict) -> str:
+    return "no interval: one value" if c.get("point") else f"95% CI {c['lo']:.3f}-{c['hi']:.3f}x, n={c['n']}"
+
+
+def rule_outcomes(name: str, r: dict, rule: dict) -> list[tuple[str, str]]:
+    """[(verdict, text)] for each limit of one rule on one variant's figures."""
+    out = []
+    if "min_bandwidth_fraction" in rule:
+        key = "cold" if "cold_bandwidth_fraction" in r else "hot"
+        got = r[f"{key}_bandwidth_fraction"]
+        med, lo_us, hi_us = time_interval(r[key])
+        lo, hi = got * med / hi_us, got * med / lo_us      # fraction ~ 1 / time
+        verdict = stats.at_least(lo, hi, rule["min_bandwidth_fraction"])
+        ceiling = (r.get("ceiling") or {}).get("mix", "1:1")
+        what = "copy bandwidth" if ceiling == "1:1" else f"the {ceiling} ceiling"
+        interval = "" if lo == hi else f" (95% CI {lo:.1%}-{hi:.1%})"
+        out.append((verdict, f"{name}: {key} bandwidth {got:.1%} of {what}{interval} "
+                             f"{'<' if verdict == 'fail' else 'vs'} {rule['min_bandwidth_fraction']:.0%}"))
+    fig = rule.get("time_figure", "hot")
+    if ("max_time_vs_baseline" in rule or "max_us" in rule) and fig not in r:
+        out.append(("fail", f"{name}: no {fig} figure to judge its time by (perf.cold is off)"))
+        return out
+    label = "" if fig == "hot" else f"{fig} "
+    if "max_time_vs_baseline" in rule:
+        bname = rule.get("baseline", perfspec.PRIMARY)
+        c = comparison(r, bname, fig)
+        if c is None:
+            out.append(("fail", f"{name}: no {fig} figure of baseline {bname!r}"))
+        else:
+            verdict = stats.at_most(c["lo"], c["hi"], rule["max_time_vs_baseline"])
+            base = baseline_figure(r, bname, fig)
+            who = "the baseline's" if bname == perfspec.PRIMARY else f"{bname}'s"
+            text = (f"{name}: {label}{r[fig]['median_us']:.2f} us is {c['ratio']:.2f}x {who} "
+                    f"{base['median_us']:.2f} us (limit {rule['max_time_vs_baseline']}x")
+            text += ")" if c.get("point") else f"; {_ci_text(c)})"
+            out.append((verdict, text))
+    if "max_us" in rule:
+        med, lo, hi = time_interval(r[fig])
+        verdict = stats.at_most(lo, hi, rule["max_us"])
+        interval = "" if lo == hi else f" (95% CI {lo:.2f}-{hi:.2f})"
+        out.append((verdict, f"{name}: {label}{med:.2f} us{interval} {'>' if verdict == 'fail' else 'vs'} "
+                             f"max_us {rule['max_us']}"))
+    return out
+
+
 def check_thresholds(variants: dict, thresholds: list) -> list[str]:
     """Each rule applies to the variants its glob matches. Bandwidth is judged on the cold
     figure when there is one (DRAM, not L2); time limits on the hot figure, or on the cold
     one where the rule says `time_figure: cold` (a working set over twice the L2: the hot
-    figure is one buffer set's placement, the cold one the rotation's)."""
-    return _problems(variants, limits_by_variant(variants, thresholds))
+    figure is one buffer set's placement, the cold one the rotation's). The failures."""
+    return _outcomes(variants, limits_by_variant(variants, thresholds))[0]
 
 
-def _problems(variants: dict, limits: dict[str, list[dict]]) -> list[str]:
-    problems = []
+def _outcomes(variants: dict, limits: dict[str, list[dict]]) -> tuple[list[str], list[str]]:
+    problems, unsure = [], []
     for name, rules in limits.items():
-        r = variants[name]
         for rule in rules:
-            if "min_bandwidth_fraction" in rule:
-                key = "cold" if "cold_bandwidth_fraction" in r else "hot"
-                got = r[f"{key}_bandwidth_fraction"]
-                if got < rule["min_bandwidth_fraction"]:
-                    problems.append(f"{name}: {key} bandwidth {got:.1%} of copy bandwidth < "
-                                    f"{rule['min_bandwidth_fraction']:.0%}")
-            fig = rule.get("time_figure", "hot")
-            if ("max_time_vs_baseline" in rule or "max_us" in rule) and fig not in r:
-                problems.append(f"{name}: no {fig} figure to judge its time by (perf.cold is off)")
+            for verdict, text in rule_outcomes(name, variants[name], rule):
+                if verdict == "fail":
+                    problems.append(text)
+                elif verdict == "unsure":
+                    unsure.append(text)
+    return problems, unsure
+
+
+def history_delta(variants: dict, entry: dict | None, max_regression: float) -> tuple[dict, list[str]]:
+    """Each variant's time over the last accepted one for this GPU (perf_history/): {variant:
+    {figure: {ratio, lo, hi, verdict}}} and the regressions the interval confirms (all of
+    it above 1 + max_regression). The runs are not paired: the interval is the conservative
+    one of util.stats.unpaired_ratio."""
+    if not entry:
+        return {}, []
+    deltas, regressions = {}, []
+    for name, r in variants.items():
+        before = (entry.get("variants") or {}).get(name)
+        if not before:
+            continue
+        for fig in FIGURES:
+            if fig not in r or fig not in before:
                 continue
-            label = "" if fig == "hot" else f"{fig} "
-            if "max_time_vs_baseline" in rule and r[f"vs_baseline_{fig}"] > rule["max_time_vs_baseline"]:
-                problems.append(f"{name}: {label}{r[fig]['median_us']:.2f} us is {r[f'vs_baseline_{fig}']:.2f}x "
-                                f"the baseline's {r[f'baseline_{fig}']['median_us']:.2f} us "
-                                f"(limit {rule['max_time_vs_baseline']}x)")
-            if "max_us" in rule and r[fig]["median_us"] > rule["max_us"]:
-                problems.append(f"{name}: {label}{r[fig]['median_us']:.2f} us > max_us {rule['max_us']}")
-    return problems
+            med, lo, hi = time_interval(r[fig])
+            d = stats.unpaired_ratio({"median_us": med, "lo": lo, "hi": hi}, before[fig])
+            if d["lo"] > 1.0 + max_regression:
+                d["verdict"] = "regressed"
+                regressions.append(f"{name}: {fig} {med:.2f} us is {d['ratio']:.3f}x the accepted "
+                                   f"{before[fig]['median_us']:.2f} us (95% CI {d['lo']:.3f}-{d['hi']:.3f}x, "
+                                   f"over 1 + {max_regression:g})")
+            else:
+                d["verdict"] = stats.compare(d["ratio"], d["lo"], d["hi"])
+            deltas.setdefault(name, {})[fig] = d
+    return deltas, regressions
 
 
-def judge(result: dict, thresholds: list, expected: list[str]) -> dict:
-    """A runner's "timed" result (every expected variant's figures) into pass or fail.
+def judge(result: dict, thresholds: list, expected: list[str], history: dict | None = None,
+          max_regression: float = DEFAULT_MAX_REGRESSION) -> dict:
+    """A runner's "timed" result (every expected variant's figures) into pass, fail or
+    unsure. `history`: the last accepted entry of this kernel on this GPU (or None).
     Anything else (hang, crash, a stand-in's verdict) is returned as it is."""
     if result.get("verdict") != "timed":
         return result
@@ -68,7 +186,18 @@ def judge(result: dict, thresholds: list, expected: list[str]) -> dict:
     limits = limits_by_variant(ordered, thresholds)
     for name, rules in limits.items():
         ordered[name]["limits"] = rules
-    problems = _problems(ordered, limits)
-    return {**result, "variants": ordered, "problems": problems,
-            "verdict": "fail" if problems else "pass",
-            "message": "; ".join(problems) if problems else "all thresholds met"}
+        ordered[name]["vs"] = comparisons(ordered[name])
+    problems, unsure = _outcomes(ordered, limits)
+    deltas, regressions = history_delta(ordered, history, max_regression)
+    for name, d in deltas.items():
+        ordered[name]["history"] = d
+    problems += regressions
+    verdict = "fail" if problems else ("unsure" if unsure else "pass")
+    message = ("; ".join(problems) if problems else
+               ("unsure: " + "; ".join(unsure)) if unsure else "all thresholds met")
+    hist = None
+    if history:
+        hist = {"accepted": history.get("accepted"), "commit": history.get("commit"),
+                "max_regression": max_regression, "regressions": regressions}
+    return {**result, "variants": ordered, "problems": problems, "unsure": unsure,
+            "history": hist, "verdict": verdict, "message": message}

@@ -31,7 +31,7 @@ import time
 
 from mpkbuild.run.remote import bundle, bootstrap as remote
 from mpkbuild.run.job import ExecutorError, GateInterrupted, GateJob
-from mpkbuild.gpu import GpuFingerprint
+from mpkbuild.gpu import GpuFingerprint, parse_smi
 
 DEFAULT_CONNECT_TIMEOUT_S = 8
 PROBE_TIMEOUT_S = 60          # connect + nvidia-smi + importlib.metadata on the remote
@@ -44,7 +44,7 @@ SSH_TRANSFER_BPS = 2e6        # a slow link: the local watchdog allows this much
 PROBE = r'''
 import json, os, shutil, subprocess, sys
 out = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executable,
-       "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "rows": None, "smi": None}
+       "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "csv": "", "smi": None}
 try:
     import importlib.metadata as m
     out["torch"] = m.version("torch")
@@ -60,7 +60,7 @@ else:
         if p.returncode != 0:
             out["smi"] = "nvidia-smi failed: " + (p.stdout + p.stderr).strip()[-300:]
         else:
-            out["rows"] = [[c.strip() for c in l.split(",")] for l in p.stdout.splitlines() if l.strip()]
+            out["csv"] = p.stdout
     except Exception as e:
         out["smi"] = "nvidia-smi failed: %s" % e
 print("MPK-PROBE " + json.dumps(out))
@@ -188,14 +188,14 @@ class SshExecutor:
         from mpkbuild.run import leases
         facts = self.probe()
         self._probed = True
-        rows = [r for r in (facts["rows"] or []) if len(r) >= 5 and r[0].isdigit()]
+        rows = parse_smi(facts.get("csv") or "")
         if not rows:
             self._absence = (f"gpu_host={self.host}: " + (facts["smi"] or "nvidia-smi lists no GPU")
                              + " there")
             if self.options.get("gpus"):
                 raise ExecutorError(f"gpus={self.options['gpus']}: {self._absence}")
             return None
-        gpus = [leases.Gpu(int(r[0]), r[1], r[2]) for r in rows]
+        gpus = [leases.Gpu(r["index"], r["uuid"], r["name"]) for r in rows]
         try:
             chosen = leases.pick(gpus, self.options.get("gpus"), None, facts.get("visible"))
         except leases.LeaseError as exc:
@@ -208,9 +208,10 @@ class SshExecutor:
             raise ExecutorError(f"gpu_python={self.python} on {self.host} ({facts['executable']}) "
                                 "has no torch: install it there (pip install torch) or point "
                                 "gpu_python= at a Python that has it")
-        first = next(r for r in rows if int(r[0]) == chosen[0].index)
-        same = sum(1 for g in chosen if g.name == first[2])
-        self._fp = GpuFingerprint(name=first[2], compute_capability=first[3], driver=first[4],
+        first = next(r for r in rows if r["index"] == chosen[0].index)
+        same = sum(1 for g in chosen if g.name == first["name"])
+        self._fp = GpuFingerprint(name=first["name"], compute_capability=first["compute_cap"],
+                                  driver=first["driver_version"],
                                   torch=facts["torch"], count=same)
         return self._fp
 

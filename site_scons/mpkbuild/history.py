@@ -1,0 +1,133 @@
+"""The perf ledger: each GPU profile's accepted perf results per kernel, committed like
+gpu_profiles/ (perf_history/<gpu key>/<kernel>.json).
+
+A result is accepted explicitly, after a perf gate passed and its numbers were looked at:
+
+    python -m mpkbuild.history accept KERNEL [--gpu KEY] [--note TEXT]
+    python -m mpkbuild.history show KERNEL [--gpu KEY]
+
+The perf gate compares with the last accepted entry for its GPU (stages/perfcheck.
+history_delta) and fails a regression its interval confirms; `scons status` shows the
+delta of the last perf result. The last entry's hash is a fact of the perf node: accepting
+a result re-judges (and so re-times) the gate once, against what was accepted.
+Standard library only.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from mpkbuild.util.fsutil import write_json_atomic
+
+HISTORY_DIR = "perf_history"
+KEEP = 50          # entries kept per ledger (the oldest dropped)
+
+
+def ledger_path(root: Path, gpu_key: str, kernel: str) -> Path:
+    return Path(root) / HISTORY_DIR / gpu_key / f"{kernel}.json"
+
+
+def load(root: Path, gpu_key: str | None, kernel: str) -> dict | None:
+    if not gpu_key:
+        return None
+    try:
+        data = json.loads(ledger_path(root, gpu_key, kernel).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("entries"), list) else None
+
+
+def last_entry(root: Path, gpu_key: str | None, kernel: str) -> dict | None:
+    data = load(root, gpu_key, kernel)
+    return data["entries"][-1] if data and data["entries"] else None
+
+
+def fact(root: Path, gpu_key: str | None, kernel: str) -> str:
+    """The perf node's history fact: the hash of the entry it is judged against."""
+    entry = last_entry(root, gpu_key, kernel)
+    if entry is None:
+        return "history: none"
+    return "history: " + hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _interval(fig: dict) -> dict:
+    from mpkbuild.stages.perfcheck import time_interval
+    med, lo, hi = time_interval(fig)
+    return {"median_us": med, "lo": lo, "hi": hi, "n": len(fig.get("samples_us") or [])}
+
+
+def entry_from_result(result: dict, note: str | None = None, commit: str | None = None) -> dict:
+    """What the ledger keeps of one perf result: per variant and figure, the median time
+    and its interval, and each baseline's median (enough to judge the next result)."""
+    variants = {}
+    for name, r in (result.get("variants") or {}).items():
+        v = {fig: _interval(r[fig]) for fig in ("hot", "cold") if fig in r}
+        v["baselines"] = {b: {fig: f[fig]["median_us"] for fig in ("hot", "cold") if fig in f}
+                          for b, f in (r.get("baselines") or {}).items()}
+        variants[name] = v
+    return {"accepted": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "commit": commit, "note": note, "result_finished": result.get("finished"),
+            "gpu_state": (result.get("gpu_state") or {}).get("start"), "variants": variants}
+
+
+def accept(root: Path, kernel: str, gpu_key: str, result: dict, note: str | None = None,
+           force: bool = False) -> Path:
+    if result.get("verdict") != "pass" and not force:
+        raise ValueError(f"{kernel} on {gpu_key}: the perf result's verdict is "
+                         f"{result.get('verdict')!r}, not pass (--force accepts it anyway)")
+    path = ledger_path(root, gpu_key, kernel)
+    data = load(root, gpu_key, kernel) or {"kernel": kernel, "gpu_key": gpu_key, "entries": []}
+    data["entries"] = (data["entries"] + [entry_from_result(result, note, _commit(root))])[-KEEP:]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, data)
+    return path
+
+
+def _commit(root: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _gpu_keys(root: Path, kernel: str) -> list[str]:
+    return sorted(p.parent.name for p in (Path(root) / "build" / kernel / "gpu").glob("*/perf.json"))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mpkbuild.history", description=__doc__.splitlines()[0])
+    ap.add_argument("action", choices=("accept", "show"))
+    ap.add_argument("kernel")
+    ap.add_argument("--gpu", help="GPU profile key (default: the only one with a perf result)")
+    ap.add_argument("--note")
+    ap.add_argument("--force", action="store_true", help="accept a result that did not pass")
+    ap.add_argument("--root", type=Path, default=Path.cwd())
+    args = ap.parse_args(argv)
+    keys = [args.gpu] if args.gpu else _gpu_keys(args.root, args.kernel)
+    if len(keys) != 1:
+        print(f"name the GPU profile with --gpu: {', '.join(keys) or 'no perf result'}", file=sys.stderr)
+        return 2
+    key = keys[0]
+    if args.action == "show":
+        print(json.dumps(load(args.root, key, args.kernel) or {}, indent=2))
+        return 0
+    perf = Path(args.root) / "build" / args.kernel / "gpu" / key / "perf.json"
+    try:
+        result = json.loads(perf.read_text())
+        path = accept(args.root, args.kernel, key, result, args.note, args.force)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"accepted {perf} into {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

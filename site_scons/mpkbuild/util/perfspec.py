@@ -1,0 +1,56 @@
+"""The perf section's baselines, bytes and ceilings, read the same way on both sides
+(the runner and the build). Standard library only.
+
+- Baselines: `perf.baseline` (a Python function, path:name) is the primary baseline, named
+  "torch" (what `max_time_vs_baseline` judges unless a rule names another); `perf.baselines`
+  adds more: [{name, function, compile}] where `compile: true` times
+  `torch.compile(function, dynamic=False)`, compiled once per variant before timing (the
+  compile time is recorded, not timed).
+- Bytes: `perf.bytes` is either one expression, the total bytes moved per launch (judged
+  against the copy ceiling, 1:1 read:write, as before), or {read: expr, write: expr}.
+- Ceilings: the bandwidth node measures read-only, 2:1 and 1:1 (copy) streams; a kernel's
+  ceiling is the one for its read share read / (read + write), interpolated linearly
+  between the measured mixes (read share 1/2, 2/3, 1); below 1/2 (write-heavy) the copy's.
+"""
+from __future__ import annotations
+
+from . import expr
+
+PRIMARY = "torch"
+MIXES = (("1:1", 0.5), ("2:1", 2.0 / 3.0), ("read", 1.0))
+
+
+def baselines(pcfg: dict) -> list[dict]:
+    """[{name, function, compile}], the primary first."""
+    out = [{"name": PRIMARY, "function": pcfg["baseline"], "compile": False}]
+    for b in pcfg.get("baselines", []) or []:
+        out.append({"name": b["name"], "function": b["function"], "compile": bool(b.get("compile", False))})
+    return out
+
+
+def byte_counts(spec_bytes, symbols: dict) -> tuple[float, float | None, float | None]:
+    """(total, read, write) bytes per launch; read/write None for a scalar spec."""
+    if isinstance(spec_bytes, dict):
+        read = float(expr.evaluate(spec_bytes["read"], symbols))
+        write = float(expr.evaluate(spec_bytes["write"], symbols))
+        return read + write, read, write
+    return float(expr.evaluate(spec_bytes, symbols)), None, None
+
+
+def ceiling(bandwidth: dict, read: float | None, write: float | None) -> dict:
+    """{mix, read_share, Bps} from a bandwidth node's result; the copy's when the spec gave
+    one total or the node measured only the copy."""
+    copy = bandwidth["copy_bandwidth_Bps"]
+    measured = bandwidth.get("ceilings_Bps") or {}
+    if read is None or write is None or not all(m in measured for m, _ in MIXES):
+        return {"mix": "1:1", "read_share": None, "Bps": copy}
+    share = read / (read + write) if read + write > 0 else 0.5
+    if share <= MIXES[0][1]:
+        return {"mix": "1:1", "read_share": share, "Bps": measured["1:1"]}
+    for (m0, s0), (m1, s1) in zip(MIXES, MIXES[1:]):
+        if share <= s1:
+            t = (share - s0) / (s1 - s0)
+            bps = measured[m0] + t * (measured[m1] - measured[m0])
+            name = m1 if abs(share - s1) < 1e-9 else (m0 if abs(share - s0) < 1e-9 else f"{m0}..{m1}")
+            return {"mix": name, "read_share": share, "Bps": bps}
+    return {"mix": "read", "read_share": share, "Bps": measured["read"]}
