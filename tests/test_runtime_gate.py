@@ -29,15 +29,38 @@ needs_tree = pytest.mark.skipif(not (PINNED / "include").is_dir(),
 KERNELS = [k for k in discover(REPO) if "wiring" in Kernel.load(REPO, k, write_cache=False).spec.data]
 
 
-def _materialise(name: str, out: Path) -> Path:
-    k = Kernel.load(REPO, name, write_cache=False)
+FAULTS = REPO / "tests" / "fixtures" / "faults"
+STALE = "fault_stale_state"
+
+
+def _materialise(name: str, out: Path, root: Path = REPO) -> Path:
+    k = Kernel.load(root, name, write_cache=False)
     prod = runtime.producer_for(k, {})
     for x in [k] + ([prod] if prod else []):
         sec = x.spec.sections["codegen"]
         for role, fn in (("body", f"{x.name}.cuh"), ("spec_header", f"{x.name}_spec.h")):
             (out / fn).write_text(generate.render_file(role, sec, x.spec.file, x.body_source, x.root))
-    (out / "megakernel.cu").write_text(runtime.render(k, REPO / "wiring", PINNED, prod))
+    (out / "megakernel.cu").write_text(runtime.render(k, root / "wiring", PINNED, prod))
     return out
+
+
+def _run_runtime(root: Path, name: str, lib: Path, tmp_path: Path) -> tuple[dict, str]:
+    """The runtime gate's runner on one compiled megakernel, as the gate runs it."""
+    k = Kernel.load(root, name, write_cache=False)
+    job = {"root": str(root), "library": str(lib), "kernel": name,
+           "runtime": runtime.job_payload(k), "result_file": str(tmp_path / f"{name}.json")}
+    (tmp_path / f"{name}.job").write_text(json.dumps(job))
+    proc = subprocess.run([sys.executable, "-m", "mpkbuild.runners.runtime",
+                           str(tmp_path / f"{name}.job")], cwd=root, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "site_scons")},
+                          capture_output=True, text=True)
+    return json.loads((tmp_path / f"{name}.json").read_text()), proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def _fault_project(dest: Path) -> Path:
+    sys.path.insert(0, str(FAULTS))
+    import faultsuite
+    return faultsuite.make_project(dest, with_gate_after=False)
 
 
 @pytest.fixture(scope="session")
@@ -113,7 +136,7 @@ def test_hang_phase_from_runtime_counters():
     pytest.importorskip("torch")
     from mpkbuild.runners.runtime import hang_phase
     g = {"layers": [{"tasks": 8}]}
-    assert hang_phase("events 0 0 0; workers 0; schedulers 1", g, 0).startswith("launch")
+    assert hang_phase("events 0 0 0; workers 0; schedulers 1", g, 1).startswith("launch (iteration 1")
     assert hang_phase("events 0 1 5; workers 1; schedulers 1", g, 2).startswith("iteration 2 (5 of 8")
     assert hang_phase("events 0 1 8; workers 1; schedulers 1", g, 1).startswith("termination")
 
@@ -161,15 +184,128 @@ def test_compiled_builder_makes_the_planned_graph(compiled):
 @pytest.mark.nvcc
 def test_every_kernel_passes_in_the_persistent_kernel(compiled, tmp_path):
     for name, (ok, log, took, lib) in compiled.items():
-        k = Kernel.load(REPO, name, write_cache=False)
-        job = {"root": str(REPO), "library": str(lib), "kernel": name,
-               "runtime": runtime.job_payload(k), "result_file": str(tmp_path / f"{name}.json")}
-        (tmp_path / f"{name}.job").write_text(json.dumps(job))
-        proc = subprocess.run([sys.executable, "-m", "mpkbuild.runners.runtime",
-                               str(tmp_path / f"{name}.job")], cwd=REPO, timeout=600,
-                              env={**os.environ, "PYTHONPATH": str(REPO / "site_scons")},
-                              capture_output=True, text=True)
-        res = json.loads((tmp_path / f"{name}.json").read_text())
-        assert res["verdict"] == "pass", (name, res["message"], proc.stdout[-2000:])
+        res, out = _run_runtime(REPO, name, lib, tmp_path)
+        assert res["verdict"] == "pass", (name, res["message"], out)
         for g, r in res["variants"].items():
             assert r["iterations"] >= 3 and r["spans"]["count"] == r["tasks"]
+
+
+def test_the_stale_state_fixture_is_planned_as_one_layer_of_1024_tasks(tmp_path):
+    """The fault fixture (tests/fixtures/faults/kernels/fault_stale_state) is wired for the
+    runtime gate: more tasks than any production grid has workers, so workers run several."""
+    root = _fault_project(tmp_path / "p")
+    k = Kernel.load(root, STALE, write_cache=False)
+    (g,) = runtime.job_payload(k)["graphs"]
+    assert g["layers"][0]["tasks"] == 1024 > 2 * max(w for _, w in runtime.WORKER_TABLE)
+    assert runtime.job_payload(k)["iterations"] == 3
+
+
+@pytest.mark.gpu
+@needs_tree
+@pytest.mark.nvcc
+def test_state_kept_across_iterations_is_caught_at_iteration_2_and_passes_validate(tmp_path):
+    """fault_stale_state keeps, per CTA, the row it served and the launch it served it in
+    (`__device__` globals) and, at a new launch, copies that row instead of its own.
+
+    The harness's validate runs `steps` (3) launches per trial too, so a plain counter would
+    fail there as well; what it cannot see is the persistent kernel's placement: the harness
+    runs task b on CTA b at every launch, so the kept row is always the task's own, while the
+    runtime's 128 workers run 8 tasks each and a worker's first task of iteration 2 finds
+    the last row it served in iteration 1. So: validate passes, the runtime gate fails
+    (numeric) at iteration 2, iteration 1 having passed."""
+    root = _fault_project(tmp_path / "p")
+    d = tmp_path / "mk"
+    d.mkdir()
+    _materialise(STALE, d, root)
+    lib = d / f"lib{STALE}_mpk.so"
+    ok, log, took = runtime.compile_megakernel(runtime.Checkout.find(PINNED), d / "megakernel.cu",
+                                               [d], lib, d / "log")
+    assert ok, "\n".join(l for l in log.splitlines() if "error" in l)[:2000]
+    res, out = _run_runtime(root, STALE, lib, tmp_path)
+    r = res["variants"]["r1024_c256"]
+    assert res["verdict"] == "fail" and r["check"] == "numeric", (res["message"], out)
+    assert r["iteration"] == 2, res["message"]
+    assert "r1024_c256 iteration 2 of 3 output fault_stale_state.output:" in res["message"]
+    assert "state kept across iterations" in res["message"]
+    import faultsuite
+    run = faultsuite.scons(root, f"kernel={STALE}", "stage=validate")
+    path = faultsuite.result_file(root, STALE)
+    assert path is not None, run.output[-3000:]
+    validate = json.loads(path.read_text())
+    assert validate["verdict"] == "pass", (validate["message"], run.output[-3000:])
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    """runners/runtime.py's main() on the CPU with the stand-in library: (run(hang) -> result,
+    the stand-in of the last run)."""
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(REPO / "tests" / "fakes"))
+    from fake_megakernel import FakeMegakernel
+    from mpkbuild.runners import runtime as side
+    monkeypatch.setattr(side, "DEVICE", "cpu")
+    monkeypatch.setattr(side, "device_facts", lambda: {"name": "stand-in", "sm_count": 132})
+    real_tensors_for = side._tensors_for
+    made = []
+
+    def tensors_for(job, graph, gen):
+        order, refs, names, checks = real_tensors_for(job, graph, gen)
+        made[-1].bind(order, refs, checks)
+        return order, refs, names, checks
+
+    monkeypatch.setattr(side, "_tensors_for", tensors_for)
+    k = Kernel.load(REPO, "rmsnorm_v2", write_cache=False)
+    payload = runtime.job_payload(k)
+    # the two smallest graphs: the stand-in copies references, the CPU computes them
+    payload["graphs"] = [g for g in payload["graphs"] if g["layers"][0]["tasks"] <= 8][:2]
+
+    def run(hang):
+        monkeypatch.setattr(side, "Megakernel", lambda path: made.append(
+            FakeMegakernel(payload["graphs"], hang)) or made[-1])
+        return side.main({"root": str(REPO), "library": "stand-in", "runtime": payload})
+
+    run.graphs = payload["graphs"]
+    run.made = made
+    return run
+
+
+def test_a_stand_in_without_a_hang_passes_every_graph_for_3_iterations(stand_in):
+    res = stand_in(None)
+    assert res["verdict"] == "pass", res["message"]
+    assert res["grid"] == {"workers": 128, "schedulers": 16}
+    assert [r["iterations"] for r in res["variants"].values()] == [3, 3]
+    assert stand_in.made[-1].calls.count("finalize 1") == 1
+
+
+@pytest.mark.parametrize("hang, phase", [
+    ({"graph": 1, "iteration": 2, "phase": "tasks"},
+     "iteration 2 (4 of 8 tasks of the last layer finished)"),
+    ({"graph": 1, "iteration": 1, "phase": "launch"},
+     "launch (iteration 1: the begin-graph task never ran)"),
+    ({"graph": 1, "iteration": 3, "phase": "termination"},
+     "termination (iteration 3: all 8 tasks finished)"),
+])
+def test_a_task_that_never_finishes_is_a_hang_naming_its_phase_and_the_runtime_state(
+        stand_in, hang, phase):
+    """The runner's real main() and run_graph() with the stand-in library: the graph before
+    passes, the hung graph's verdict names the phase read from the runtime's counters, the
+    runner stops there (the GPU would still hold the hung kernels) and never finalizes it."""
+    res = stand_in(hang)
+    first, hung = (g["name"] for g in stand_in.graphs)
+    assert res["verdict"] == "hang"
+    assert res["variants"][first]["verdict"] == "pass"
+    r = res["variants"][hung]
+    assert r["verdict"] == "hang" and r["iteration"] == hang["iteration"]
+    assert r["phase"] == phase
+    assert r["state"].startswith("events 0 ") and r["state"] in res["message"]
+    assert res["message"].startswith(f"{hung}: {phase} did not finish in 20.0 s")
+    calls = stand_in.made[-1].calls
+    assert calls[-2:] == [f"launch 1 {hang['iteration']}", "read_state"]
+    assert "finalize 1" not in calls
+
+
+def test_a_kernel_that_does_not_finish_alone_is_a_warm_up_hang(stand_in):
+    res = stand_in({"graph": 0, "setup": 3})
+    (name,) = res["variants"]
+    assert res["verdict"] == "hang" and res["variants"][name]["phase"] == "warm-up"
+    assert "the worker kernel launched alone did not finish" in res["message"]

@@ -6,8 +6,8 @@ builds its graph with the runtime's own init_persistent_kernel at the production
 the runtime's own launch path, one pass per launch (test mode). Per variant, on the same
 buffers, for `iterations` launches: outputs poisoned before each, every element checked
 against the float64 reference after each (validate's comparison), bit-equal across
-iterations. A launch that does not finish in time is a `hang` naming its phase (warm-up,
-launch, iteration k, termination) and the runtime's counters read while it hangs. With
+iterations. Iterations count from 1 in the result and its messages. A launch that does
+not finish in time is a `hang` naming its phase (warm-up, launch, iteration k, termination) and the runtime's counters read while it hangs. With
 MPK_ENABLE_PROFILING the runtime's profiler gives every task's span.
 """
 from __future__ import annotations
@@ -29,6 +29,14 @@ from .validate import compare
 PROFILE_ENTRIES_PER_WORKER = 4096
 # the runtime's own hand-off of the warm-up and relaunch knobs (see mpkb_setup)
 FLAG_WARMUP, FLAG_CARVEOUT, FLAG_SINGLE = 1, 2, 4
+# where the buffers live: "cuda" on the GPU; the CPU tests drive run_graph/main with a
+# stand-in library (tests/fakes/fake_megakernel.py) and "cpu"
+DEVICE = "cuda"
+
+
+def _sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 WORKER_TABLE = ((160, 144), (144, 128), (132, 128), (108, 96), (68, 64), (40, 30), (0, 20))
 
 
@@ -125,11 +133,11 @@ def _tensors_for(job: dict, graph: dict, gen):
         idx = layer["tensors"][:layer["num_inputs"] + layer["num_outputs"]]
         for (name, shape, dtype), i in zip(ins, idx[:len(ins)]):
             if i not in table:
-                table[i] = random_tensor(shape, dtype, side["generators"].get(name), gen)
+                table[i] = random_tensor(shape, dtype, side["generators"].get(name), gen, device=DEVICE)
                 ref64[i] = table[i].to(torch.float64)
             names[i] = f"{layer['kernel']}.{name}"
         for (name, shape, dtype), i in zip(outs, idx[len(ins):]):
-            table[i] = torch.empty(shape, dtype=dtype, device="cuda")
+            table[i] = torch.empty(shape, dtype=dtype, device=DEVICE)
             names[i] = f"{layer['kernel']}.{name}"
         reference = load_function(job["root"], side["validate"]["reference"])
         res = call_with_params(reference, [ref64[i] for i in idx[:len(ins)]], codegen["params"])
@@ -147,13 +155,13 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
     rt = job["runtime"]
     iterations, timeout_ms, flags = rt["iterations"], int(rt["launch_timeout_s"] * 1000), rt["flags"]
     seed = int.from_bytes(os.urandom(6), "little")
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
     tensors, refs, names, checks = _tensors_for(job, graph, gen)
     outputs = [tensors[i] for i, _ in checks]
     workers, schedulers = grid
-    prof = torch.zeros(1 + workers * PROFILE_ENTRIES_PER_WORKER, dtype=torch.int64, device="cuda")
+    prof = torch.zeros(1 + workers * PROFILE_ENTRIES_PER_WORKER, dtype=torch.int64, device=DEVICE)
     ptrs = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
-    torch.cuda.synchronize()
+    _sync()
     print(f"runtime {graph['name']}: setup ({workers} workers, {schedulers} schedulers)", flush=True)
     t0 = time.perf_counter()
     code = lib.lib.mpkb_setup(gi, ptrs, len(tensors), workers, schedulers, prof.data_ptr(), flags,
@@ -167,11 +175,11 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
     setup_s = time.perf_counter() - t0
     previous, spans_all, walls = None, [], []
     expect = sum(l["tasks"] for l in graph["layers"])
-    for it in range(iterations):
+    for it in range(1, iterations + 1):     # counted from 1: "iteration 2" is the second
         for o in outputs:
             poison_(o)
         prof.zero_()
-        torch.cuda.synchronize()
+        _sync()
         print(f"runtime {graph['name']}: iteration {it}", flush=True)
         t1 = time.perf_counter()
         code = lib.lib.mpkb_launch(timeout_ms)
@@ -190,7 +198,10 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
             if problem:
                 return {"verdict": "fail", "check": "numeric", "iteration": it, "seed": seed,
                         "output": names[i], "numbers": numbers,
-                        "message": f"{graph['name']} iteration {it} output {names[i]}: {problem}"}
+                        "message": f"{graph['name']} iteration {it} of {iterations} output "
+                                   f"{names[i]}: {problem}"
+                                   + (" (the earlier iterations passed: state kept across "
+                                      "iterations?)" if it > 1 else "")}
         current = [o.clone() for o in outputs]
         if previous is not None:
             for (i, _), a, b in zip(checks, previous, current):
@@ -244,8 +255,9 @@ def hang_phase(state: str, graph: dict, iteration: int) -> str:
 
 def main(job: dict) -> dict:
     clock = time.perf_counter()
-    torch.cuda.init()
-    torch.empty(1, device="cuda")
+    if DEVICE == "cuda":
+        torch.cuda.init()
+    torch.empty(1, device=DEVICE)
     facts = device_facts()
     grid = grid_for(facts["sm_count"])
     lib = Megakernel(job["library"])
@@ -255,6 +267,8 @@ def main(job: dict) -> dict:
         assert graph["name"] == name, (graph["name"], name)
         res = run_graph(lib, job, gi, graph, grid)
         graphs[name] = res
+        if res["verdict"] == "fail":
+            lib.lib.mpkb_finalize()     # idempotent; the next graph sets up afresh
         if res["verdict"] != "pass":
             failed.append(res)
             if res["verdict"] == "hang":

@@ -381,12 +381,12 @@ LAUNCH_FLAGS = 2
 LAUNCH_TIMEOUT_S = 20.0
 
 
-def job_payload(k, build=None) -> dict:
+def job_payload(k, build=None, wiring_root: Path | None = None) -> dict:
     """What the runner needs beyond the gate's sections: the graphs (as plan() has them),
     every kernel's codegen/generators/validate, the iteration count, the launch knobs."""
-    from mpkbuild.util.fsutil import read_json
     producer = producer_for(k, build.kernels if build is not None else {})
-    p = plan(k.spec.data, k.root / "wiring", producer.spec.data if producer is not None else None)
+    p = plan(k.spec.data, wiring_root or k.root / "wiring",
+             producer.spec.data if producer is not None else None)
     kernels = {}
     for x in [k] + ([producer] if producer is not None else []):
         kernels[x.name] = {s: x.spec.sections[s][s] for s in ("codegen", "generators", "validate")}
