@@ -409,7 +409,7 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
         ARGUMENTS["stage"] = "review"      # status and friends look at everything by default
     names, stage, defaulted = parse_request(build)
     build.wire_request = wire_request()
-    if stage == "runtime":
+    if stage == "runtime" and not GetOption("help"):
         runtime_request(build.wire_request)
     if GetOption("help"):
         return build, None, [], {}
