@@ -206,3 +206,16 @@ def test_every_argument_an_executor_reads_is_known():
         read |= set(re.findall(r"_flag\(self\.options,\s*[\"'](\w+)[\"']", text))
     read -= {"model"}           # the bundle's own LocalExecutor option, not a command-line one
     assert read and read <= set(cli.ARGUMENT_NAMES), read - set(cli.ARGUMENT_NAMES)
+
+
+@pytest.mark.parametrize("extra, says", [
+    ((), "stage=runtime needs mpk_root=PATH"),
+    (("mpk_root=.",), "not an MPK checkout"),
+])
+def test_stage_runtime_without_a_checkout_is_an_error_and_writes_nothing(project, extra, says):
+    """Without mpk_root= the runtime stage could run nothing: an error, not an empty build."""
+    for args in (("stage=runtime", *extra), ("status", "stage=runtime", *extra)):
+        run = project.scons(*args, check=False)
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert says in run.stderr, run.stderr
+        assert not (project.root / "build").exists()

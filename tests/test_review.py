@@ -122,3 +122,33 @@ def test_a_time_limit_on_the_cold_figure_judges_cold_and_the_review_says_so(tmp_
     line = next(ln for ln in page.splitlines() if ln.startswith("- decode_m16_n14336_k4096"))
     assert line.endswith("held to ≤ 1.05× (cold) by `decode_m16_*`")
     assert "≤ 1.05× torch (cold)" in page
+
+
+def test_the_runtime_gate_shows_in_runtime_beside_the_harness_and_flags_beyond_noise(tmp_path):
+    """Per graph: in-runtime slowCTA (median, range over iterations) and median task beside
+    the harness's slowCTA (perf.json, range over repeats); flagged only when the ranges are
+    disjoint, not judged without a range, the chain has no harness figure."""
+    perf = tmp_path / "perf.json"
+    slow = lambda med, lo, hi: dict(figures(2.0, 2.5), limits=[],
+                                    slowcta={"slowest_task_us": med, "slowest_range_us": [lo, hi]})
+    perf.write_text(json.dumps({"verdict": "pass", "message": "ok", "variants": {
+        "decode": slow(0.80, 0.78, 0.85), "large": slow(1.50, 1.45, 1.60),
+        "old": dict(figures(2.0, 2.5), limits=[], slowcta={"slowest_task_us": 1.0})}}))
+    span = lambda per_it, med: {"verdict": "pass", "tasks": 8, "iterations": len(per_it),
+                                "spans": {"slowest_task_us": sorted(per_it)[len(per_it) // 2],
+                                          "median_us": med, "per_iteration_slowest_us": per_it}}
+    rt = tmp_path / "runtime.json"
+    rt.write_text(json.dumps({"verdict": "pass", "message": "all pass",
+                              "grid": {"workers": 128, "schedulers": 16}, "variants": {
+        "decode": span([0.83, 0.84, 0.82], 0.74), "large": span([2.37, 2.41, 2.35], 1.34),
+        "old": span([1.1, 1.2, 1.0], 0.9), "chain:a.x>b.y": span([9.2, 9.3, 9.28], 8.42)}}))
+    r = review.kernel_review("k", tmp_path, [], "h200", {}, {"perf": perf, "runtime": rt})
+    flags = {x["variant"]: x["flag"] for x in r["gates"]["runtime"]["table"]}
+    assert flags == {"decode": "within noise", "large": "runtime slower", "old": "not judged",
+                     "chain:a.x>b.y": "chain (no harness figure)"}
+    page = review.render_kernel(r)
+    assert "## runtime: pass" in page and "128 workers, 16 schedulers" in page
+    row = next(ln for ln in page.splitlines() if ln.startswith("| large | pass"))
+    assert row == ("| large | pass | 8 × 3 | 2.37 [2.35, 2.41] | 1.34 | 1.50 [1.45, 1.60] | 1.58× "
+                   "| **runtime slower** |")
+    assert "ranges do not overlap" in page

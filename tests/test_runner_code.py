@@ -23,6 +23,7 @@ EXPECTED = {
     "runners/validate.py": {VALIDATE},
     "runners/perf.py": {PERF},
     "runners/timing.py": {PERF, BANDWIDTH},
+    "runners/gpustate.py": {PERF, BANDWIDTH},   # NVML clocks: perf and the bandwidth node read them
     "runners/bandwidth.py": {PERF, BANDWIDTH},
     "runners/gpustate.py": {PERF, BANDWIDTH},     # NVML clocks recorded with every sample
     "util/stats.py": {PERF, BANDWIDTH},          # the intervals
@@ -30,6 +31,7 @@ EXPECTED = {
     "util/expr.py": ALL,                 # shapes and sizes every runner evaluates
     "util/fsutil.py": ALL,               # the result file's atomic write
     "stages/perfcheck.py": {PERF},       # the build-side judge of perf's figures
+    "runners/runtime.py": set(),         # the runtime gate: not in this graph (no mpk_root=)
     "runners/launch.py": set(),          # the cold-start shim: runs a runner, computes nothing
     "runners/trial.py": set(),           # the tune stage's trials only (not a validate/perf result)
     "stages/review.py": set(),

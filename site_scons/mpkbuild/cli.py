@@ -38,7 +38,7 @@ COMMANDS = ("status", "check", "dag")
 # extra ones in a class attribute OPTIONS (a tuple of names).
 ARGUMENT_NAMES = (
     "kernel", "stage", "why", "new", "family", "cache", "gpu",          # what to build or show
-    "apply", "unwire", "mpk_root",                                      # stage=wire
+    "apply", "unwire", "mpk_root",                                      # stage=wire, stage=runtime
     "executor", "gpus", "warm", "sanitize",                             # GPU gates (local)
     "gpu_host", "gpu_workdir", "gpu_python", "ssh_opts", "ssh_connect_timeout",   # ssh
     "scheduler", "scheduler_file", "scheduler_timeout",                 # dask
@@ -176,6 +176,20 @@ def wire_request() -> WireRequest:
     return WireRequest(path, flag("apply"), flag("unwire"))
 
 
+def runtime_request(request: WireRequest) -> None:
+    """stage=runtime runs the kernels inside an MPK checkout's persistent kernel: without
+    mpk_root= (or with a folder that is no MPK checkout) there is nothing it could run, so
+    say so before anything is written rather than build nothing."""
+    if request.mpk_root is None:
+        fail_early("stage=runtime needs mpk_root=PATH (an MPK checkout: the runtime gate "
+                   "compiles each kernel into its persistent kernel; e.g. mpk_root=../shared/mirage/mpk)")
+    from mpkbuild.stages.runtime import Checkout
+    try:
+        Checkout.find(request.mpk_root)
+    except FileNotFoundError as exc:
+        fail_early(str(exc))
+
+
 def sanitize_request() -> str | None:
     tool = ARGUMENTS.get("sanitize")
     if tool in (None, "", "0", "none"):
@@ -218,6 +232,7 @@ def help_text(root: Path) -> str:
              "       scons stage=wire mpk_root=PATH [apply=1] [unwire=1]   registration edits",
              "       scons -jN stage=tune kernel=K [gpu=PROFILE] [gpus=0,1]   search tune.space: "
              "tuned/<profile>/K.json",
+             "       scons stage=runtime mpk_root=PATH   each variant inside that checkout's persistent kernel (GPU)",
              "       scons status [kernel=..] [stage=..] [gpu=PROFILE] [--json]   fresh/stale (why)",
              "       scons check gpu=PROFILE      exit 1 if any gate for that GPU is stale/failed/missing",
              "       scons dag [kernel=..] [stage=..]   build/dag/<name>.dot/.mmd/.svg",
@@ -366,7 +381,8 @@ def gate_order(g: graph_mod.Graph, kernels: list[Kernel], closure) -> list[str]:
     every validate before any perf (a failed validate blocks its perf, and validates are
     short), then the longest gate by its last recorded time, so -jN GPUs finish together.
     The gate's result, not its check: a failed verdict must not stop the others."""
-    gates = [(k, gate) for gate in stages.GPU_GATES if gate in closure for k in kernels]
+    gates = [(k, gate) for gate in stages.GPU_GATES if gate in closure for k in kernels
+             if g.requested.get((k.name, gate))]      # runtime: only with mpk_root=
     rank = {gate: i for i, gate in enumerate(stages.GPU_GATES)}
     order = sorted(gates, key=lambda kg: (rank[kg[1]],
                                           -g.last_elapsed.get(kg[0].gate_result(kg[1], g.gpu_key), 0.0)))
@@ -399,6 +415,8 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
         ARGUMENTS["stage"] = "review"      # status and friends look at everything by default
     names, stage, defaulted = parse_request(build)
     build.wire_request = wire_request()
+    if stage == "runtime" and not GetOption("help"):
+        runtime_request(build.wire_request)
     if GetOption("help"):
         return build, None, [], {}
     from mpkbuild.stages.tune import apply_tuned

@@ -33,7 +33,7 @@ from pathlib import Path
 from mpkbuild.run import job as ex
 from mpkbuild.run.leases import lease_dir
 
-GATES = ("validate", "perf", "bandwidth", "trial")
+GATES = ("validate", "perf", "bandwidth", "runtime", "trial")
 START_TIMEOUT_S = 120.0
 
 

@@ -43,19 +43,24 @@ STAGES: tuple[Stage, ...] = (
           "apply=1 applies them, unwire=1 removes them"),
     Stage("validate", ("codegen", "generators", "validate"), ("compile",), "gpu", True, True, "gates",
           "run every variant against the float64 torch reference (GPU)"),
+    Stage("runtime", ("codegen", "generators", "validate", "wiring"), ("generate",), "gpu", True, True,
+          "runtime",
+          "every variant as tasks of the real MPK persistent kernel of mpk_root= at the "
+          "production grid, 3+ iterations, with the runtime profiler's task spans (GPU)"),
     Stage("perf", ("codegen", "generators", "perf"), ("compile", "validate"), "gpu", True, True, "gates",
           "CUDA-graph timing, cold/hot, slowCTA, torch baseline, bandwidth (GPU)"),
     Stage("tune", ("tune", "generators", "validate", "perf"), ("spec",), "gpu", True, True, "tune",
           "search tune.space per variant: candidates compiled (CPU, -jN), validated and timed "
           "(GPU), the fastest committed as tuned/<gpu>/K.json"),
-    Stage("review", (), ("compile", "wire", "validate", "perf"), "kernel", False, False, "review",
+    Stage("review", (), ("compile", "wire", "validate", "runtime", "perf"), "kernel", False, False, "review",
           "build/K/review.md and build/review.md: every verdict and key number"),
 )
 
 BY_NAME = {s.name: s for s in STAGES}
 NAMES = tuple(s.name for s in STAGES)
-# the gates every kernel has on a GPU (gates.py); tune is a GPU stage of its own, asked for by name
-GPU_GATES = tuple(s.name for s in STAGES if s.needs_gpu and s.module == "gates")
+# the gates a kernel has on a GPU (validate, runtime with mpk_root=, perf); tune is a GPU
+# stage of its own, asked for by name
+GPU_GATES = tuple(s.name for s in STAGES if s.needs_gpu and s.module in ("gates", "runtime"))
 
 
 def closure(stage: str) -> list[str]:

@@ -42,6 +42,12 @@ class GateKind:
     can_share_gpu: bool = False   # the spec may let it share a GPU (`share_gpu`)
     timeout_s: float | None = None  # fixed watchdog (else the spec section's timeout_s)
     uses_history: bool = False    # judged against the kernel's ledger (perf_history/)
+    section: str | None = None    # the spec section with its settings (default: the gate's name)
+    library: str = "harness"      # what it loads: the harness library, or the runtime's megakernel
+
+    @property
+    def settings(self) -> str:
+        return self.section or self.name
 
     @functools.lru_cache(maxsize=None)
     def code(self) -> tuple[Path, ...]:
@@ -60,6 +66,10 @@ GATES = {
     "bandwidth": GateKind("bandwidth", "bandwidth", None, timeout_s=300),
     # the tune stage's: one candidate validated, then timed (its nodes: stages/tune.py)
     "trial": GateKind("trial", "trial", "validate.reference", uses_bandwidth=True),
+    # the variants as tasks of the real MPK persistent kernel (stages/runtime.py builds it);
+    # judged by validate's reference and tolerances, so it reads the validate section
+    "runtime": GateKind("runtime", "runtime", "validate.reference", section="validate",
+                        library="megakernel"),
 }
 
 
@@ -163,12 +173,18 @@ def verdict_line(result: dict) -> str:
 # ---------------------------------------------------------------- the stage's nodes
 def nodes(g, k, stage: str) -> None:
     """One gate node (result, verdict word, log) and its silent check node per GPU gate."""
+    gate_nodes(g, k, stage)
+
+
+def gate_nodes(g, k, stage: str, library: str | None = None, extra_facts: tuple = ()) -> None:
+    """The gate node and its check; `library`: what it loads (default: the harness's
+    resources.json, which carries the library's hash)."""
     from mpkbuild import stages
-    from mpkbuild.model.graph import PKG
     kind, row = GATES[stage], stages.BY_NAME[stage]
     key = g.gpu_key
     run_arch = config.ARCH_FOR_CC.get(g.fingerprint.cc) if g.fingerprint else None
-    library = g.rel(k.resources(run_arch if run_arch in k.archs else k.archs[0]))  # carries the library's hash
+    if library is None:
+        library = g.rel(k.resources(run_arch if run_arch in k.archs else k.archs[0]))
     result = k.gate_result(stage, key)
     sources = [library, *(g.rel(p) for p in k.generated.values()),
                *(g.rel(k.section_file(s)) for s in row.reads),
@@ -176,7 +192,7 @@ def nodes(g, k, stage: str) -> None:
     if kind.uses_bandwidth:
         sources.append(g.rel(bandwidth_file(g.root, key)))
     sources += [g.rel(k.gpu_dir(key) / f"{gate}.verdict") for gate in kind.needs_pass]
-    facts = (gpu_fact(g.fingerprint), toolchain_fact())
+    facts = (gpu_fact(g.fingerprint), toolchain_fact(), *extra_facts)
     if kind.uses_history:
         from mpkbuild import history
         facts += (history.fact(g.root, key, k.name),)
@@ -247,10 +263,17 @@ def run_gate(build, info, target, source) -> int:
         arch = arch_for(fp, k.archs, k.name)
     except GateCannotRun as exc:
         return build.fail(str(exc))
-    payload = {"root": str(k.root), "library": str(k.library(arch)),
+    library = k.library(arch)
+    if kind.library == "megakernel":
+        from mpkbuild.stages import runtime
+        library = runtime.library_path(k, arch)
+    payload = {"root": str(k.root), "library": str(library),
                "codegen": read_json(k.section_file("codegen")),
                "generators": read_json(k.section_file("generators")),
-               gate: read_json(k.section_file(gate))}
+               kind.settings: read_json(k.section_file(kind.settings))}
+    if kind.library == "megakernel":
+        from mpkbuild.stages import runtime
+        payload["runtime"] = runtime.job_payload(k, build)
     workdir = Path(target[0].abspath).parent
     blocked = [g for g in kind.needs_pass
                if (workdir / f"{g}.verdict").read_text().strip() != "pass"]
@@ -261,11 +284,11 @@ def run_gate(build, info, target, source) -> int:
         return build.fail(f"{gate} {k.name}: not run, {build.failed_gate} did not pass "
                           "(-k runs every gate)")
     else:
-        inputs = [k.library(arch), *python_files(k, kind)]
+        inputs = [library, *python_files(k, kind)]
         if kind.uses_bandwidth:
             payload["bandwidth_file"] = str(bandwidth_file(k.root, fp.key))
             inputs.append(bandwidth_file(k.root, fp.key))
-        section = payload[gate][gate]
+        section = payload[kind.settings][kind.settings]
         job = GateJob(
             gate, k.name, payload, workdir, section["timeout_s"], root=k.root,
             inputs=tuple(dict.fromkeys(os.path.relpath(p, k.root) for p in inputs)),

@@ -44,6 +44,8 @@ def kernel_review(name: str, build_dir: Path, archs, gpu_key: str | None,
             "result": res or {},
             "log": _rel(path.with_suffix(".log"), build_dir),
             "json": _rel(path, build_dir)}
+        if gate == "runtime" and res:
+            gates[gate]["table"] = runtime_table(res, read_json(results["perf"]) if "perf" in results else None)
         if gate == "perf" and res:
             gates[gate]["slower_than_baseline"] = slower_than_baseline(res)
             gates[gate]["table"] = perf_table(res)
@@ -101,6 +103,48 @@ def tune_review(record: dict | None, codegen: dict, applied: dict | None, link: 
     return {"verdict": record.get("verdict", "?"), "message": record.get("message", ""),
             "figure": record.get("figure"), "interval": record.get("interval"), "levers": levers,
             "variants": variants, "file": link.rsplit("/", 1)[-1], "link": link}
+
+
+def _range(values) -> list[float] | None:
+    vals = [v for v in values or [] if isinstance(v, (int, float))]
+    return [min(vals), max(vals)] if len(vals) >= 2 else None
+
+
+def runtime_table(rt: dict, perf: dict | None) -> list[dict]:
+    """One row per graph of the runtime gate: the in-runtime slowest task (median over the
+    iterations, and its range) and median task, beside the harness's slowCTA (perf.json:
+    median over its repeats, and its range).
+
+    Noise, as judged here: each figure's spread is the range of its own repeated
+    measurements (the slowest task of each runtime iteration; the slowest task of each
+    harness repeat). A difference is flagged only when the two ranges do not overlap; with
+    no range on either side (fewer than 2 measurements, or a perf.json from before the range
+    was recorded) it is not judged. Overlap is not sameness: the runtime has few iterations,
+    so its range is narrow, and the two run the task differently (the harness one block per
+    task, the runtime's workers taking tasks from queues), so a flag says "look", not "bug"."""
+    harness = (perf or {}).get("variants") or {}
+    rows = []
+    for name, r in (rt.get("variants") or {}).items():
+        spans = r.get("spans") or {}
+        h = (harness.get(name) or {}).get("slowcta") or {}
+        row = {"variant": name, "verdict": r.get("verdict"), "tasks": r.get("tasks"),
+               "iterations": r.get("iterations"),
+               "slowest_us": spans.get("slowest_task_us"), "median_us": spans.get("median_us"),
+               "range": _range(spans.get("per_iteration_slowest_us")),
+               "harness_us": h.get("slowest_task_us"),
+               "harness_range": h.get("slowest_range_us") if _range(h.get("slowest_range_us")) else None,
+               "ratio": None, "flag": "not judged"}
+        if isinstance(row["slowest_us"], (int, float)) and isinstance(row["harness_us"], (int, float)) \
+                and row["harness_us"] > 0:
+            row["ratio"] = row["slowest_us"] / row["harness_us"]
+        if row["harness_us"] is None:
+            row["flag"] = "no harness figure" if not name.startswith("chain:") else "chain (no harness figure)"
+        elif row["range"] and row["harness_range"]:
+            (a0, a1), (b0, b1) = row["range"], row["harness_range"]
+            row["flag"] = ("runtime slower" if a0 > b1 else "runtime faster" if a1 < b0
+                           else "within noise")
+        rows.append(row)
+    return rows
 
 
 def slower_than_baseline(perf: dict) -> list[dict]:
@@ -335,7 +379,9 @@ def nodes(g, k, stage: str) -> None:
     sources = [g.rel(k.resources(a)) for a in k.archs]
     if k.has_wiring:
         sources.append(g.rel(k.wire_result))
-    sources += [g.rel(k.gate_result(gate, g.gpu_key)) for gate in GPU_GATES]
+    # the runtime gate exists only with mpk_root= (stages/runtime.py)
+    gates = [gate for gate in GPU_GATES if gate != "runtime" or g.requested.get((k.name, gate))]
+    sources += [g.rel(k.gate_result(gate, g.gpu_key)) for gate in gates]
     from mpkbuild.stages.tune import tuned_fact
     # the tuned file is read (not depended on as a file: it is the tune stage's target, and
     # review does not run the tune): its hash is a fact, so a new tune re-runs the review
@@ -344,7 +390,7 @@ def nodes(g, k, stage: str) -> None:
                        g.rel(k.review.with_name("junit.xml"))),
                       (*sources, g.pkg("stages", "review.py"), g.pkg("templates", "review.md.j2")),
                       tuned_fact(k)))
-    checks = [g.rel(k.gate_stamp(gate, g.gpu_key)) for gate in GPU_GATES]
+    checks = [g.rel(k.gate_stamp(gate, g.gpu_key)) for gate in gates]
     g.requested[(k.name, stage)] = [*node.targets, *checks]
 
 
@@ -365,8 +411,13 @@ def run_review(build, info, target, source) -> int:
     from mpkbuild.stages.generate import TemplateError
     k = build.kernels[info["MPK_KERNEL"]]
     key = info["MPK_GPU_KEY"]
+    # the gates this node reads (the runtime gate only with mpk_root=): a gate the build
+    # has no node for is not shown as "not run", which would make the kernel incomplete
+    read = {os.path.realpath(s.abspath) for s in source}
+    results = {g: k.gate_result(g, key) for g in GPU_GATES
+               if g != "runtime" or os.path.realpath(k.gate_result(g, key)) in read}
     data = kernel_review(k.name, k.build_dir, k.archs, key, {a: k.resources(a) for a in k.archs},
-                         {g: k.gate_result(g, key) for g in GPU_GATES},
+                         results,
                          k.wire_result if k.has_wiring else None)
     # the inputs' signatures: the data changes whenever an input did, so the summary that
     # reads it re-runs exactly when a review ran (the exact dry run relies on that)

@@ -1,0 +1,286 @@
+"""The runtime gate, GPU side: each variant as tasks of the real MPK persistent kernel.
+
+The megakernel library (stages/runtime.py generates and compiles it against a checkout)
+builds its graph with the runtime's own init_persistent_kernel at the production grid
+(workers and local schedulers from the SM count, as MPK computes them) and runs it through
+the runtime's own launch path, one pass per launch (test mode). Per variant, on the same
+buffers, for `iterations` launches: outputs poisoned before each, every element checked
+against the float64 reference after each (validate's comparison), bit-equal across
+iterations. Iterations count from 1 in the result and its messages. A launch that does
+not finish in time is a `hang` naming its phase (warm-up, launch, iteration k, termination) and the runtime's counters read while it hangs. With
+MPK_ENABLE_PROFILING the runtime's profiler gives every task's span.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from .common import (CudaFault, bits_equal, call_with_params, device_facts, load_function,
+                     poison_, random_tensor, run_main, tensor_specs)
+from .validate import compare
+
+# profiler entries: low 32 bits the tag (bits 0-1 begin/end, 2-10 the task type, 11-18 the
+# worker), high 32 bits %globaltimer_lo
+PROFILE_ENTRIES_PER_WORKER = 4096
+# the runtime's own hand-off of the warm-up and relaunch knobs (see mpkb_setup)
+FLAG_WARMUP, FLAG_CARVEOUT, FLAG_SINGLE = 1, 2, 4
+# where the buffers live: "cuda" on the GPU; the CPU tests drive run_graph/main with a
+# stand-in library (tests/fakes/fake_megakernel.py) and "cpu"
+DEVICE = "cuda"
+
+
+def _sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+WORKER_TABLE = ((160, 144), (144, 128), (132, 128), (108, 96), (68, 64), (40, 30), (0, 20))
+
+
+def grid_for(sm_count: int) -> tuple[int, int]:
+    """(workers, local schedulers) as MPK computes them (one copy per side of the split:
+    runners import nothing from the build side)."""
+    for at_least, workers in WORKER_TABLE:
+        if sm_count >= at_least:
+            return workers, 4 * (sm_count - workers)
+    raise AssertionError
+
+
+class Megakernel:
+    def __init__(self, path: str):
+        self.lib = ctypes.CDLL(path)
+        L = self.lib
+        L.mpkb_graph_name.restype = ctypes.c_char_p
+        L.mpkb_graph_name.argtypes = [ctypes.c_int]
+        L.mpkb_error_string.restype = ctypes.c_char_p
+        L.mpkb_error_string.argtypes = [ctypes.c_int]
+        L.mpkb_setup.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                 ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        L.mpkb_launch.argtypes = [ctypes.c_int]
+        L.mpkb_read_state.restype = ctypes.c_char_p
+        L.mpkb_read_state.argtypes = [ctypes.c_int]
+        L.mpkb_describe.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        self.graphs = [L.mpkb_graph_name(i).decode() for i in range(L.mpkb_num_graphs())]
+        self.task_type = L.mpkb_task_type()
+
+    def error(self, code: int) -> str:
+        return self.lib.mpkb_error_string(code).decode()
+
+
+def describe(lib: Megakernel, g: int) -> dict:
+    """The graph as the library's builder expands it (no GPU needed)."""
+    buf = ctypes.create_string_buffer(1 << 16)
+    need = lib.lib.mpkb_describe(g, buf, len(buf))
+    if need:
+        buf = ctypes.create_string_buffer(need)
+        lib.lib.mpkb_describe(g, buf, len(buf))
+    tasks, events = [], []
+    for line in buf.value.decode().splitlines():
+        f = line.split()
+        if f[0] == "T":
+            tasks.append({"type": int(f[1]), "variant": int(f[2]), "trigger": int(f[3]),
+                          "dependent": int(f[4]), "offset": int(f[5])})
+        elif f[0] == "E":
+            events.append({"type": int(f[1]), "triggers": int(f[2]), "first": int(f[3]),
+                           "last": int(f[4])})
+    return {"tasks": tasks, "events": events}
+
+
+def spans_from_profile(buf: torch.Tensor, task_type: int) -> list[float]:
+    """Each gated task's span in µs from the runtime profiler's begin/end records."""
+    raw = buf.cpu()
+    nblocks = int(raw[0].item()) & 0xFFFFFFFF
+    if nblocks <= 0:
+        return []
+    body = raw[1:1 + (len(raw) - 1) // nblocks * nblocks].view(-1, nblocks)
+    tag = (body & 0xFFFFFFFF)
+    t = (body >> 32) & 0xFFFFFFFF
+    out = []
+    kind = (tag >> 2) & 0x1FF
+    phase = tag & 0x3
+    for w in range(nblocks):
+        col_k, col_p, col_t = kind[:, w].tolist(), phase[:, w].tolist(), t[:, w].tolist()
+        begin = None
+        for k_, p_, t_ in zip(col_k, col_p, col_t):
+            if k_ == 0 and p_ == 0 and t_ == 0:
+                break                      # never written (zeroed before the launch)
+            if k_ != task_type:
+                continue
+            if p_ == 0:
+                begin = t_
+            elif p_ == 1 and begin is not None:
+                out.append(((t_ - begin) & 0xFFFFFFFF) / 1000.0)
+                begin = None
+    return out
+
+
+def _tensors_for(job: dict, graph: dict, gen):
+    """The graph's tensor table (t0, t1, ...) and, per output tensor, its float64 reference."""
+    rt = job["runtime"]
+    layers = graph["layers"]
+    table: dict[int, torch.Tensor] = {}
+    refs: dict[int, torch.Tensor] = {}
+    names: dict[int, str] = {}
+    ref64: dict[int, torch.Tensor] = {}
+    checks = []
+    for li, layer in enumerate(layers):
+        side = rt["kernels"][layer["kernel"]]
+        codegen = side["codegen"]
+        ins, outs = tensor_specs(codegen, layer["variant"])
+        idx = layer["tensors"][:layer["num_inputs"] + layer["num_outputs"]]
+        for (name, shape, dtype), i in zip(ins, idx[:len(ins)]):
+            if i not in table:
+                table[i] = random_tensor(shape, dtype, side["generators"].get(name), gen, device=DEVICE)
+                ref64[i] = table[i].to(torch.float64)
+            names[i] = f"{layer['kernel']}.{name}"
+        for (name, shape, dtype), i in zip(outs, idx[len(ins):]):
+            table[i] = torch.empty(shape, dtype=dtype, device=DEVICE)
+            names[i] = f"{layer['kernel']}.{name}"
+        reference = load_function(job["root"], side["validate"]["reference"])
+        res = call_with_params(reference, [ref64[i] for i in idx[:len(ins)]], codegen["params"])
+        for (name, shape, dtype), i, r in zip(outs, idx[len(ins):], res):
+            # a later layer reads the reference of what this one should write, rounded to
+            # the dtype the task really writes
+            ref64[i] = r.to(dtype).to(torch.float64) if li + 1 < len(layers) else r
+            refs[i] = r
+            checks.append((i, side["validate"]))
+    order = [table[i] for i in range(graph["num_tensors"])]
+    return order, refs, names, checks
+
+
+def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int, int]) -> dict:
+    rt = job["runtime"]
+    iterations, timeout_ms, flags = rt["iterations"], int(rt["launch_timeout_s"] * 1000), rt["flags"]
+    seed = int.from_bytes(os.urandom(6), "little")
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    tensors, refs, names, checks = _tensors_for(job, graph, gen)
+    outputs = [tensors[i] for i, _ in checks]
+    workers, schedulers = grid
+    prof = torch.zeros(1 + workers * PROFILE_ENTRIES_PER_WORKER, dtype=torch.int64, device=DEVICE)
+    ptrs = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+    _sync()
+    print(f"runtime {graph['name']}: setup ({workers} workers, {schedulers} schedulers)", flush=True)
+    t0 = time.perf_counter()
+    code = lib.lib.mpkb_setup(gi, ptrs, len(tensors), workers, schedulers, prof.data_ptr(), flags,
+                              timeout_ms)
+    if code in (2, 3):
+        return {"verdict": "hang", "phase": "warm-up", "seed": seed,
+                "message": f"{graph['name']}: the {'scheduler' if code == 2 else 'worker'} kernel "
+                           f"launched alone did not finish in {rt['launch_timeout_s']} s (warm-up)"}
+    if code != 0:
+        raise CudaFault(f"{graph['name']}: setup failed: {lib.error(code) if code > 0 else code}")
+    setup_s = time.perf_counter() - t0
+    previous, spans_all, walls = None, [], []
+    expect = sum(l["tasks"] for l in graph["layers"])
+    for it in range(1, iterations + 1):     # counted from 1: "iteration 2" is the second
+        for o in outputs:
+            poison_(o)
+        prof.zero_()
+        _sync()
+        print(f"runtime {graph['name']}: iteration {it}", flush=True)
+        t1 = time.perf_counter()
+        code = lib.lib.mpkb_launch(timeout_ms)
+        walls.append(time.perf_counter() - t1)
+        if code == 1:
+            state = lib.lib.mpkb_read_state(2000).decode()
+            return {"verdict": "hang", "iteration": it, "seed": seed, "state": state,
+                    "phase": hang_phase(state, graph, it),
+                    "message": f"{graph['name']}: {hang_phase(state, graph, it)} did not finish "
+                               f"in {rt['launch_timeout_s']} s (runtime state: {state[:300]})"}
+        if code != 0:
+            raise CudaFault(f"{graph['name']} iteration {it}: "
+                            f"{lib.error(code) if code > 0 else code}")
+        for i, vcfg in checks:
+            numbers, problem = compare(tensors[i], refs[i], vcfg)
+            if problem:
+                return {"verdict": "fail", "check": "numeric", "iteration": it, "seed": seed,
+                        "output": names[i], "numbers": numbers,
+                        "message": f"{graph['name']} iteration {it} of {iterations} output "
+                                   f"{names[i]}: {problem}"
+                                   + (" (the earlier iterations passed: state kept across "
+                                      "iterations?)" if it > 1 else "")}
+        current = [o.clone() for o in outputs]
+        if previous is not None:
+            for (i, _), a, b in zip(checks, previous, current):
+                if not bits_equal(a, b):
+                    return {"verdict": "fail", "check": "determinism", "iteration": it,
+                            "seed": seed, "output": names[i],
+                            "message": f"{graph['name']}: output {names[i]} differs bitwise "
+                                       f"between iteration {it - 1} and {it} on the same inputs "
+                                       "(state kept across iterations, or a race)"}
+        previous = current
+        spans = spans_from_profile(prof, lib.task_type)
+        if spans and len(spans) != expect:
+            return {"verdict": "fail", "check": "profile", "iteration": it,
+                    "message": f"{graph['name']} iteration {it}: the profiler saw {len(spans)} "
+                               f"task spans, the graph has {expect} tasks"}
+        spans_all.append(spans)
+    lib.lib.mpkb_finalize()
+    return {"verdict": "pass", "seed": seed, "iterations": iterations, "tasks": expect,
+            "setup_s": round(setup_s, 4), "launch_wall_ms": [round(w * 1000, 3) for w in walls],
+            "spans": span_stats(spans_all)}
+
+
+def span_stats(per_iteration: list[list[float]]) -> dict:
+    if not per_iteration or not per_iteration[-1]:
+        return {}
+    slowest = [max(s) for s in per_iteration if s]
+    last = sorted(per_iteration[-1])
+    q = lambda p: last[min(len(last) - 1, int(p * len(last)))]
+    return {"slowest_task_us": statistics.median(slowest), "min_us": last[0],
+            "median_us": statistics.median(last), "p90_us": q(0.9), "max_us": last[-1],
+            "count": len(last), "per_iteration_slowest_us": slowest}
+
+
+def hang_phase(state: str, graph: dict, iteration: int) -> str:
+    """Which phase a hang is in, from the runtime's event counters: the launch (the begin
+    task never ran), iteration k (tasks left unfinished), or termination (every task ran,
+    the kernels did not exit)."""
+    try:
+        events = [int(x) for x in state.split(";")[0].split()[1:]]
+    except ValueError:
+        return f"iteration {iteration}"
+    if len(events) < 3:
+        return f"iteration {iteration}"
+    if events[1] == 0:
+        return f"launch (iteration {iteration}: the begin-graph task never ran)"
+    done, want = events[-1], graph["layers"][-1]["tasks"]
+    if done >= want:
+        return f"termination (iteration {iteration}: all {want} tasks finished)"
+    return f"iteration {iteration} ({done} of {want} tasks of the last layer finished)"
+
+
+def main(job: dict) -> dict:
+    clock = time.perf_counter()
+    if DEVICE == "cuda":
+        torch.cuda.init()
+    torch.empty(1, device=DEVICE)
+    facts = device_facts()
+    grid = grid_for(facts["sm_count"])
+    lib = Megakernel(job["library"])
+    graphs, failed = {}, []
+    for gi, name in enumerate(lib.graphs):
+        graph = job["runtime"]["graphs"][gi]
+        assert graph["name"] == name, (graph["name"], name)
+        res = run_graph(lib, job, gi, graph, grid)
+        graphs[name] = res
+        if res["verdict"] == "fail":
+            lib.lib.mpkb_finalize()     # idempotent; the next graph sets up afresh
+        if res["verdict"] != "pass":
+            failed.append(res)
+            if res["verdict"] == "hang":
+                break           # the GPU still runs the hung kernels: nothing more can run
+    verdict = "pass" if not failed else ("hang" if any(f["verdict"] == "hang" for f in failed)
+                                          else "fail")
+    return {"verdict": verdict, "device": facts, "grid": {"workers": grid[0], "schedulers": grid[1]},
+            "variants": graphs, "elapsed_run_s": round(time.perf_counter() - clock, 3),
+            "message": "; ".join(f["message"] for f in failed) if failed else
+            f"all {len(graphs)} graphs pass {job['runtime']['iterations']} iterations in the "
+            f"persistent kernel ({grid[0]} workers, {grid[1]} schedulers)"}
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,395 @@
+"""The runtime gate, build side: the kernel's variants as tasks of the real MPK persistent
+kernel of a checkout (`mpk_root=`), generated, compiled and then run on the GPU.
+
+Nodes per kernel (only with mpk_root=, and only for Hopper: the checkout's runtime is
+compiled for the GPU's arch):
+  megakernel K          build/K/runtime/megakernel.cu   jinja2, computed in memory by predict()
+  megakernel-compile K  build/K/runtime/<arch>/libK_mpk.so (+ compile.log)   nvcc with the
+                        include paths and macros of Mirage's get_compile_command; its
+                        sources are the checkout's runtime headers, so a header edit there
+                        makes it stale; one compile covers every variant of the kernel
+  runtime K <gpu>       the gate (stages/gates.py row "runtime", runner runners/runtime.py)
+
+The generated file includes persistent_kernel.cuh and supplies what Mirage's compile()
+would write: `_init_persistent_kernel` (one graph per variant: terminate task, begin-graph
+task whose launch-dependent event starts every task of the variant, each task triggering
+the end-of-graph event, which is the last event) and `_execute_task`, whose branches are
+the very call the wire stage registers (wire.section's call lines with the variant's
+symbols substituted). A chain graph (two kernels, the event between them) is added for
+kernels named in CHAINS.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from mpkbuild.model.graph import Node
+from mpkbuild.util import config
+from mpkbuild.util.fsutil import write_atomic, write_json_atomic
+
+# A task type for the gated task: strictly inside the Hopper compute range and unused by
+# the pinned checkout's enum (the dispatch is this file's own; nothing is registered).
+TASK_TYPE = 197
+# MPK's worker/scheduler split by SM count (mirage/utils.py get_configurations_from_gpu:
+# a worker per SM up to a table's count, 4 schedulers per remaining SM)
+WORKER_TABLE = ((160, 144), (144, 128), (132, 128), (108, 96), (68, 64), (40, 30), (0, 20))
+# Mirage's compile command sizes a scheduler's per-worker array from the grid; 128 (its
+# value when no grid is given) holds for any grid, so one compile serves every GPU
+MAX_WORKER_PER_SCHEDULER = 128
+# production sizes the runtime's MODE_OFFLINE build expects; test mode uses none of them
+MODE_MACROS = ("-DMODE_OFFLINE", "-DMPK_TEST_MODE", "-DMPK_MAX_NUM_BATCHED_REQUESTS=1",
+               "-DMPK_MAX_NUM_BATCHED_TOKENS=8", "-DMPK_MAX_NUM_PAGES=16", "-DMPK_PAGE_SIZE=64",
+               "-DMPK_MAX_SEQ_LENGTH=64")
+# chain mode: kernel -> (producer kernel, producer variant, this kernel's variant,
+# {this kernel's input: producer's output}); the graph runs both as two layers
+CHAINS = {
+    "linear_v2": ("rmsnorm_v2", None, None, None),
+}
+ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8}
+ITERATIONS = 3           # at least; validate.steps when larger
+
+
+def grid_for(sm_count: int) -> tuple[int, int]:
+    """(workers, local schedulers) as MPK computes them from the SM count."""
+    for at_least, workers in WORKER_TABLE:
+        if sm_count >= at_least:
+            return workers, 4 * (sm_count - workers)
+    raise AssertionError("unreachable")
+
+
+# ---------------------------------------------------------------- the checkout
+@dataclass(frozen=True)
+class Checkout:
+    root: Path
+    cutlass: Path
+    json: Path
+
+    @classmethod
+    def find(cls, root: Path) -> "Checkout":
+        root = Path(root)
+        header = root / "include/mirage/persistent_kernel/persistent_kernel.cuh"
+        if not header.is_file():
+            raise FileNotFoundError(f"mpk_root={root}: no include/mirage/persistent_kernel/"
+                                    "persistent_kernel.cuh (not an MPK checkout)")
+        found = {}
+        for dep in ("cutlass", "json"):
+            for base in (root / "deps", root.parent / "deps", root.parent):
+                if (base / dep / "include").is_dir():
+                    found[dep] = base / dep / "include"
+                    break
+            else:
+                raise FileNotFoundError(f"mpk_root={root}: {dep}/include not found in deps/, "
+                                        "../deps/ or ../ (Mirage's submodules)")
+        return cls(root, found["cutlass"], found["json"])
+
+    @property
+    def runtime_dir(self) -> Path:
+        return self.root / "include/mirage/persistent_kernel"
+
+    def headers(self) -> list[Path]:
+        """The runtime's own headers (every file under include/mirage): the compile's sources."""
+        return sorted(p for p in (self.root / "include/mirage").rglob("*")
+                      if p.is_file() and p.suffix in (".h", ".cuh", ".hpp", ".inl"))
+
+    def include_flags(self) -> list[str]:
+        return [f"-I{self.root / 'include'}", f"-I{self.runtime_dir}", f"-I{self.cutlass}",
+                f"-I{self.json}"]
+
+
+def compile_flags(arch: str, profiling: bool = True) -> list[str]:
+    """The macros and flags of Mirage's get_compile_command for one GPU, test mode, no NVSHMEM."""
+    if arch != "sm_90a":
+        raise ValueError(f"the runtime gate builds for sm_90a only (asked: {arch})")
+    flags = ["-O3", "-lineinfo", "-std=c++17", "-shared", "-rdc=false", "-use_fast_math",
+             "-Xcompiler=-fPIC", "--expt-relaxed-constexpr",
+             f"-DMAX_WORKER_PER_SCHEDULER={MAX_WORKER_PER_SCHEDULER}",
+             "-DMIRAGE_USE_CUTLASS_KERNEL=1", "-DMPK_TARGET_CC=90", "-DMIRAGE_BACKEND_USE_CUDA",
+             "-gencode=arch=compute_90a,code=sm_90a", "-DMPK_ENABLE_TMA",
+             "-DMIRAGE_GRACE_HOPPER", "-DNDEBUG", *MODE_MACROS]
+    if profiling:
+        flags.append("-DMPK_ENABLE_PROFILING")
+    return flags
+
+
+def nvcc_command(checkout: Checkout, source: Path, gen_dirs: list[Path], out: Path,
+                 arch: str = "sm_90a") -> list[str]:
+    return ["nvcc", str(source), *checkout.include_flags(), *(f"-I{d}" for d in gen_dirs),
+            *compile_flags(arch), "-Xptxas", "-v", "-o", str(out)]
+
+
+def runtime_fact(checkout_root: Path | None) -> str:
+    return f"runtime: mpk_root={checkout_root}; flags: {' '.join(compile_flags('sm_90a'))}"
+
+
+# ---------------------------------------------------------------- the graph plan
+def _call_lines(spec: dict, symbols: dict, wiring_root: Path) -> list[str]:
+    """The wire stage's registered call, with `$` replaced by the variant's values."""
+    from mpkbuild.wire.section import resolve
+    from mpkbuild.wire.surface import load_surface
+    w = resolve(spec, load_surface(wiring_root))
+    out = []
+    for line in w.call_lines:
+        text, args = line["fmt"], list(line["args"])
+        while "$" in text:
+            text = text.replace("$", str(symbols[args.pop(0)]), 1)
+        out.append(text)
+    return out
+
+
+def _layer(spec: dict, variant: str, dispatch_id: int, tensor_index: list[int]) -> dict:
+    from mpkbuild.stages.generate import _variant_views
+    view = next(v for v in _variant_views(spec["codegen"]) if v["name"] == variant)
+    ins = [t for t in view["tensors"] if t["kind"] == "inputs"]
+    outs = [t for t in view["tensors"] if t["kind"] == "outputs"]
+    dtypes = {t["name"]: t["dtype"] for t in spec["codegen"]["inputs"] + spec["codegen"]["outputs"]}
+    return {"id": dispatch_id, "kernel": spec["kernel"], "variant": variant,
+            "tasks": view["grid"], "num_inputs": len(ins), "num_outputs": len(outs),
+            "tensors": tensor_index,
+            "strides": [t["task_stride"] * ELEMENT_BYTES[dtypes[t["name"]]] for t in ins + outs],
+            "tensor_names": [t["name"] for t in ins + outs]}
+
+
+def plan(spec: dict, wiring_root: Path, producer: dict | None = None) -> dict:
+    """Everything the template renders: the dispatch branches and the graphs.
+
+    Per variant one graph of one layer; with a chain producer (its spec), one more graph of
+    two layers, the producer's output feeding this kernel's first input."""
+    from mpkbuild.util.expr import variant_symbols
+    kernel, cg = spec["kernel"], spec["codegen"]
+    dispatch, graphs = [], []
+    for i, variant in enumerate(cg["variants"]):
+        dispatch.append({"id": i, "kernel": kernel, "variant": variant, "spec": f"{kernel}_spec",
+                         "call": _call_lines(spec, variant_symbols(cg, variant), wiring_root)})
+        n = len(cg["inputs"]) + len(cg["outputs"])
+        graphs.append({"name": variant, "num_tensors": n,
+                       "layers": [_layer(spec, variant, i, list(range(n)))]})
+    includes = [f"{kernel}_spec.h", f"{kernel}.cuh"]
+    if producer is not None:
+        chain = chain_variants(producer, spec)
+        if chain is not None:
+            pv, cv, feed = chain
+            pid = len(dispatch)
+            pk, pcg = producer["kernel"], producer["codegen"]
+            dispatch.append({"id": pid, "kernel": pk, "variant": pv, "spec": f"{pk}_spec",
+                             "call": _call_lines(producer, variant_symbols(pcg, pv), wiring_root)})
+            np_in, np_out = len(pcg["inputs"]), len(pcg["outputs"])
+            first = _layer(producer, pv, pid, list(range(np_in + np_out)))
+            # consumer tensors: the fed input is the producer's output, the rest are new
+            names = [t["name"] for t in cg["inputs"] + cg["outputs"]]
+            index, nxt = [], np_in + np_out
+            out_names = [t["name"] for t in pcg["outputs"]]
+            for name in names:
+                if name == feed[0]:
+                    index.append(np_in + out_names.index(feed[1]))
+                else:
+                    index.append(nxt)
+                    nxt += 1
+            second = _layer(spec, cv, list(cg["variants"]).index(cv), index)
+            graphs.append({"name": f"chain:{pk}.{pv}>{kernel}.{cv}", "num_tensors": nxt,
+                           "layers": [first, second], "feed": list(feed)})
+            includes = [f"{pk}_spec.h", f"{pk}.cuh"] + includes
+    max_tensors = max(len(l["tensors"]) for g in graphs for l in g["layers"])
+    max_tensors = max(max_tensors, max(g["num_tensors"] for g in graphs))
+    for g in graphs:
+        for l in g["layers"]:
+            l["tensors"] = l["tensors"] + [0] * (max_tensors - len(l["tensors"]))
+            l["strides"] = l["strides"] + [0] * (max_tensors - len(l["strides"]))
+    return {"kernel": kernel, "task_type": TASK_TYPE, "dispatch": dispatch, "graphs": graphs,
+            "includes": includes, "max_tensors": max_tensors}
+
+
+def chain_variants(producer: dict, consumer: dict):
+    """(producer variant, consumer variant, (consumer input, producer output)) where the
+    producer's output has exactly the consumer's first input's shape and dtype, else None."""
+    from mpkbuild.util.expr import variant_symbols, tensor_shape
+    pcg, ccg = producer["codegen"], consumer["codegen"]
+    cin = ccg["inputs"][0]
+    for cv in ccg["variants"]:
+        want = tensor_shape(cin, variant_symbols(ccg, cv))
+        for pv in pcg["variants"]:
+            for out in pcg["outputs"]:
+                if out["dtype"] == cin["dtype"] and \
+                        tensor_shape(out, variant_symbols(pcg, pv)) == want:
+                    return pv, cv, (cin["name"], out["name"])
+    return None
+
+
+def expand(graph: dict) -> tuple[list[dict], list[dict]]:
+    """The tasks and events the C++ builder makes from a plan graph (the same rules, in
+    Python, for the structural checks and for the runner's expectations)."""
+    tasks = [{"type": "terminate", "trigger": None}, {"type": "begin", "trigger": 1}]
+    events = [{"type": "termination", "triggers": 0},
+              {"type": "launch_dependent", "triggers": 1, "first": 2,
+               "last": 2 + graph["layers"][0]["tasks"]}]
+    first = 2
+    for l, layer in enumerate(graph["layers"]):
+        for t in range(layer["tasks"]):
+            tasks.append({"type": "task", "variant": layer["id"], "offset": t, "trigger": 2 + l})
+        first += layer["tasks"]
+        if l + 1 < len(graph["layers"]):
+            events.append({"type": "launch_massive", "triggers": layer["tasks"], "first": first,
+                           "last": first + graph["layers"][l + 1]["tasks"]})
+        else:
+            events.append({"type": "end_of_graph", "triggers": layer["tasks"]})
+    return tasks, events
+
+
+def render(k, wiring_root: Path, mpk_root: Path | None, producer=None) -> str:
+    from mpkbuild.stages.generate import render_template
+    p = plan(k.spec.data, wiring_root, producer.spec.data if producer is not None else None)
+    return render_template(config.TEMPLATE_DIR / "megakernel.cu.j2",
+                           {**p, "mpk_root": str(mpk_root) if mpk_root else "(none)"})
+
+
+def producer_for(k, kernels: dict):
+    """The chain's producer kernel, if this kernel has a chain and the producer is known."""
+    entry = CHAINS.get(k.name)
+    if entry is None:
+        return None
+    from mpkbuild.model.kernel import Kernel
+    name = entry[0]
+    if name in kernels:
+        return kernels[name]
+    if (k.root / config.SPEC_DIRNAME / f"{name}.yaml").is_file():
+        return Kernel.load(k.root, name, write_cache=False)
+    return None
+
+
+# ---------------------------------------------------------------- paths
+def runtime_dir(k) -> Path:
+    return k.build_dir / "runtime"
+
+
+def source_path(k) -> Path:
+    return runtime_dir(k) / "megakernel.cu"
+
+
+def library_path(k, arch: str = "sm_90a") -> Path:
+    return runtime_dir(k) / arch / f"lib{k.name}_mpk.so"
+
+
+# ---------------------------------------------------------------- compiling
+def compile_megakernel(checkout: Checkout, source: Path, gen_dirs: list[Path], out: Path,
+                       log: Path) -> tuple[bool, str, float]:
+    """nvcc to `out` (atomically); (ok, log text, seconds)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    cmd = nvcc_command(checkout, source, gen_dirs, tmp)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    took = time.perf_counter() - t0
+    text = " ".join(cmd) + "\n" + proc.stdout + proc.stderr
+    write_atomic(log, text)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        return False, text, took
+    os.replace(tmp, out)
+    return True, text, took
+
+
+# ---------------------------------------------------------------- the stage's nodes
+def nodes(g, k, stage: str) -> None:
+    """The megakernel source, its compile and the gate (with mpk_root= and a Hopper arch)."""
+    from mpkbuild.stages import gates
+    request = g.wire_request
+    mpk_root = request.mpk_root if request is not None else None
+    if mpk_root is None or "sm_90a" not in k.archs or not k.has_wiring:
+        g.requested[(k.name, stage)] = []
+        return
+    try:
+        checkout = Checkout.find(mpk_root)
+    except FileNotFoundError:
+        g.requested[(k.name, stage)] = []
+        return
+    gen = [g.rel(k.generated["spec_header"]), g.rel(k.generated["body"])]
+    producer = CHAINS.get(k.name)
+    extra = []
+    if producer is not None and (g.root / config.SPEC_DIRNAME / f"{producer[0]}.yaml").is_file():
+        pdir = g.root / config.BUILD_DIRNAME / producer[0]
+        extra = [g.rel(pdir / "spec" / "codegen.json"), g.rel(pdir / "spec" / "wiring.json"),
+                 g.rel(pdir / "gen" / f"{producer[0]}_spec.h"), g.rel(pdir / "gen" / f"{producer[0]}.cuh")]
+    fact = runtime_fact(mpk_root)
+    src = g.add(Node(f"megakernel {k.name}", "megakernel", stage, k.name, (g.rel(source_path(k)),),
+                     (g.rel(k.section_file("codegen")), g.rel(k.section_file("wiring")), *gen, *extra,
+                      g.pkg("templates", "megakernel.cu.j2"), g.pkg("stages", "runtime.py"),
+                      g.rel(g.root / "wiring" / "surface.yaml")),
+                     (fact,)))
+    from mpkbuild.stages.compile import toolchain_fact
+    lib = library_path(k)
+    comp = g.add(Node(f"megakernel-compile {k.name} sm_90a", "megakernel_compile", stage, k.name,
+                      (g.rel(lib), g.rel(lib.parent / "compile.log")),
+                      (src.targets[0], *gen, *[p for p in extra if p.endswith((".h", ".cuh"))],
+                       *(g.rel(p) for p in checkout.headers())),
+                      (toolchain_fact(), fact)))
+    gates.gate_nodes(g, k, stage, library=comp.targets[0], extra_facts=(fact,))
+
+
+def run_source(build, info, target, source) -> int:
+    from mpkbuild.stages.generate import TemplateError
+    k = build.kernels[info["MPK_KERNEL"]]
+    try:
+        text = render(k, k.root / "wiring", build.wire_request.mpk_root,
+                      producer_for(k, build.kernels))
+    except TemplateError as exc:
+        return build.fail(str(exc))
+    write_atomic(Path(target[0].abspath), text, only_if_changed=True)
+    return 0
+
+
+def run_compile(build, info, target, source) -> int:
+    k = build.kernels[info["MPK_KERNEL"]]
+    checkout = Checkout.find(build.wire_request.mpk_root)
+    gen_dirs = [k.gen_dir]
+    producer = producer_for(k, build.kernels)
+    if producer is not None:
+        gen_dirs.append(producer.gen_dir)
+    ok, text, took = compile_megakernel(checkout, source_path(k), gen_dirs,
+                                        Path(target[0].abspath), Path(target[1].abspath))
+    if not ok:
+        return build.fail(f"megakernel-compile {k.name}: nvcc failed ({took:.0f} s), see "
+                          f"{os.path.relpath(target[1].abspath, build.root)}\n"
+                          + "\n".join(l for l in text.splitlines() if "error" in l)[:4000])
+    print(f"          megakernel {k.name}: compiled in {took:.1f} s")
+    return 0
+
+
+def predict(node, k, predictor) -> dict:
+    from mpkbuild.status import CHANGED
+    if node.kind == "megakernel":
+        producer = producer_for(k, {})
+        return {node.targets[0]: render(k, predictor.wiring_root,
+                                        predictor.wire_request.mpk_root, producer).encode()}
+    if node.kind in ("gate", "check"):
+        from mpkbuild.stages import gates
+        return gates.predict(node, k, predictor)
+    return {t: CHANGED for t in node.targets}
+
+
+ACTIONS = {"megakernel": run_source, "megakernel_compile": run_compile}
+
+
+# ---------------------------------------------------------------- the job
+# launch knobs (runners/runtime.py FLAG_*). Measured on an H200 (132 SMs, 128 workers, 16
+# schedulers), rmsnorm_v2, 3 launches each: plain -> the first launch hangs; warm-up alone
+# (each kernel launched once by itself) -> still hangs; the scheduler kernel preferring the
+# full shared-memory carveout (2) -> every launch completes, relaunches too; 1|2 and the
+# single persistent kernel (4) also complete. So: 2.
+LAUNCH_FLAGS = 2
+LAUNCH_TIMEOUT_S = 20.0
+
+
+def job_payload(k, build=None, wiring_root: Path | None = None) -> dict:
+    """What the runner needs beyond the gate's sections: the graphs (as plan() has them),
+    every kernel's codegen/generators/validate, the iteration count, the launch knobs."""
+    producer = producer_for(k, build.kernels if build is not None else {})
+    p = plan(k.spec.data, wiring_root or k.root / "wiring",
+             producer.spec.data if producer is not None else None)
+    kernels = {}
+    for x in [k] + ([producer] if producer is not None else []):
+        kernels[x.name] = {s: x.spec.sections[s][s] for s in ("codegen", "generators", "validate")}
+    steps = int(k.spec.data["validate"].get("steps", 0))
+    return {"graphs": p["graphs"], "kernels": kernels, "iterations": max(ITERATIONS, steps),
+            "flags": LAUNCH_FLAGS, "launch_timeout_s": LAUNCH_TIMEOUT_S}

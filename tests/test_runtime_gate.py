@@ -1,0 +1,312 @@
+"""The runtime gate: the generated megakernel against the pinned MPK tree.
+
+CPU: every catalog kernel's megakernel compiles with nvcc against ../shared/mirage/mpk (one
+compile per kernel, all in parallel); the graph the compiled builder makes is checked
+against the plan (task and event counts, triggers, the last event); the hang phase is read
+from the runtime's counters. GPU (marked): every kernel passes 3+ iterations in the
+persistent kernel, the chain too.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PINNED = REPO.parent / "shared" / "mirage" / "mpk"
+sys.path.insert(0, str(REPO / "site_scons"))
+
+from mpkbuild.model.kernel import Kernel, discover  # noqa: E402
+from mpkbuild.stages import generate, runtime  # noqa: E402
+
+needs_tree = pytest.mark.skipif(not (PINNED / "include").is_dir(),
+                                reason="../shared/mirage (the pinned MPK tree) is absent")
+KERNELS = [k for k in discover(REPO) if "wiring" in Kernel.load(REPO, k, write_cache=False).spec.data]
+
+
+FAULTS = REPO / "tests" / "fixtures" / "faults"
+STALE = "fault_stale_state"
+
+
+def _materialise(name: str, out: Path, root: Path = REPO) -> Path:
+    k = Kernel.load(root, name, write_cache=False)
+    prod = runtime.producer_for(k, {})
+    for x in [k] + ([prod] if prod else []):
+        sec = x.spec.sections["codegen"]
+        for role, fn in (("body", f"{x.name}.cuh"), ("spec_header", f"{x.name}_spec.h")):
+            (out / fn).write_text(generate.render_file(role, sec, x.spec.file, x.body_source, x.root))
+    (out / "megakernel.cu").write_text(runtime.render(k, root / "wiring", PINNED, prod))
+    return out
+
+
+def _run_runtime(root: Path, name: str, lib: Path, tmp_path: Path) -> tuple[dict, str]:
+    """The runtime gate's runner on one compiled megakernel, as the gate runs it."""
+    k = Kernel.load(root, name, write_cache=False)
+    job = {"root": str(root), "library": str(lib), "kernel": name,
+           "runtime": runtime.job_payload(k), "result_file": str(tmp_path / f"{name}.json")}
+    (tmp_path / f"{name}.job").write_text(json.dumps(job))
+    proc = subprocess.run([sys.executable, "-m", "mpkbuild.runners.runtime",
+                           str(tmp_path / f"{name}.job")], cwd=root, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "site_scons")},
+                          capture_output=True, text=True)
+    return json.loads((tmp_path / f"{name}.json").read_text()), proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def _fault_project(dest: Path) -> Path:
+    sys.path.insert(0, str(FAULTS))
+    import faultsuite
+    return faultsuite.make_project(dest, with_gate_after=False)
+
+
+@pytest.fixture(scope="session")
+def compiled(tmp_path_factory):
+    """{kernel: (ok, log, seconds, library)}: every catalog kernel compiled once, in parallel."""
+    if not (PINNED / "include").is_dir():
+        pytest.skip("../shared/mirage (the pinned MPK tree) is absent")
+    import shutil
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc on PATH")
+    checkout = runtime.Checkout.find(PINNED)
+    base = tmp_path_factory.mktemp("megakernels")
+
+    def one(name):
+        d = base / name
+        d.mkdir()
+        _materialise(name, d)
+        lib = d / f"lib{name}_mpk.so"
+        ok, log, took = runtime.compile_megakernel(checkout, d / "megakernel.cu", [d], lib, d / "log")
+        return name, (ok, log, took, lib)
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        return dict(pool.map(one, KERNELS))
+
+
+def test_grid_is_mpks():
+    assert runtime.grid_for(132) == (128, 16)     # H200 / H100 SXM
+    assert runtime.grid_for(148) == (128, 80)
+    assert runtime.grid_for(170) == (144, 104)
+    from mpkbuild.runners import runtime as side  # noqa: F401  (needs torch)
+
+
+def test_plan_expands_to_the_documented_graph():
+    k = Kernel.load(REPO, "rmsnorm_v2", write_cache=False)
+    p = runtime.plan(k.spec.data, REPO / "wiring")
+    assert [g["name"] for g in p["graphs"]] == list(k.spec.data["codegen"]["variants"])
+    for g in p["graphs"]:
+        tasks, events = runtime.expand(g)
+        n = g["layers"][0]["tasks"]
+        assert [t["type"] for t in tasks[:2]] == ["terminate", "begin"]
+        assert len(tasks) == n + 2 and len(events) == 3
+        assert events[0]["type"] == "termination"
+        assert events[1] == {"type": "launch_dependent", "triggers": 1, "first": 2, "last": 2 + n}
+        assert events[-1] == {"type": "end_of_graph", "triggers": n}
+        assert all(t["trigger"] == 2 for t in tasks[2:])
+        assert [t["offset"] for t in tasks[2:]] == list(range(n))
+
+
+def test_call_is_the_wired_one():
+    k = Kernel.load(REPO, "linear_v2", write_cache=False)
+    p = runtime.plan(k.spec.data, REPO / "wiring")
+    call = p["dispatch"][0]["call"]
+    assert call[0] == "if (threadIdx.x < linear_v2_spec::THREADS) {"
+    assert "task_desc->task_metadata.task_offset," in " ".join(call)
+    assert "$" not in " ".join(call)
+
+
+def test_chain_plan_feeds_the_producer_output():
+    k = Kernel.load(REPO, "linear_v2", write_cache=False)
+    prod = runtime.producer_for(k, {})
+    p = runtime.plan(k.spec.data, REPO / "wiring", prod.spec.data)
+    chain = p["graphs"][-1]
+    assert chain["name"].startswith("chain:rmsnorm_v2.")
+    first, second = chain["layers"]
+    # the producer's output tensor is the consumer's first input
+    assert second["tensors"][0] == first["tensors"][first["num_inputs"]]
+    tasks, events = runtime.expand(chain)
+    assert events[2]["type"] == "launch_massive" and events[2]["triggers"] == first["tasks"]
+    assert events[-1] == {"type": "end_of_graph", "triggers": second["tasks"]}
+
+
+def test_hang_phase_from_runtime_counters():
+    pytest.importorskip("torch")
+    from mpkbuild.runners.runtime import hang_phase
+    g = {"layers": [{"tasks": 8}]}
+    assert hang_phase("events 0 0 0; workers 0; schedulers 1", g, 1).startswith("launch (iteration 1")
+    assert hang_phase("events 0 1 5; workers 1; schedulers 1", g, 2).startswith("iteration 2 (5 of 8")
+    assert hang_phase("events 0 1 8; workers 1; schedulers 1", g, 1).startswith("termination")
+
+
+@needs_tree
+@pytest.mark.nvcc
+def test_every_catalog_megakernel_compiles(compiled):
+    bad = {n: "\n".join(l for l in r[1].splitlines() if "error" in l)[:800]
+           for n, r in compiled.items() if not r[0]}
+    assert not bad, bad
+    for name, (ok, log, took, lib) in compiled.items():
+        assert lib.stat().st_size > 0
+        assert "worker_kernel" in log            # ptxas -v named the runtime's kernels
+        assert "0 bytes spill stores" in log
+
+
+@needs_tree
+@pytest.mark.nvcc
+def test_compiled_builder_makes_the_planned_graph(compiled):
+    """The C++ builder (loaded without a GPU) against the Python plan, every graph."""
+    pytest.importorskip("torch")
+    from mpkbuild.runners.runtime import Megakernel, describe
+    for name, (ok, log, took, lib) in compiled.items():
+        k = Kernel.load(REPO, name, write_cache=False)
+        prod = runtime.producer_for(k, {})
+        p = runtime.plan(k.spec.data, REPO / "wiring", prod.spec.data if prod else None)
+        m = Megakernel(str(lib))
+        assert m.graphs == [g["name"] for g in p["graphs"]]
+        for gi, g in enumerate(p["graphs"]):
+            d = describe(m, gi)
+            tasks, events = runtime.expand(g)
+            assert len(d["tasks"]) == len(tasks), (name, g["name"])
+            assert len(d["events"]) == len(events)
+            assert d["tasks"][0]["type"] == 0 and d["tasks"][1]["type"] == 10
+            assert d["tasks"][1]["trigger"] == 1
+            assert [t["trigger"] for t in d["tasks"][2:]] == [t["trigger"] for t in tasks[2:]]
+            assert [t["offset"] for t in d["tasks"][2:]] == [t["offset"] for t in tasks[2:]]
+            assert d["events"][0]["type"] == 911 and d["events"][1]["type"] == 903
+            assert d["events"][-1]["type"] == 910           # the last event ends the graph
+            assert d["events"][-1]["triggers"] == g["layers"][-1]["tasks"]
+
+
+@pytest.mark.gpu
+@needs_tree
+@pytest.mark.nvcc
+def test_every_kernel_passes_in_the_persistent_kernel(compiled, tmp_path):
+    for name, (ok, log, took, lib) in compiled.items():
+        res, out = _run_runtime(REPO, name, lib, tmp_path)
+        assert res["verdict"] == "pass", (name, res["message"], out)
+        for g, r in res["variants"].items():
+            assert r["iterations"] >= 3 and r["spans"]["count"] == r["tasks"]
+
+
+def test_the_stale_state_fixture_is_planned_as_one_layer_of_1024_tasks(tmp_path):
+    """The fault fixture (tests/fixtures/faults/kernels/fault_stale_state) is wired for the
+    runtime gate: more tasks than any production grid has workers, so workers run several."""
+    root = _fault_project(tmp_path / "p")
+    k = Kernel.load(root, STALE, write_cache=False)
+    (g,) = runtime.job_payload(k)["graphs"]
+    assert g["layers"][0]["tasks"] == 1024 > 2 * max(w for _, w in runtime.WORKER_TABLE)
+    assert runtime.job_payload(k)["iterations"] == 3
+
+
+@pytest.mark.gpu
+@needs_tree
+@pytest.mark.nvcc
+def test_state_kept_across_iterations_is_caught_at_iteration_2_and_passes_validate(tmp_path):
+    """fault_stale_state keeps, per CTA, the row it served and the launch it served it in
+    (`__device__` globals) and, at a new launch, copies that row instead of its own.
+
+    The harness's validate runs `steps` (3) launches per trial too, so a plain counter would
+    fail there as well; what it cannot see is the persistent kernel's placement: the harness
+    runs task b on CTA b at every launch, so the kept row is always the task's own, while the
+    runtime's 128 workers run 8 tasks each and a worker's first task of iteration 2 finds
+    the last row it served in iteration 1. So: validate passes, the runtime gate fails
+    (numeric) at iteration 2, iteration 1 having passed."""
+    root = _fault_project(tmp_path / "p")
+    d = tmp_path / "mk"
+    d.mkdir()
+    _materialise(STALE, d, root)
+    lib = d / f"lib{STALE}_mpk.so"
+    ok, log, took = runtime.compile_megakernel(runtime.Checkout.find(PINNED), d / "megakernel.cu",
+                                               [d], lib, d / "log")
+    assert ok, "\n".join(l for l in log.splitlines() if "error" in l)[:2000]
+    res, out = _run_runtime(root, STALE, lib, tmp_path)
+    r = res["variants"]["r1024_c256"]
+    assert res["verdict"] == "fail" and r["check"] == "numeric", (res["message"], out)
+    assert r["iteration"] == 2, res["message"]
+    assert "r1024_c256 iteration 2 of 3 output fault_stale_state.output:" in res["message"]
+    assert "state kept across iterations" in res["message"]
+    import faultsuite
+    run = faultsuite.scons(root, f"kernel={STALE}", "stage=validate")
+    path = faultsuite.result_file(root, STALE)
+    assert path is not None, run.output[-3000:]
+    validate = json.loads(path.read_text())
+    assert validate["verdict"] == "pass", (validate["message"], run.output[-3000:])
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    """runners/runtime.py's main() on the CPU with the stand-in library: (run(hang) -> result,
+    the stand-in of the last run)."""
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(REPO / "tests" / "fakes"))
+    from fake_megakernel import FakeMegakernel
+    from mpkbuild.runners import runtime as side
+    monkeypatch.setattr(side, "DEVICE", "cpu")
+    monkeypatch.setattr(side, "device_facts", lambda: {"name": "stand-in", "sm_count": 132})
+    real_tensors_for = side._tensors_for
+    made = []
+
+    def tensors_for(job, graph, gen):
+        order, refs, names, checks = real_tensors_for(job, graph, gen)
+        made[-1].bind(order, refs, checks)
+        return order, refs, names, checks
+
+    monkeypatch.setattr(side, "_tensors_for", tensors_for)
+    k = Kernel.load(REPO, "rmsnorm_v2", write_cache=False)
+    payload = runtime.job_payload(k)
+    # the two smallest graphs: the stand-in copies references, the CPU computes them
+    by_name = {g["name"]: g for g in payload["graphs"]}
+    payload["graphs"] = [by_name["decode_r1_h4096"], by_name["decode_r8_h4096"]]
+
+    def run(hang):
+        monkeypatch.setattr(side, "Megakernel", lambda path: made.append(
+            FakeMegakernel(payload["graphs"], hang)) or made[-1])
+        return side.main({"root": str(REPO), "library": "stand-in", "runtime": payload})
+
+    run.graphs = payload["graphs"]
+    run.made = made
+    return run
+
+
+def test_a_stand_in_without_a_hang_passes_every_graph_for_3_iterations(stand_in):
+    res = stand_in(None)
+    assert res["verdict"] == "pass", res["message"]
+    assert res["grid"] == {"workers": 128, "schedulers": 16}
+    assert [r["iterations"] for r in res["variants"].values()] == [3, 3]
+    assert stand_in.made[-1].calls.count("finalize 1") == 1
+
+
+@pytest.mark.parametrize("hang, phase", [
+    ({"graph": 1, "iteration": 2, "phase": "tasks"},
+     "iteration 2 (4 of 8 tasks of the last layer finished)"),
+    ({"graph": 1, "iteration": 1, "phase": "launch"},
+     "launch (iteration 1: the begin-graph task never ran)"),
+    ({"graph": 1, "iteration": 3, "phase": "termination"},
+     "termination (iteration 3: all 8 tasks finished)"),
+])
+def test_a_task_that_never_finishes_is_a_hang_naming_its_phase_and_the_runtime_state(
+        stand_in, hang, phase):
+    """The runner's real main() and run_graph() with the stand-in library: the graph before
+    passes, the hung graph's verdict names the phase read from the runtime's counters, the
+    runner stops there (the GPU would still hold the hung kernels) and never finalizes it."""
+    res = stand_in(hang)
+    first, hung = (g["name"] for g in stand_in.graphs)
+    assert res["verdict"] == "hang"
+    assert res["variants"][first]["verdict"] == "pass"
+    r = res["variants"][hung]
+    assert r["verdict"] == "hang" and r["iteration"] == hang["iteration"]
+    assert r["phase"] == phase
+    assert r["state"].startswith("events 0 ") and r["state"] in res["message"]
+    assert res["message"].startswith(f"{hung}: {phase} did not finish in 20.0 s")
+    calls = stand_in.made[-1].calls
+    assert calls[-2:] == [f"launch 1 {hang['iteration']}", "read_state"]
+    assert "finalize 1" not in calls
+
+
+def test_a_kernel_that_does_not_finish_alone_is_a_warm_up_hang(stand_in):
+    res = stand_in({"graph": 0, "setup": 3})
+    (name,) = res["variants"]
+    assert res["verdict"] == "hang" and res["variants"][name]["phase"] == "warm-up"
+    assert "the worker kernel launched alone did not finish" in res["message"]
