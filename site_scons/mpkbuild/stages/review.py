@@ -413,7 +413,7 @@ def run_review(build, info, target, source) -> int:
     key = info["MPK_GPU_KEY"]
     # the gates this node reads (the runtime gate only with mpk_root=): a gate the build
     # has no node for is not shown as "not run", which would make the kernel incomplete
-    read = {os.path.realpath(s.abspath) for s in source}
+    read = {os.path.realpath(s.abspath) for s in source if hasattr(s, "abspath")}   # files, not facts
     results = {g: k.gate_result(g, key) for g in GPU_GATES
                if g != "runtime" or os.path.realpath(k.gate_result(g, key)) in read}
     data = kernel_review(k.name, k.build_dir, k.archs, key, {a: k.resources(a) for a in k.archs},
