@@ -100,6 +100,9 @@ def make_tree(dest: Path, n: int) -> list[str]:
                           "decode_r8_h2048": {"rows": 8, "hidden": 2048}}
         spec["validate"]["reference"] = f"kernels/{k}/reference.py:rmsnorm_reference"
         spec["perf"]["baseline"] = f"kernels/{k}/reference.py:torch_rms_norm"
+        for extra in spec["perf"].get("baselines", []):     # torch.compile etc.: this kernel's file
+            extra["function"] = f"kernels/{k}/reference.py:" + extra["function"].rsplit(":", 1)[1]
+        spec.pop("tune", None)       # the graph the status figures were first measured on
         spec["perf"]["thresholds"] = [{"variants": "decode_*", "max_time_vs_baseline": 1.0}]
         text = (f"# {k}: synthetic kernel for bench/status_bench.py (from {TEMPLATE_KERNEL}.yaml)\n"
                 + yaml.safe_dump(spec, sort_keys=False, width=100))

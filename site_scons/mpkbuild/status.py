@@ -252,7 +252,7 @@ def compute(g: Graph, sconsign: Sconsign, predictor: Predictor, gpu_here: bool,
                                [r for r in reasons if r not in tuned])
         if only is not None and node.label not in only:
             continue
-        verdict = _stored_verdict(g.root, node)
+        verdict = _stored_verdict(g, node)
         if not will_run:
             state = "fresh"
         elif node.kind in GPU_KINDS and not gpu_here:
@@ -282,12 +282,15 @@ def _spec_field_changes(node: Node, root: Path, predicted) -> list[str]:
     return out
 
 
-def _stored_verdict(root: Path, node: Node) -> str | None:
+def _stored_verdict(g: Graph, node: Node) -> str | None:
     if node.kind not in ("gate", "compile", "wire", "trial", "tune"):
         return None
+    rel = node.targets[0 if node.kind != "compile" else 1]
+    if rel in g.stored_verdicts:             # read once already, while the graph was built
+        return g.stored_verdicts[rel]
     try:
-        return json.loads((root / node.targets[0 if node.kind != "compile" else 1]).read_text()).get("verdict")
-    except (OSError, ValueError):
+        return json.loads((g.root / rel).read_text()).get("verdict")
+    except (OSError, ValueError, AttributeError):
         return None
 
 

@@ -47,6 +47,8 @@ class Graph:
     summary_targets: list[str] = field(default_factory=list)
     # seconds each stored gate result took (read once, with its verdict): the gate order
     last_elapsed: dict[Path, float] = field(default_factory=dict)
+    # repo-relative result path -> the verdict read while building (status reads it again)
+    stored_verdicts: dict[str, str | None] = field(default_factory=dict)
     _rels: dict = field(default_factory=dict, repr=False, compare=False)   # path -> rel (memo)
 
     def add(self, node: Node) -> Node:
@@ -73,10 +75,12 @@ class Graph:
         try:
             res = json.loads(Path(path).read_text())
         except (OSError, ValueError):
-            return None
+            res = None
         if not isinstance(res, dict):
+            self.stored_verdicts[self.rel(path)] = None
             return None
         self.last_elapsed[path] = float(res.get("elapsed_s") or 0.0)
+        self.stored_verdicts[self.rel(path)] = res.get("verdict")
         return res.get("verdict")
 
     def producers(self) -> dict[str, Node]:

@@ -11,6 +11,7 @@ import copy
 import fnmatch
 import functools
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -212,12 +213,11 @@ def _resolved(path: Path) -> Path:
 def _inside_repo(root: Path, rel: str) -> Path | None:
     if rel.startswith("/") or "\\" in rel:
         return None
-    target = (root / rel).resolve()
-    try:
-        target.relative_to(_resolved(root))
-    except ValueError:
+    base = str(_resolved(root))
+    target = os.path.realpath(os.path.join(base, rel))     # symlinks followed, as resolve()
+    if target != base and not target.startswith(base + os.sep):
         return None
-    return target
+    return Path(target)
 
 
 def _semantic_errors(data: dict, root: Path, stem: str):
