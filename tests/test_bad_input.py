@@ -42,12 +42,7 @@ class Case:
 
 
 def replace(old: str, new: str):
-    def mutate(root: Path) -> None:
-        p = root / SPEC
-        text = p.read_text()
-        assert old in text, old
-        p.write_text(text.replace(old, new, 1))
-    return mutate
+    return with_bytes(old.encode(), new.encode())
 
 
 def whole(content: str | bytes):

@@ -203,7 +203,7 @@ def test_every_argument_an_executor_reads_is_known():
         text = path.read_text()
         read |= set(re.findall(r"ARGUMENTS(?:\.get\(|\[)\s*[\"'](\w+)[\"']", text))
         read |= set(re.findall(r"options\.get\(\s*[\"'](\w+)[\"']", text))
-        read |= set(re.findall(r"_flag\(self\.options,\s*[\"'](\w+)[\"']", text))
+        read |= set(re.findall(r"\bflag\((?:self\.options|ARGUMENTS),\s*[\"'](\w+)[\"']", text))
     read -= {"model"}           # the bundle's own LocalExecutor option, not a command-line one
     assert read and read <= set(cli.ARGUMENT_NAMES), read - set(cli.ARGUMENT_NAMES)
 

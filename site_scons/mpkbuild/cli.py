@@ -26,9 +26,10 @@ from mpkbuild.model import graph as graph_mod
 from mpkbuild.model import spec as spec_mod
 from mpkbuild.model.kernel import Kernel, discover
 from mpkbuild.run.job import ExecutorError, GateInterrupted
-from mpkbuild.stages.gates import GateCannotRun, read_result, require_gpu, verdict_line
+from mpkbuild.stages.gates import GateCannotRun, require_gpu, verdict_line
 from mpkbuild.stages.wire import WireRequest
 from mpkbuild.util import config
+from mpkbuild.util.fsutil import read_json
 
 COMMANDS = ("status", "check", "dag")
 
@@ -164,16 +165,17 @@ def parse_request(build: Build) -> tuple[list[str], str, bool]:
 
 
 def wire_request() -> WireRequest:
-    flag = lambda name: ARGUMENTS.get(name, "0") not in ("0", "", "no", "false")
+    from mpkbuild.run.local import flag
+    apply, unwire = flag(ARGUMENTS, "apply", False), flag(ARGUMENTS, "unwire", False)
     root = ARGUMENTS.get("mpk_root")
     if root is None:
-        if flag("apply") or flag("unwire"):
+        if apply or unwire:
             fail_early("apply=1 and unwire=1 need mpk_root=PATH (an MPK checkout)")
         return WireRequest(None, False, False)
     path = Path(SCons.Script.GetLaunchDir(), root).resolve()
     if not path.is_dir():
         fail_early(f"mpk_root={root}: {path} is not a folder")
-    return WireRequest(path, flag("apply"), flag("unwire"))
+    return WireRequest(path, apply, unwire)
 
 
 def runtime_request(request: WireRequest) -> None:
@@ -363,7 +365,7 @@ def verdict_table(requested: dict) -> None:
         if state == SCons.Node.failed:    # the action failed: any result file is an old one
             verdict = "FAILED (see the error above)"
         elif state in (SCons.Node.executed, SCons.Node.up_to_date):
-            res = read_result(result_path) if result_path else {"verdict": "pass"}
+            res = read_json(result_path) if result_path else {"verdict": "pass"}
             verdict = verdict_line(res) if res else "pass"
         else:
             verdict = "not reached (the build stopped at the first failure; -k goes on)"
@@ -385,7 +387,7 @@ def gate_order(g: graph_mod.Graph, kernels: list[Kernel], closure) -> list[str]:
              if g.requested.get((k.name, gate))]      # runtime: only with mpk_root=
     rank = {gate: i for i, gate in enumerate(stages.GPU_GATES)}
     order = sorted(gates, key=lambda kg: (rank[kg[1]],
-                                          -g.last_elapsed.get(kg[0].gate_result(kg[1], g.gpu_key), 0.0)))
+                                          -g.stored.get(g.rel(kg[0].gate_result(kg[1], g.gpu_key)), (None, 0.0))[1]))
     return [os.path.relpath(k.gate_result(gate, g.gpu_key), g.root) for k, gate in order]
 
 

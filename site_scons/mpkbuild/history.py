@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mpkbuild.util.fsutil import write_json_atomic
+from mpkbuild.util.fsutil import read_json, write_json_atomic
 
 HISTORY_DIR = "perf_history"
 KEEP = 50          # entries kept per ledger (the oldest dropped)
@@ -35,11 +35,8 @@ def ledger_path(root: Path, gpu_key: str, kernel: str) -> Path:
 def load(root: Path, gpu_key: str | None, kernel: str) -> dict | None:
     if not gpu_key:
         return None
-    try:
-        data = json.loads(ledger_path(root, gpu_key, kernel).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and isinstance(data.get("entries"), list) else None
+    data = read_json(ledger_path(root, gpu_key, kernel))
+    return data if data is not None and isinstance(data.get("entries"), list) else None
 
 
 def last_entry(root: Path, gpu_key: str | None, kernel: str) -> dict | None:

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from mpkbuild import stages
 from mpkbuild.model.graph import Graph, Node
+from mpkbuild.util.fsutil import read_json
 
-CHANGED = object()
-GPU_KINDS = ("gate", "bandwidth", "trial", "tune")   # nodes that run on a GPU of the profile          # a predicted output whose new bytes cannot be known in advance
+CHANGED = object()          # a predicted output whose new bytes cannot be known in advance
+GPU_KINDS = ("gate", "bandwidth", "trial", "tune")   # nodes that run on a GPU of the profile
 
 
 @dataclass
@@ -286,8 +287,8 @@ def _stored_verdict(g: Graph, node: Node) -> str | None:
     if node.kind not in ("gate", "compile", "wire", "trial", "tune"):
         return None
     rel = node.targets[0 if node.kind != "compile" else 1]
-    if rel in g.stored_verdicts:             # read once already, while the graph was built
-        return g.stored_verdicts[rel]
+    if rel in g.stored:                      # read once already, while the graph was built
+        return g.stored[rel][0]
     try:
         return json.loads((g.root / rel).read_text()).get("verdict")
     except (OSError, ValueError, AttributeError):
@@ -362,11 +363,8 @@ def _read(path: Path) -> str | None:
 def perf_delta(root: Path, node: Node) -> str | None:
     """One line: the last perf result's times over the last accepted ones (perf_history/),
     the largest change per figure with its interval, and the regressions it confirmed."""
-    try:
-        res = json.loads((root / node.targets[0]).read_text())
-    except (OSError, ValueError):
-        return None
-    if "history" not in res:
+    res = read_json(root / node.targets[0])
+    if res is None or "history" not in res:
         return None
     hist = res.get("history")
     if not hist:

@@ -7,13 +7,13 @@ toolchain and flags, the GPU fingerprint, the wire request. Paths are repo-relat
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from mpkbuild.util import config
+from mpkbuild.util.fsutil import read_json
 
 PKG = config.PACKAGE_DIR
 
@@ -40,15 +40,15 @@ class Graph:
     fingerprint: object = None       # the GPU profile gates are judged for (None: no GPU)
     wire_request: object = None
     sanitize: str | None = None      # compute-sanitizer tool for validate, or None
-    # tampered(rel) -> whether a stored result no longer has the bytes its gate wrote
-    tampered: Callable[[str], bool] = lambda rel: False
+    # tampered(rel) -> None, or why a stored result is not trusted ("tampered": edited by
+    # hand; "unrecorded": its build was killed before SCons recorded it; status.tampered)
+    tampered: Callable[[str], str | None] = lambda rel: None
     nodes: list[Node] = field(default_factory=list)
     requested: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     summary_targets: list[str] = field(default_factory=list)
-    # seconds each stored gate result took (read once, with its verdict): the gate order
-    last_elapsed: dict[Path, float] = field(default_factory=dict)
-    # repo-relative result path -> the verdict read while building (status reads it again)
-    stored_verdicts: dict[str, str | None] = field(default_factory=dict)
+    # repo-relative result path -> (its verdict, the seconds it took), read once while the
+    # graph is built: status shows the verdict, the gate order sorts by the time
+    stored: dict[str, tuple[str | None, float]] = field(default_factory=dict)
     _rels: dict = field(default_factory=dict, repr=False, compare=False)   # path -> rel (memo)
 
     def add(self, node: Node) -> Node:
@@ -72,16 +72,10 @@ class Graph:
 
     def previous_verdict(self, path: Path) -> str | None:
         """The verdict of a stored gate result (None: none), its time remembered for the order."""
-        try:
-            res = json.loads(Path(path).read_text())
-        except (OSError, ValueError):
-            res = None
-        if not isinstance(res, dict):
-            self.stored_verdicts[self.rel(path)] = None
-            return None
-        self.last_elapsed[path] = float(res.get("elapsed_s") or 0.0)
-        self.stored_verdicts[self.rel(path)] = res.get("verdict")
-        return res.get("verdict")
+        res = read_json(path)
+        verdict, took = (res.get("verdict"), float(res.get("elapsed_s") or 0.0)) if res else (None, 0.0)
+        self.stored[self.rel(path)] = (verdict, took)
+        return verdict
 
     def producers(self) -> dict[str, Node]:
         return {t: n for n in self.nodes for t in n.targets}

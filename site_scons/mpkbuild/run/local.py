@@ -15,7 +15,8 @@ from dataclasses import replace
 from mpkbuild import gpu as gpu_mod
 from mpkbuild.run.job import ExecutorError, GateInterrupted, GateJob, run_runner
 
-def _flag(options: dict, name: str, default: bool) -> bool:
+def flag(options: dict, name: str, default: bool) -> bool:
+    """A yes/no option of the command line (warm=0, apply=1): 0, no, false, off or empty is no."""
     value = options.get(name)
     return default if value is None else value not in ("0", "", "no", "false", "off")
 
@@ -31,7 +32,7 @@ class LocalExecutor:
         """model: the GPU model to lease (default: the first visible GPU's); env: extra
         variables for every runner (a bundle's own package path, say)."""
         self.options = dict(options or {})
-        self.warm = _flag(self.options, "warm", True)
+        self.warm = flag(self.options, "warm", True)
         self.model, self.env = model, dict(env or {})
         self._gpus = None
 

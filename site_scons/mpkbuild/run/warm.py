@@ -33,7 +33,6 @@ from pathlib import Path
 from mpkbuild.run import job as ex
 from mpkbuild.run.leases import lease_dir
 
-GATES = ("validate", "perf", "bandwidth", "runtime", "trial")
 START_TIMEOUT_S = 120.0
 
 
@@ -193,6 +192,7 @@ def serve(path: Path, package: str, idle_s: float) -> None:
     """One GPU's server: accept a request, fork its child, answer its client with the
     child's exit status when the child is reaped; exit after `idle_s` without a gate."""
     import torch  # noqa: F401  (the point: import once; CUDA stays uninitialised)
+    from mpkbuild.stages.gates import GATES     # a gate runs its package's module of that name
     for gate in GATES:
         try:
             importlib.import_module(f"{package}.{gate}")

@@ -53,44 +53,40 @@ class Nvml:
             return nv.nvmlDeviceGetHandleByUUID(visible)
         return nv.nvmlDeviceGetHandleByIndex(int(visible) if visible.isdigit() else 0)
 
-    def sm_clock(self) -> int | None:
+    def _read(self, fn):
+        """fn(pynvml, handle), or None without a handle or when NVML refuses the reading."""
         if self.handle is None:
             return None
         try:
-            return int(self.nv.nvmlDeviceGetClockInfo(self.handle, self.nv.NVML_CLOCK_SM))
+            return fn(self.nv, self.handle)
         except Exception:
             return None
 
+    def sm_clock(self) -> int | None:
+        mhz = self._read(lambda nv, h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+        return None if mhz is None else int(mhz)
+
     def max_sm_clock(self) -> int | None:
-        if self.handle is None:
-            return None
-        try:
-            return int(self.nv.nvmlDeviceGetMaxClockInfo(self.handle, self.nv.NVML_CLOCK_SM))
-        except Exception:
-            return None
+        mhz = self._read(lambda nv, h: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM))
+        return None if mhz is None else int(mhz)
 
     def snapshot(self) -> dict:
         """Clocks (MHz), power (W), temperature (C) and the active throttle reasons now."""
         if self.handle is None:
             return {"available": False, "why": self.why}
-        nv, h = self.nv, self.handle
-        out: dict = {"available": True}
-
-        def get(name, fn):
-            try:
-                out[name] = fn()
-            except Exception:
-                out[name] = None
-        get("sm_clock_mhz", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
-        get("mem_clock_mhz", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))
-        get("max_sm_clock_mhz", lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM))
-        get("max_mem_clock_mhz", lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_MEM))
-        get("power_limit_w", lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0)
-        get("power_w", lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
-        get("temperature_c", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+        nv = self.nv
         reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             getattr(nv, "nvmlDeviceGetCurrentClocksThrottleReasons")
-        get("throttle_mask", lambda: int(reasons_fn(h)))
+        out: dict = {"available": True, **{name: self._read(fn) for name, fn in {
+            "sm_clock_mhz": lambda nv, h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+            "mem_clock_mhz": lambda nv, h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
+            "max_sm_clock_mhz": lambda nv, h: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM),
+            "max_mem_clock_mhz": lambda nv, h: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_MEM),
+            "power_limit_w": lambda nv, h: nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0,
+            "power_w": lambda nv, h: nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
+            "temperature_c": lambda nv, h: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+            "throttle_mask": lambda nv, h: int(reasons_fn(h)),
+        }.items()}}
         mask = out.get("throttle_mask") or 0
         out["throttle_reasons"] = [name for bit, name in _REASONS.items() if mask & bit]
         return out

@@ -11,21 +11,13 @@ import signal
 import threading
 import time
 
+from ..util.fsutil import process_exists
+
 _started = False
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _watch(pid: int, period_s: float) -> None:
-    while _alive(pid):
+    while process_exists(pid):
         time.sleep(period_s)
     try:
         os.killpg(os.getpgrp(), signal.SIGKILL)

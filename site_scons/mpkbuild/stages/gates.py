@@ -25,9 +25,8 @@ from mpkbuild.model.kernel import bandwidth_file
 from mpkbuild.stages.compile import toolchain_fact
 from mpkbuild.util import config
 from mpkbuild.util.closure import module_files
-from mpkbuild.util.fsutil import dump_json, read_json, sha256_bytes, sha256_file, write_atomic, write_json_atomic
+from mpkbuild.util.fsutil import dump_json, read_json, sha256_bytes, sha256_or_missing, write_atomic
 
-read_result = read_json
 
 
 @dataclass(frozen=True)
@@ -98,13 +97,7 @@ def input_lock(root: Path, sources: list[tuple[str, str | Path]]) -> dict:
     """{name: sha256} for files, {name: value} for facts. Names are repo-relative."""
     lock = {}
     for name, item in sources:
-        if isinstance(item, Path):
-            try:
-                lock[name] = sha256_file(item)
-            except OSError:
-                lock[name] = "missing"
-        else:
-            lock[name] = item
+        lock[name] = sha256_or_missing(item) if isinstance(item, Path) else item
     return lock
 
 
@@ -264,16 +257,14 @@ def run_gate(build, info, target, source) -> int:
     except GateCannotRun as exc:
         return build.fail(str(exc))
     library = k.library(arch)
-    if kind.library == "megakernel":
-        from mpkbuild.stages import runtime
-        library = runtime.library_path(k, arch)
     payload = {"root": str(k.root), "library": str(library),
                "codegen": read_json(k.section_file("codegen")),
                "generators": read_json(k.section_file("generators")),
                kind.settings: read_json(k.section_file(kind.settings))}
     if kind.library == "megakernel":
         from mpkbuild.stages import runtime
-        payload["runtime"] = runtime.job_payload(k, build)
+        library = runtime.library_path(k, arch)
+        payload.update(library=str(library), runtime=runtime.job_payload(k, build))
     workdir = Path(target[0].abspath).parent
     blocked = [g for g in kind.needs_pass
                if (workdir / f"{g}.verdict").read_text().strip() != "pass"]

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from mpkbuild.model.graph import Node
 from mpkbuild.util import config
-from mpkbuild.util.fsutil import write_atomic, write_json_atomic
+from mpkbuild.util.fsutil import temp_name, write_atomic, write_json_atomic
 
 # A task type for the gated task: strictly inside the Hopper compute range and unused by
 # the pinned checkout's enum (the dispatch is this file's own; nothing is registered).
@@ -276,7 +276,7 @@ def compile_megakernel(checkout: Checkout, source: Path, gen_dirs: list[Path], o
                        log: Path) -> tuple[bool, str, float]:
     """nvcc to `out` (atomically); (ok, log text, seconds)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(f"{temp_name(out)}nvcc.tmp")      # named for its writer: an orphan is removed
     cmd = nvcc_command(checkout, source, gen_dirs, tmp)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)

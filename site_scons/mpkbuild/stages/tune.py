@@ -43,7 +43,7 @@ from pathlib import Path
 
 from mpkbuild.model.graph import Node
 from mpkbuild.util import config, expr
-from mpkbuild.util.fsutil import dump_json, read_json, sha256_bytes, sha256_file, sha256_json, write_json_atomic
+from mpkbuild.util.fsutil import dump_json, read_json, sha256_bytes, sha256_file, sha256_json, sha256_or_missing, write_json_atomic
 
 TUNED_DIRNAME = "tuned"
 MIN_TRIAL_TIMEOUT_S = 20.0
@@ -196,22 +196,15 @@ def tune_key(k, fingerprint) -> dict:
     base = k.base
     sp = space(base.data)
     return {
-        "body": _sha_or_missing(k.body_source),
+        "body": sha256_or_missing(k.body_source),
         "sections": {s: base.signatures[s] for s in SECTIONS_READ},
-        "reference": _sha_or_missing(python_file(k, GATES["validate"])),
-        "baseline": _sha_or_missing(python_file(k, GATES["perf"])),
+        "reference": sha256_or_missing(python_file(k, GATES["validate"])),
+        "baseline": sha256_or_missing(python_file(k, GATES["perf"])),
         "toolchain": toolchain_fact(),
         "gpu": fingerprint.signature() if fingerprint else "none",
         "space": sha256_json({v: [c.cid for c in s["candidates"]] for v, s in sp.items()})[:16],
         "candidates": sum(len(s["candidates"]) for s in sp.values()),
     }
-
-
-def _sha_or_missing(path: Path) -> str:
-    try:
-        return sha256_file(path)
-    except OSError:
-        return "missing"
 
 
 KEY_WORDS = {"body": "the body source changed", "reference": "the reference changed",
@@ -293,7 +286,7 @@ def _dirs(g, k, arch: str, cand: Candidate) -> tuple[Path, Path]:
 def nodes(g, k, stage: str) -> None:
     from mpkbuild.model.kernel import bandwidth_file
     from mpkbuild.stages.compile import nvcc_command, toolchain_fact
-    from mpkbuild.stages.gates import GATES, gpu_fact, python_file
+    from mpkbuild.stages.gates import GATES, gpu_fact, python_files
     base = k.base
     if "tune" not in base.sections:
         return
@@ -302,7 +295,7 @@ def nodes(g, k, stage: str) -> None:
     sp = space(base.data)
     kind = GATES["trial"]
     trial_code = [g.rel(p) for p in kind.code()]
-    refs = [g.rel(python_file(k, GATES["validate"])), g.rel(python_file(k, GATES["perf"]))]
+    refs = list(dict.fromkeys(g.rel(p) for gate in ("validate", "perf") for p in python_files(k, GATES[gate])))
     # a trial reads the sections a gate reads; of `tune` only the repeats (a fact), so a
     # wider space re-times nothing it already timed
     sections = [g.rel(k.section_file(s)) for s in SECTIONS_READ if s != "tune"]
@@ -399,7 +392,7 @@ def run_compile(build, info, target, source) -> int:
 def run_trial(build, info, target, source) -> int:
     from mpkbuild.model.kernel import bandwidth_file
     from mpkbuild.run.job import GateJob
-    from mpkbuild.stages.gates import GATES, GateCannotRun, lock_for, python_file, record, verdict_line
+    from mpkbuild.stages.gates import GATES, GateCannotRun, lock_for, python_files, record, verdict_line
     k = build.kernels[info["MPK_KERNEL"]]
     cand = _candidate(k, info["MPK_CID"])
     try:
@@ -423,7 +416,7 @@ def run_trial(build, info, target, source) -> int:
                    "validate": read_json(k.section_file("validate")), "perf": perf,
                    "bandwidth_file": str(bandwidth_file(k.root, fp.key)),
                    "candidate": {"cid": cand.cid, "variant": cand.variant, "config": cand.values}}
-        inputs = [library, python_file(k, GATES["validate"]), python_file(k, GATES["perf"]),
+        inputs = [library, *python_files(k, GATES["validate"]), *python_files(k, GATES["perf"]),
                   bandwidth_file(k.root, fp.key)]
         job = GateJob("trial", k.name, payload, Path(target[0].abspath).parent, float(info["MPK_TIMEOUT"]),
                       root=k.root, inputs=tuple(dict.fromkeys(os.path.relpath(p, k.root) for p in inputs)))

@@ -48,7 +48,7 @@ def remove_orphaned_temps(folder: Path) -> list[Path]:
     for dirpath, _dirs, files in os.walk(folder):
         for name in files:
             m = TEMP_RE.match(name)
-            if m is None or _alive(int(m.group(1))):
+            if m is None or int(m.group(1)) == os.getpid() or process_exists(int(m.group(1))):
                 continue
             p = Path(dirpath) / name
             try:
@@ -59,9 +59,8 @@ def remove_orphaned_temps(folder: Path) -> list[Path]:
     return removed
 
 
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
+def process_exists(pid: int) -> bool:
+    """Whether a process of that pid exists (another user's counts: not ours to judge)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -109,6 +108,14 @@ def sha256_bytes(raw: bytes) -> str:
 
 def sha256_file(path: Path | str) -> str:
     return sha256_bytes(Path(path).read_bytes())
+
+
+def sha256_or_missing(path: Path | str) -> str:
+    """A file's sha256, or "missing" when it cannot be read (an input lock's entry)."""
+    try:
+        return sha256_file(path)
+    except OSError:
+        return "missing"
 
 
 def sha256_json(obj) -> str:

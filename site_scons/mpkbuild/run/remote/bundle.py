@@ -139,6 +139,15 @@ def payload_path(payload, where):
     return payload
 
 
+def pack_for(job, where: str, **options) -> bytes:
+    """pack() for an executor: a job that cannot be packed is its ExecutorError, naming
+    `where` (the host, or the gate)."""
+    try:
+        return pack(job, options)
+    except BundleError as exc:
+        raise ExecutorError(f"{where}: {exc}") from None
+
+
 def pack(job, options: dict | None = None) -> bytes:
     """The job as a tar.gz: job.json, job.inputs at their root-relative paths, mpkbuild's source.
     `options` (gpus=, model=) travel in job.json for the far side's GPU pick."""

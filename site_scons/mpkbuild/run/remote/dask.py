@@ -331,11 +331,8 @@ class DaskExecutor:
     def run(self, job: GateJob, should_stop=lambda: False) -> dict:
         from mpkbuild.run.remote import bundle, bootstrap as remote
         fp = self.fingerprint()
-        try:
-            # no gpus=: each worker owns its GPU(s) through its own CUDA_VISIBLE_DEVICES
-            data = bundle.pack(job, {"model": fp.name if fp else None})
-        except bundle.BundleError as exc:
-            raise ExecutorError(f"{job.gate} {job.kernel}: {exc}") from None
+        # no gpus=: each worker owns its GPU(s) through its own CUDA_VISIBLE_DEVICES
+        data = bundle.pack_for(job, f"{job.gate} {job.kernel}", model=fp.name if fp else None)
         client = self.client()
         key = f"mpk-{job.gate}-{job.kernel}-{uuid.uuid4().hex[:8]}"
         restrict = {"workers": self._workers} if self._workers else {}

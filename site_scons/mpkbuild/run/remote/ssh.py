@@ -221,11 +221,8 @@ class SshExecutor:
     # ------------------------------------------------------------ one gate
     def run(self, job: GateJob, should_stop=lambda: False) -> dict:
         fp = self.fingerprint()
-        try:
-            data = bundle.pack(job, {"gpus": self.options.get("gpus"),
-                                     "model": fp.name if fp else None})
-        except bundle.BundleError as exc:
-            raise ExecutorError(f"gpu_host={self.host}: {exc}") from None
+        data = bundle.pack_for(job, f"gpu_host={self.host}", gpus=self.options.get("gpus"),
+                               model=fp.name if fp else None)
         cmd = self.ssh_command(self._python_cmd(remote.BOOTSTRAP, self.workdir))
         limit = job.watchdog_s + MARGIN_S + self.connect_timeout + len(data) / SSH_TRANSFER_BPS
         started = time.monotonic()
