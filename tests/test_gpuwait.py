@@ -52,3 +52,24 @@ def test_a_gate_context_opens_one_work_queue_unless_the_user_chose(monkeypatch):
     monkeypatch.setenv(gpuwait.WORK_QUEUES, "4")
     gpuwait.prepare_context()
     assert gpuwait.work_queues() == "4"
+
+
+def test_a_gate_that_needs_queues_at_once_gets_at_least_that_many(monkeypatch):
+    """The runtime gate's worker and scheduler kernels run on two streams at once: with one
+    hardware queue they serialise and the first launch hangs (seen on an H200), so its
+    runner asks for the driver's default, whatever the user's smaller value."""
+    import runpy
+    from mpkbuild.runners import common
+    monkeypatch.setattr(gpuwait, "_driver", lambda: None)
+    asked = {}
+    monkeypatch.setattr(common, "run_main", lambda body, **kw: asked.update(kw))
+    runpy.run_module("mpkbuild.runners.runtime", run_name="__main__")
+    assert asked["min_work_queues"] >= 2 and asked["block_while_waiting"] is False
+    for users, expect in (("1", str(asked["min_work_queues"])), (None, str(asked["min_work_queues"])),
+                          ("16", "16")):
+        if users is None:
+            monkeypatch.delenv(gpuwait.WORK_QUEUES, raising=False)
+        else:
+            monkeypatch.setenv(gpuwait.WORK_QUEUES, users)
+        gpuwait.prepare_context(asked["min_work_queues"], block=False)
+        assert os.environ[gpuwait.WORK_QUEUES] == expect, users

@@ -170,10 +170,11 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a.view(view_dtype), b.view(view_dtype)))
 
 
-def run_main(body) -> None:
+def run_main(body, min_work_queues: int = 1, block_while_waiting: bool = True) -> None:
     """Run a runner body; a CUDA fault becomes a crash result with the CUDA error text."""
     job = load_job()
-    gpuwait.prepare_context()           # before the body's first CUDA call makes the context
+    # before the body's first CUDA call makes the context
+    gpuwait.prepare_context(min_work_queues, block_while_waiting)
     try:
         result = body(job)
     except CudaFault as exc:

@@ -58,11 +58,20 @@ def _primary_state(cuda, dev) -> tuple[int, bool] | None:
     return flags.value, bool(active.value)
 
 
-def prepare_context() -> int:
-    """What a gate process sets before its first driver call: one work queue (unless the
-    user chose), blocking sync. Returns how many GPUs got blocking sync."""
-    os.environ.setdefault(WORK_QUEUES, "1")
-    return block_while_waiting()
+def prepare_context(min_queues: int = 1, block: bool = True) -> int:
+    """What a gate process sets before its first driver call: `min_queues` work queues (one
+    for a gate that runs one stream at a time; the user's value when it is at least that),
+    blocking sync. Returns how many GPUs got blocking sync.
+
+    The runtime gate needs more: MPK's worker and scheduler kernels run at the same time on
+    two streams and wait for each other, and streams that share one hardware queue run one
+    after the other, so with one queue the first launch hangs (seen on an H200). It also
+    keeps the driver's wait mode (block=False): its gate hung at the first launch with
+    blocking sync and one queue, and passed every graph with the driver's defaults."""
+    chosen = os.environ.get(WORK_QUEUES, "")
+    if not (chosen.isdigit() and int(chosen) >= min_queues):
+        os.environ[WORK_QUEUES] = str(min_queues)
+    return block_while_waiting() if block else 0
 
 
 def work_queues() -> str:

@@ -29,6 +29,10 @@ from .validate import compare
 PROFILE_ENTRIES_PER_WORKER = 4096
 # the runtime's own hand-off of the warm-up and relaunch knobs (see mpkb_setup)
 FLAG_WARMUP, FLAG_CARVEOUT, FLAG_SINGLE = 1, 2, 4
+# the gate's context as the driver makes it: its default 8 hardware work queues (not the one
+# queue of the other gates, under which the worker and scheduler kernels never run at once)
+# and its own wait mode (gpuwait.prepare_context)
+WORK_QUEUES = 8
 # where the buffers live: "cuda" on the GPU; the CPU tests drive run_graph/main with a
 # stand-in library (tests/fakes/fake_megakernel.py) and "cpu"
 DEVICE = "cuda"
@@ -283,4 +287,4 @@ def main(job: dict) -> dict:
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_main(main, min_work_queues=WORK_QUEUES, block_while_waiting=False)
