@@ -22,13 +22,23 @@ spec's codegen, never from a tuned one, so a tune never makes itself stale. A tr
 own node with its own inputs: a candidate that lost is not timed again unless one of them
 changed (a crashed or hung trial is, as any failed gate).
 
+What a trial times is what the pick compares (ledger_entry): the tune's `figure` (hot or
+cold) of the candidate, paired with the primary baseline (`perf.baseline`), and nothing
+else: no other baseline of perf.baselines (a torch.compile one would be compiled in every
+trial), no other figure, no slowCTA (runners/perf.py `only_figure`). Its inputs are what it
+reads: the library, the generators and validate sections, the reference and the primary
+baseline's file (trial_files; the key hashes the same baseline files), the bandwidth node,
+and as a fact the figure, the repeats and the perf settings less the gate's thresholds,
+other baselines and watchdog (trial_perf): a new threshold or extra baseline re-times nothing.
+
 Using the result: when tuned/<profile>/<K>.json exists for the GPU profile the build is for
 (`gpu=` or the detected GPU), `apply_tuned` sets the tuned variants' symbols (and levers)
 in the codegen section the whole build uses; for every other profile the spec's values
 stay. The spec node carries the file's hash as a fact, so status says "tuned config" when
-it is what changed. The file's key (body, the sections the stage reads, references,
-toolchain, GPU signature, the search space) is compared with the current one on every
-plan: a mismatch makes the tune node stale with the reasons, on any clone.
+it is what changed. The file's key (body, the sections the stage reads -- of perf what the
+trials read --, the reference and the baseline files the trials read, toolchain, GPU
+signature, the search space) is compared with the current one on every plan: a mismatch
+makes the tune node stale with the reasons, on any clone.
 """
 from __future__ import annotations
 
@@ -188,6 +198,33 @@ def candidate_fact(data: dict, cand: Candidate) -> str:
     return f"candidate: {cand.variant} {cand.text()}; codegen {sha256_json(candidate_section(data, cand))[:16]}"
 
 
+# ---------------------------------------------------------------- what a trial reads
+# of the perf section: not these (the gate's thresholds, its other baselines and its
+# watchdog; `cold`, since a trial times the tune's `figure` whatever the gate times)
+PERF_KEYS_NOT_READ = ("thresholds", "baselines", "timeout_s", "max_regression", "cold")
+
+
+def trial_perf(data: dict) -> dict:
+    """The perf settings a trial times with (the job's perf section, a fact of its node):
+    perf's, less what a trial does not read, with the tune's repeats."""
+    perf = {key: v for key, v in data["perf"].items() if key not in PERF_KEYS_NOT_READ}
+    perf["repeats"] = data["tune"].get("repeats") or data["perf"]["repeats"]
+    return perf
+
+
+def trial_baseline_files(k) -> list[Path]:
+    """The baseline files a trial loads: the primary baseline's alone (perf.baselines are
+    the perf gate's, never timed by a trial: runners/perf.py `only_figure`)."""
+    from mpkbuild.stages.gates import GATES, python_file
+    return [python_file(k, GATES["perf"])]
+
+
+def trial_files(k) -> list[Path]:
+    """Every Python file of the kernel a trial loads: validate's reference, the baseline."""
+    from mpkbuild.stages.gates import GATES, python_files
+    return list(dict.fromkeys([*python_files(k, GATES["trial"]), *trial_baseline_files(k)]))
+
+
 # ---------------------------------------------------------------- the key
 def tune_key(k, fingerprint) -> dict:
     """What a tune was made from: any change makes it stale (and says which)."""
@@ -195,11 +232,14 @@ def tune_key(k, fingerprint) -> dict:
     from mpkbuild.stages.gates import GATES, python_file
     base = k.base
     sp = space(base.data)
+    sections = {s: base.signatures[s] for s in SECTIONS_READ}
+    sections["perf"] = sha256_json(trial_perf(base.data))     # what the trials read of it
     return {
         "body": sha256_or_missing(k.body_source),
-        "sections": {s: base.signatures[s] for s in SECTIONS_READ},
+        "sections": sections,
         "reference": sha256_or_missing(python_file(k, GATES["validate"])),
-        "baseline": sha256_or_missing(python_file(k, GATES["perf"])),
+        # every baseline file the trials read (the same list as their inputs)
+        "baseline": {os.path.relpath(p, k.root): sha256_or_missing(p) for p in trial_baseline_files(k)},
         "toolchain": toolchain_fact(),
         "gpu": fingerprint.signature() if fingerprint else "none",
         "space": sha256_json({v: [c.cid for c in s["candidates"]] for v, s in sp.items()})[:16],
@@ -215,7 +255,10 @@ def key_changes(old: dict, new: dict) -> list[str]:
     out = []
     for field in ("body", "reference", "baseline"):
         if old.get(field) != new.get(field):
-            out.append(KEY_WORDS[field])
+            was, now = old.get(field), new.get(field)
+            files = sorted(f for f in set(was or {}) | set(now) if (was or {}).get(f) != now.get(f)) \
+                if isinstance(now, dict) and isinstance(was, dict) else []
+            out.append(KEY_WORDS[field] + (f" ({', '.join(files)})" if files else ""))
     for s, sig in new["sections"].items():
         if (old.get("sections") or {}).get(s) != sig:
             out.append(f"spec section {s if s != 'tune' else 'tune (or the codegen it tunes)'} changed")
@@ -286,7 +329,7 @@ def _dirs(g, k, arch: str, cand: Candidate) -> tuple[Path, Path]:
 def nodes(g, k, stage: str) -> None:
     from mpkbuild.model.kernel import bandwidth_file
     from mpkbuild.stages.compile import nvcc_command, toolchain_fact
-    from mpkbuild.stages.gates import GATES, gpu_fact, python_files
+    from mpkbuild.stages.gates import GATES, gpu_fact
     base = k.base
     if "tune" not in base.sections:
         return
@@ -295,11 +338,14 @@ def nodes(g, k, stage: str) -> None:
     sp = space(base.data)
     kind = GATES["trial"]
     trial_code = [g.rel(p) for p in kind.code()]
-    refs = list(dict.fromkeys(g.rel(p) for gate in ("validate", "perf") for p in python_files(k, GATES[gate])))
-    # a trial reads the sections a gate reads; of `tune` only the repeats (a fact), so a
-    # wider space re-times nothing it already timed
-    sections = [g.rel(k.section_file(s)) for s in SECTIONS_READ if s != "tune"]
-    repeats = base.data["tune"].get("repeats") or base.data["perf"]["repeats"]
+    refs = [g.rel(p) for p in trial_files(k)]
+    # a trial reads the generators and validate sections; of perf and tune what it times
+    # with (a fact: the figure, the repeats, the perf settings less thresholds and other
+    # baselines), so a wider space or a new threshold re-times nothing already timed
+    sections = [g.rel(k.section_file(s)) for s in ("generators", "validate")]
+    perf = trial_perf(base.data)
+    settings = (f"trial: figure={base.data['tune']['figure']} repeats={perf['repeats']}; "
+                f"perf settings {sha256_json(perf)[:16]}")
     compile_sources = (g.rel(k.body_source), g.pkg("templates", "spec_header.h.j2"),
                        g.pkg("templates", "harness.cu.j2"), g.pkg("stages", "generate.py"),
                        g.pkg("stages", "compile.py"), g.pkg("stages", "tune.py"))
@@ -326,8 +372,7 @@ def nodes(g, k, stage: str) -> None:
                               (g.rel(result), g.rel(tdir / "trial.log")),
                               (cc.targets[0], *sections, *trial_code, *refs,
                                g.rel(bandwidth_file(g.root, g.gpu_key))),
-                              (gpu_fact(g.fingerprint), toolchain_fact(), fact,
-                               f"trial: repeats={repeats}"),
+                              (gpu_fact(g.fingerprint), toolchain_fact(), fact, settings),
                               opts=(("MPK_CID", cand.cid), ("MPK_ARCH", arch),
                                     ("MPK_TIMEOUT", timeout)), always=always))
             trials.append(node.targets[0])
@@ -392,13 +437,14 @@ def run_compile(build, info, target, source) -> int:
 def run_trial(build, info, target, source) -> int:
     from mpkbuild.model.kernel import bandwidth_file
     from mpkbuild.run.job import GateJob
-    from mpkbuild.stages.gates import GATES, GateCannotRun, lock_for, python_files, record, verdict_line
+    from mpkbuild.stages.gates import GateCannotRun, lock_for, record, verdict_line
     k = build.kernels[info["MPK_KERNEL"]]
     cand = _candidate(k, info["MPK_CID"])
     try:
         fp = build.ready_gpu(k.name, "tune")
     except GateCannotRun as exc:
         return build.fail(str(exc))
+    out, log = Path(target[0].abspath), Path(target[1].abspath)
     cdir = k.build_dir / "tune" / info["MPK_ARCH"] / cand.cid
     resources = read_json(cdir / "resources.json") or {}
     if resources.get("verdict") != "pass":
@@ -406,19 +452,16 @@ def run_trial(build, info, target, source) -> int:
         result = {"verdict": "rejected", "check": "compile",
                   "message": "compile: " + " ".join(problems[0].split())[:400]}
     else:
-        tune = k.base.data["tune"]
-        perf = read_json(k.section_file("perf"))
-        perf["perf"] = {**perf["perf"], "repeats": tune.get("repeats") or perf["perf"]["repeats"]}
         library = cdir / f"lib{k.name}.so"
         payload = {"root": str(k.root), "library": str(library),
                    "codegen": candidate_section(k.base.data, cand),
                    "generators": read_json(k.section_file("generators")),
-                   "validate": read_json(k.section_file("validate")), "perf": perf,
+                   "validate": read_json(k.section_file("validate")),
+                   "perf": {"perf": trial_perf(k.base.data)}, "figure": k.base.data["tune"]["figure"],
                    "bandwidth_file": str(bandwidth_file(k.root, fp.key)),
                    "candidate": {"cid": cand.cid, "variant": cand.variant, "config": cand.values}}
-        inputs = [library, *python_files(k, GATES["validate"]), *python_files(k, GATES["perf"]),
-                  bandwidth_file(k.root, fp.key)]
-        job = GateJob("trial", k.name, payload, Path(target[0].abspath).parent, float(info["MPK_TIMEOUT"]),
+        inputs = [library, *trial_files(k), bandwidth_file(k.root, fp.key)]
+        job = GateJob("trial", k.name, payload, out.parent, float(info["MPK_TIMEOUT"]),
                       root=k.root, inputs=tuple(dict.fromkeys(os.path.relpath(p, k.root) for p in inputs)))
         try:
             result = build.run_gate(job)
@@ -427,9 +470,9 @@ def run_trial(build, info, target, source) -> int:
     result = {**result, "candidate": {"cid": cand.cid, "variant": cand.variant, "config": cand.values,
                                       "current": cand.current}}
     full = record(result, gate="trial", kernel=k.name, fingerprint=fp, lock=lock_for(source, k.root, fp),
-                  result_path=Path(target[0].abspath), verdict_path=None)
-    if not Path(target[1].abspath).exists():
-        Path(target[1].abspath).write_text(f"{verdict_line(full)}\n")
+                  result_path=out, verdict_path=None)
+    if not log.exists():
+        log.write_text(f"{verdict_line(full)}\n")
     print(f"          trial {k.name} {cand.variant} {cand.text()}: {verdict_line(full)}")
     return 0
 
