@@ -314,6 +314,65 @@ def test_a_trials_job_holds_what_it_times_and_its_result_no_more(tuned_project):
         assert perf["repeats"] == 15 and perf["baseline"].endswith(":torch_silu_mul")
         fig = r["perf"]["variants"][r["candidate"]["variant"]]
         assert set(fig["baselines"]) == {"torch"} and "cold" not in fig and "baseline_cold" not in fig
+        assert r["elapsed_s"] >= 0        # what the budget counts
+
+
+def _set_budget(p, seconds) -> None:
+    import re
+    text = p.path(SPEC).read_text()
+    new, n = re.subn(r"(budget: \{candidates: \d+, seconds: )[0-9.]+\}", rf"\g<1>{seconds}}}", text)
+    assert n == 1, "the tune section's budget line changed shape"
+    p.path(SPEC).write_text(new)
+
+
+def test_the_time_budget_leaves_later_candidates_not_run_until_it_is_larger(tmp_path):
+    """Each trial records 10 s (FAKE_GPU_ELAPSED). Budget 25 s: in candidate order (-j1) a
+    variant's trials run while the ones before it spent at most 25 s; the rest are `not
+    run`, never timed nor lost, not cached (cache= keeps none of them), and re-checked on the
+    next call: the same budget runs nothing, a larger one runs exactly them."""
+    p = copy_project(tmp_path / "p", kernels=(K,))
+    p.edit(SPEC, *NARROW)
+    _set_budget(p, 25)
+    env = stand_in_env(FAKE_GPU_ELAPSED=json.dumps({K: 10}))
+    cache = tmp_path / "cache"
+    run = p.scons("-j1", "stage=tune", f"cache={cache}", env=env)
+    order = [line.split()[2] for line in run.stdout.splitlines() if line.startswith("trial ")]
+    data = load_spec(p.root / SPEC, p.root).data
+    assert order == [c.cid for e in tune.space(data).values() for c in e["candidates"]]
+    record = json.loads(p.path(TUNED).read_text())
+    large = record["ledger"]["large_r4096_i14336"]
+    assert [e["verdict"] for e in large] == ["timed", "timed", "timed", "not run", "not run"]
+    for e in large[3:]:
+        assert e["message"].startswith("the variant's time budget (25 s) was spent: 30.0 s by the 3 trials")
+        assert not {"ratio", "time_us", "vs_winner"} & set(e)
+    # decode_r8: 10 + 10 (validate failed: its GPU time counts) + 10; the spilled one never ran
+    assert [e["verdict"] for e in record["ledger"]["decode_r8_i2048"]] == ["timed", "rejected", "timed", "rejected"]
+    assert record["verdict"] == "pass" and "2 candidates not run" in record["message"]
+    assert record["space"]["large_r4096_i14336"]["not_run"] == 2
+    assert "not run: the variant's time budget (25 s) was spent" in run.stdout
+    assert trials_run(p) == 6
+    cached = [json.loads(f.read_text()) for f in cache.rglob("*") if f.is_file()
+              and f.read_bytes().startswith(b"{") and b'"gate": "trial"' in f.read_bytes()]
+    assert sorted(r["verdict"] for r in cached) == ["rejected"] * 2 + ["timed"] * 5
+
+    # not a cached result: status says the skipped ones run again, and why
+    reasons = {label: why for label, why in stale(p, env=env).items() if not label.startswith("spec ")}
+    skipped = {f"trial {K} {e['cid']} {GPU}" for e in large[3:]}
+    assert set(reasons) == skipped            # and the pick is not re-run: they change nothing
+    assert all("time budget was spent" in r[0] for r in reasons.values())
+    # the same budget: they are checked, still not run, and nothing else changes
+    before = p.path(TUNED).read_bytes()
+    again = p.scons("-j1", "stage=tune", env=env)
+    assert trials_run(p) == 6 and f"tune {K} {GPU}" not in again.stdout
+    assert p.path(TUNED).read_bytes() == before
+    # a larger budget: exactly the two run, and are timed
+    _set_budget(p, 45)
+    p.scons("-j1", "stage=tune", env=env)
+    assert trials_run(p) == 8
+    record = json.loads(p.path(TUNED).read_text())
+    assert [e["verdict"] for e in record["ledger"]["large_r4096_i14336"]] == ["timed"] * 5
+    assert "not run" not in record["message"]
+    assert not [label for label in stale(p, env=env) if label.startswith(("trial ", "tune "))]
 
 
 def test_trials_and_the_key_follow_exactly_the_baseline_files_trials_read(tmp_path):

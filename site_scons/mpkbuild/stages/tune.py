@@ -9,7 +9,8 @@ decides what runs and -jN spreads them):
                            that spills or exceeds SMEM (or does not compile) is recorded as
                            rejected (resources.json, verdict fail), never timed
     trial K <cid> <gpu>    one per candidate: validate, and time the survivors, through the
-                           executor (a GPU lease per trial: -jN with gpus=0,1 runs two at once)
+                           executor (a GPU lease per trial; a variant's trials take turns, so
+                           -jN with gpus=0,1 runs two variants' at once)
     tune K <gpu>           picks per variant from every trial (stages/interval.py judges
                            "faster"), writes the tuned file: the winners, every candidate
                            with its verdict and numbers (the ledger), and the key it was made from
@@ -31,6 +32,18 @@ baseline's file (trial_files; the key hashes the same baseline files), the bandw
 and as a fact the figure, the repeats and the perf settings less the gate's thresholds,
 other baselines and watchdog (trial_perf): a new threshold or extra baseline re-times nothing.
 
+The time budget: `tune.budget.seconds` per variant. A trial about to run adds up the seconds
+recorded by the trials of the candidates before it in its variant (their order: the spec's
+own configuration, which therefore always runs, then the nearest); past the budget it does
+not run and its result says `not run: the variant's time budget (N s) was spent`, never
+timed, never lost. That is not a cached result: the node runs again on every call, and a
+larger budget (or earlier trials that now record less) runs it; while nothing changed it
+leaves its file as it is, so the pick does not re-run. With -j1 SCons runs the trials in
+the candidates' order; with -jN a variant's trials take turns (one lock per variant, taken
+in about the order they became ready), so each checks the budget when its turn comes, not
+before a wait for a GPU; a trial still counts only the candidates before it. The budget
+also sets each trial's watchdog: budget / candidates, at least MIN_TRIAL_TIMEOUT_S.
+
 Using the result: when tuned/<profile>/<K>.json exists for the GPU profile the build is for
 (`gpu=` or the detected GPU), `apply_tuned` sets the tuned variants' symbols (and levers)
 in the codegen section the whole build uses; for every other profile the spec's values
@@ -48,15 +61,19 @@ import hashlib
 import itertools
 import json
 import os
+import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mpkbuild.model.graph import Node
 from mpkbuild.util import config, expr
-from mpkbuild.util.fsutil import dump_json, read_json, sha256_bytes, sha256_file, sha256_json, sha256_or_missing, write_json_atomic
+from mpkbuild.util.fsutil import (dump_json, read_json, sha256_bytes, sha256_file, sha256_json,
+                                  sha256_or_missing, write_atomic, write_json_atomic)
 
 TUNED_DIRNAME = "tuned"
 MIN_TRIAL_TIMEOUT_S = 20.0
+NOT_RUN = "not run"          # a trial's verdict when its variant's time budget was spent
 SECTIONS_READ = ("tune", "generators", "validate", "perf")   # "tune" holds the spec's codegen
 
 
@@ -366,6 +383,9 @@ def nodes(g, k, stage: str) -> None:
             always = None
             if verdict in ("crash", "hang"):
                 always = f"its last verdict was {verdict}: failures are never cached"
+            elif verdict == NOT_RUN:
+                always = ("it was not run (its variant's time budget was spent): "
+                          "it checks the budget again")
             elif verdict is not None and g.tampered(g.rel(result)):
                 always = f"{g.rel(result)} was modified after its trial wrote it: the trial runs again"
             node = g.add(Node(f"trial {k.name} {cand.cid} {g.gpu_key}", "trial", stage, k.name,
@@ -390,9 +410,20 @@ def nodes(g, k, stage: str) -> None:
     g.requested[(k.name, stage)] = list(node.targets)
 
 
-def predict(node, k, predictor) -> None:
-    """nvcc, the GPU and the pick cannot be known without running them."""
-    return None
+def predict(node, k, predictor) -> dict | None:
+    """nvcc, the GPU and the pick cannot be known without running them; a trial the budget
+    skipped can: with the budget and the earlier trials' recorded times as they are, it
+    leaves its result as it is (were an earlier trial to run, the pick is stale from it)."""
+    if node.kind != "trial" or k is None:
+        return None
+    old = read_json(predictor.root / node.targets[0])
+    if not old or old.get("verdict") != NOT_RUN:
+        return None
+    gpu_key = node.label.rsplit(" ", 1)[1]
+    why = budget_spent(k, gpu_key, _candidate(k, dict(node.opts)["MPK_CID"]))
+    same = why is not None and old.get("message") == why and \
+        old.get("budget_s") == k.base.data["tune"]["budget"]["seconds"]
+    return {} if same else None
 
 
 # ---------------------------------------------------------------- actions
@@ -434,6 +465,39 @@ def run_compile(build, info, target, source) -> int:
     return 0
 
 
+_TURNS: dict = {}                # (kernel, gpu, variant) -> the lock its trials take turns with
+_TURNS_GUARD = threading.Lock()
+
+
+def trial_result(k, gpu_key: str, cand: Candidate) -> Path:
+    return k.gpu_dir(gpu_key) / "tune" / cand.cid / "trial.json"
+
+
+def budget_spent(k, gpu_key: str, cand: Candidate) -> str | None:
+    """Why the candidate is not run (None: it runs): the trials of the candidates before it
+    in its variant (the spec's own configuration first, then the nearest) recorded more
+    seconds together than `tune.budget.seconds`. The spec's own configuration always runs."""
+    seconds = k.base.data["tune"]["budget"]["seconds"]
+    spent, counted = 0.0, 0
+    for earlier in space(k.base.data)[cand.variant]["candidates"]:
+        if earlier.cid == cand.cid:
+            break
+        took = (read_json(trial_result(k, gpu_key, earlier)) or {}).get("elapsed_s")
+        if isinstance(took, (int, float)) and took > 0:
+            spent, counted = spent + took, counted + 1
+    if spent <= seconds:
+        return None
+    return (f"the variant's time budget ({seconds:g} s) was spent: {spent:.1f} s by the "
+            f"{counted} trial{'s' if counted != 1 else ''} before it")
+
+
+def _turn(k, gpu_key: str, variant: str) -> threading.Lock:
+    """A variant's trials take turns (with -jN, variants run side by side), so each checks
+    the budget after the one before it has recorded its time, not before a GPU wait."""
+    with _TURNS_GUARD:
+        return _TURNS.setdefault((k.name, gpu_key, variant), threading.Lock())
+
+
 def run_trial(build, info, target, source) -> int:
     from mpkbuild.model.kernel import bandwidth_file
     from mpkbuild.run.job import GateJob
@@ -463,10 +527,18 @@ def run_trial(build, info, target, source) -> int:
         inputs = [library, *trial_files(k), bandwidth_file(k.root, fp.key)]
         job = GateJob("trial", k.name, payload, out.parent, float(info["MPK_TIMEOUT"]),
                       root=k.root, inputs=tuple(dict.fromkeys(os.path.relpath(p, k.root) for p in inputs)))
-        try:
-            result = build.run_gate(job)
-        except GateCannotRun as exc:
-            return build.fail(str(exc))
+        with _turn(k, fp.key, cand.variant):
+            over = budget_spent(k, fp.key, cand)
+            if over is None:
+                started = time.monotonic()
+                try:
+                    result = build.run_gate(job)
+                except GateCannotRun as exc:
+                    return build.fail(str(exc))
+                if not isinstance(result.get("elapsed_s"), (int, float)):   # what the budget counts
+                    result["elapsed_s"] = round(time.monotonic() - started - (result.get("lease_wait_s") or 0), 3)
+        if over is not None:
+            return _not_run(k, cand, over, target, out, log)
     result = {**result, "candidate": {"cid": cand.cid, "variant": cand.variant, "config": cand.values,
                                       "current": cand.current}}
     full = record(result, gate="trial", kernel=k.name, fingerprint=fp, lock=lock_for(source, k.root, fp),
@@ -477,13 +549,36 @@ def run_trial(build, info, target, source) -> int:
     return 0
 
 
+def _not_run(k, cand: Candidate, why: str, target, out: Path, log: Path) -> int:
+    """A trial the budget skipped: its result says so (never timed, never lost) and is not
+    a cached result: the node runs again on the next call (tune.nodes), and SCons's cache
+    (cache=) never keeps it. Unchanged, the file is left as it is, so the pick is not re-run."""
+    from mpkbuild.stages.gates import written_mark
+    for t in target:
+        t.set_nocache()
+    result = {"gate": "trial", "kernel": k.name, "verdict": NOT_RUN, "message": why,
+              "budget_s": k.base.data["tune"]["budget"]["seconds"],
+              "candidate": {"cid": cand.cid, "variant": cand.variant, "config": cand.values,
+                            "current": cand.current}}
+    old = read_json(out)
+    if not (old and {key: old.get(key) for key in result} == result):
+        text = dump_json(result)
+        write_atomic(written_mark(out), sha256_bytes(text.encode()) + "\n")
+        write_atomic(out, text)
+    log.write_text(f"{NOT_RUN}: {why}\n")
+    print(f"          trial {k.name} {cand.variant} {cand.text()}: {NOT_RUN}: {why}")
+    return 0
+
+
 # ---------------------------------------------------------------- the pick
 def ledger_entry(res: dict | None, cand: Candidate, figure: str, rel: str) -> dict:
     """One candidate as the ledger keeps it: verdict, message, the figure with its interval."""
     from mpkbuild.stages import interval
     entry = {"cid": cand.cid, "config": cand.values, "current": cand.current,
-             "verdict": (res or {}).get("verdict", "not run"),
+             "verdict": (res or {}).get("verdict", NOT_RUN),
              "message": (res or {}).get("message", "no trial result"), "trial": rel}
+    if entry["verdict"] == NOT_RUN and "budget_s" in (res or {}):
+        entry["budget_s"] = res["budget_s"]          # skipped by the budget: neither timed nor lost
     if entry["verdict"] != "timed":
         return entry
     try:
@@ -555,14 +650,16 @@ def run_pick(build, info, target, source) -> int:
     for variant, entry in sp.items():
         rows = []
         for cand in entry["candidates"]:
-            path = k.gpu_dir(fp.key) / "tune" / cand.cid / "trial.json"
+            path = trial_result(k, fp.key, cand)
             rows.append(ledger_entry(read_json(path), cand, figure, os.path.relpath(path, k.root)))
         for values, why in entry["static_rejected"]:
             rows.append({"cid": None, "config": values, "current": False, "verdict": "rejected",
                          "message": f"not a valid variant: {why}"})
         ledger[variant] = rows
         notes[variant] = {"excluded_by_constraints": entry["excluded_by_constraints"],
-                          "over_budget": entry["over_budget"]}
+                          "over_budget": entry["over_budget"],
+                          "not_run": sum(1 for r in rows if "budget_s" in r),
+                          "budget_s": t["budget"]["seconds"]}
     lever_names = [n for n in t["space"] if n in cg.get("levers", {})]
     wins, levers = pick(ledger, lever_names)
     variants, failed = {}, []
@@ -585,13 +682,17 @@ def run_pick(build, info, target, source) -> int:
                         if "ratio" in spec_row else None)}
     out = Path(target[0].abspath)
     changed = [v for v, e in variants.items() if e.get("from") == "tune"]
+    not_run = sum(n["not_run"] for n in notes.values())
     full = {
         "kernel": k.name, "gpu_profile": fp.key, "gpu": fp.to_json(), "arch": arch,
         "verdict": "fail" if failed else "pass",
         "message": (f"no candidate timed for {', '.join(failed)}" if failed else
                     f"{len(changed)} of {len(variants)} variants tuned away from the spec"
                     + (f"; levers on: {', '.join(n for n, on in levers.items() if on)}"
-                       if any(levers.values()) else "")),
+                       if any(levers.values()) else ""))
+                   + (f"; {not_run} candidate{'s' if not_run != 1 else ''} not run: "
+                      f"the time budget ({t['budget']['seconds']:g} s per variant) was spent"
+                      if not_run else ""),
         "figure": figure, "interval": interval.METHOD, "levers": levers, "variants": variants,
         "ledger": ledger, "space": notes, "key": tune_key(k, fp),
         "inputs": lock_for(source, k.root, fp),
