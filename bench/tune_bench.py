@@ -7,7 +7,8 @@ Each call compiles the kernel's candidates on the CPU cores (-jN), validates and
 on the GPU(s) and writes tuned/<gpu-profile>/<kernel>.json (commit it to use it). Output:
 one table per kernel and the wall time of its call; paste it into bench/RESULTS.md. A
 second run re-times nothing (the ledger is cached): `rm -rf build/<kernel>/gpu/*/tune` to
-measure from scratch.
+measure from scratch. A trial past its variant's `tune.budget.seconds` is not run (counted
+apart; a larger budget runs it).
 """
 from __future__ import annotations
 
@@ -39,10 +40,13 @@ def main(argv: list[str]) -> int:
         started = time.monotonic()
         proc = subprocess.run([*scons, f"kernel={kernel}"], cwd=ROOT, capture_output=True, text=True)
         wall = time.monotonic() - started
-        trials = sum(1 for line in proc.stdout.splitlines() if line.startswith("trial "))
-        compiles = sum(1 for line in proc.stdout.splitlines() if line.startswith("tunecc "))
+        lines = proc.stdout.splitlines()
+        skipped = sum(1 for line in lines if line.lstrip().startswith("trial ") and ": not run: " in line)
+        trials = sum(1 for line in lines if line.startswith("trial ")) - skipped
+        compiles = sum(1 for line in lines if line.startswith("tunecc "))
         print(f"\n## {kernel}: scons stage=tune {jobs} {' '.join(gpus)} -> exit {proc.returncode}, "
-              f"wall {wall:.1f} s ({compiles} candidates compiled, {trials} trials run)")
+              f"wall {wall:.1f} s ({compiles} candidates compiled, {trials} trials run, "
+              f"{skipped} not run: time budget)")
         if proc.returncode != 0:
             print(proc.stdout[-3000:] + proc.stderr[-3000:])
             worst = 1
@@ -56,17 +60,18 @@ def main(argv: list[str]) -> int:
         print(f"figure: {record['figure']} µs; decision on {record['interval']}")
         if record.get("levers"):
             print("levers: " + ", ".join(f"{n} {'on' if v else 'off'}" for n, v in record["levers"].items()))
-        print("| variant | committed | µs [interval] | tuned | µs [interval] | tuned/committed (ratio median) | candidates timed/rejected |")
+        print("| variant | committed | µs [interval] | tuned | µs [interval] | tuned/committed (ratio median) | candidates timed/rejected/not run |")
         print("|---|---|---|---|---|---:|---|")
         for variant, w in record["variants"].items():
             rows = record["ledger"][variant]
             spec_row = next((r for r in rows if r.get("current")), {})
             timed = sum(1 for r in rows if r["verdict"] == "timed")
             rejected = sum(1 for r in rows if r["verdict"] == "rejected")
+            not_run = sum(1 for r in rows if r["verdict"] == "not run")
             vs = f"{w['vs_spec']:.3f}" if w.get("vs_spec") else "—"
             mark = " **faster**" if w.get("from") == "tune" else ""
             print(f"| {variant} | {cfg(spec_row.get('config'))} | {fmt(spec_row.get('time_us'))} | "
-                  f"{cfg(w.get('config'))}{mark} | {fmt(w.get('time_us'))} | {vs} | {timed}/{rejected} |")
+                  f"{cfg(w.get('config'))}{mark} | {fmt(w.get('time_us'))} | {vs} | {timed}/{rejected}/{not_run} |")
     return worst
 
 

@@ -209,6 +209,221 @@ def test_trials_need_a_gpu_of_the_profile(tuned_project, tmp_path):
     assert "tunecc silu_mul_v2" in run.stdout           # candidates compile on the CPU
 
 
+# ---------------------------------------------------------------- what a trial times
+def _cpu_perf(monkeypatch, torch):
+    """runners/perf.py on the CPU: every CUDA step (capture, replay, slowCTA, pointer
+    tables, torch.compile) replaced by a recorder; what is timed is what it asks for."""
+    from types import SimpleNamespace
+    from mpkbuild.runners import perf
+    seen = {"loaded": [], "compiled": [], "timed": [], "slowcta": 0}
+
+    class CpuTorch:
+        def __getattr__(self, name):
+            return getattr(torch, name)
+        Generator = staticmethod(lambda device=None: torch.Generator())
+        empty = staticmethod(lambda shape, dtype=None, device=None: torch.empty(shape, dtype=dtype))
+        cuda = SimpleNamespace(synchronize=lambda: None)
+        _dynamo = SimpleNamespace(reset=lambda: None)
+
+        @staticmethod
+        def compile(fn, dynamic=False):
+            seen["compiled"].append(fn)
+            return fn
+
+    def time_graphs(graphs, launches, repeats, warmup, prime=False, sampling=None, nvml=None):
+        for enqueue in graphs:            # each "graph" is its enqueue: run it once
+            enqueue(1, None)
+        seen["timed"].append({"graphs": len(graphs), "prime": prime})
+        return [{"median_us": 1.0 + i, "samples_us": [(1.0 + i) * (1 + 0.001 * j) for j in range(repeats)]}
+                for i in range(len(graphs))]
+
+    def slow_cta(*args):
+        seen["slowcta"] += 1
+        return {}
+
+    def load_function(root, ref):
+        seen["loaded"].append(ref)
+        return lambda *tensors, **params: None
+
+    launch = lambda inputs, outputs, spans=None, stream=None: None
+    launch.sets = lambda table, nsets, count, stream: None
+    monkeypatch.setattr(perf, "torch", CpuTorch())
+    monkeypatch.setattr(perf, "capture", lambda enqueue, launches: enqueue)
+    monkeypatch.setattr(perf, "time_graphs", time_graphs)
+    monkeypatch.setattr(perf, "slow_cta", slow_cta)
+    monkeypatch.setattr(perf, "pointer_table", lambda stacked, count: None)
+    monkeypatch.setattr(perf, "load_function", load_function)
+    monkeypatch.setattr(perf, "_sets", lambda specs, gens, count, gen: [torch.zeros((count, 2)) for _ in specs])
+    harness = SimpleNamespace(launcher=lambda variant: launch)
+    return perf, harness, seen
+
+
+def test_a_trial_times_its_figure_against_the_primary_baseline_only(tmp_path, monkeypatch):
+    """The perf runner's `only_figure` (what runners/trial.py asks for): one figure, the
+    kernel paired with the primary baseline; the spec's other baseline (silu_mul_v2's
+    torch.compile one) is never loaded or compiled, no slowCTA. Without it, the perf gate's
+    full set is timed, from the same functions."""
+    torch = pytest.importorskip("torch")
+    root = copy_project(tmp_path / "p", kernels=(K,)).root
+    data = load_spec(root / SPEC, root).data
+    assert data["perf"]["baselines"] and data["perf"]["cold"], "the spec this test relies on changed"
+    cand = tune.space(data)["decode_r8_i2048"]["candidates"][0]
+    # the perf gate's section, extra baselines and all: the option alone keeps them out
+    job = {"root": str(root), "codegen": tune.candidate_section(data, cand),
+           "generators": {"generators": data["generators"]}, "perf": {"perf": data["perf"]}}
+    bandwidth = {"copy_bandwidth_Bps": 4.0e12}
+
+    perf, harness, seen = _cpu_perf(monkeypatch, torch)
+    hot = perf.perf_variant(harness, job, cand.variant, bandwidth, 1 << 20, only_figure="hot")
+    assert seen == {"loaded": [data["perf"]["baseline"]], "compiled": [], "slowcta": 0,
+                    "timed": [{"graphs": 2, "prime": True}]}
+    assert set(hot["baselines"]) == {"torch"} and set(hot["baselines"]["torch"]) >= {"hot", "vs_hot"}
+    assert "hot" in hot and "baseline_hot" in hot and "vs_baseline_hot" in hot
+    assert not any(key.startswith(("cold", "baseline_cold", "vs_baseline_cold")) for key in hot)
+    assert "slowcta" not in hot and "cold" not in hot["baselines"]["torch"]
+
+    perf, harness, seen = _cpu_perf(monkeypatch, torch)
+    cold = perf.perf_variant(harness, job, cand.variant, bandwidth, 1 << 20, only_figure="cold")
+    assert seen["timed"] == [{"graphs": 2, "prime": False}] and seen["slowcta"] == 0
+    assert "cold" in cold and "baseline_cold" in cold and "hot" not in cold and "baseline_hot" not in cold
+
+    # the perf gate: every baseline, both figures, slowCTA
+    perf, harness, seen = _cpu_perf(monkeypatch, torch)
+    full = perf.perf_variant(harness, job, cand.variant, bandwidth, 1 << 20)
+    assert len(seen["loaded"]) == 2 and len(seen["compiled"]) == 1 and seen["slowcta"] == 1
+    assert seen["timed"] == [{"graphs": 3, "prime": True}, {"graphs": 3, "prime": False}]
+    assert {"hot", "cold", "slowcta", "baseline_cold"} <= set(full) and set(full["baselines"]) == {"torch", "compile"}
+
+    # the trial runner asks perf for the tune's figure
+    from mpkbuild.runners import trial
+    asked = []
+    monkeypatch.setattr(trial.validate, "main", lambda job: {"verdict": "pass", "variants": {}})
+    monkeypatch.setattr(trial.perf, "main", lambda job, only_figure=None: asked.append(only_figure) or {})
+    assert trial.main({**job, "figure": "cold"})["verdict"] == "timed" and asked == ["cold"]
+
+
+def test_a_trials_job_holds_what_it_times_and_its_result_no_more(tuned_project):
+    p, _ = tuned_project
+    results = [json.loads(f.read_text()) for f in p.path(f"build/{K}/gpu/{GPU}").glob("tune/*/trial.json")]
+    timed = [r for r in results if r["verdict"] == "timed"]
+    assert len(timed) == 7          # 2 + 5: one failed validate, one spilled
+    for r in timed:
+        assert r["job"]["figure"] == "hot"
+        perf = r["job"]["perf"]["perf"]
+        assert "baselines" not in perf and "thresholds" not in perf and "cold" not in perf
+        assert perf["repeats"] == 15 and perf["baseline"].endswith(":torch_silu_mul")
+        fig = r["perf"]["variants"][r["candidate"]["variant"]]
+        assert set(fig["baselines"]) == {"torch"} and "cold" not in fig and "baseline_cold" not in fig
+        assert r["elapsed_s"] >= 0        # what the budget counts
+
+
+def _set_budget(p, seconds) -> None:
+    import re
+    text = p.path(SPEC).read_text()
+    new, n = re.subn(r"(budget: \{candidates: \d+, seconds: )[0-9.]+\}", rf"\g<1>{seconds}}}", text)
+    assert n == 1, "the tune section's budget line changed shape"
+    p.path(SPEC).write_text(new)
+
+
+def test_the_time_budget_leaves_later_candidates_not_run_until_it_is_larger(tmp_path):
+    """Each trial records 10 s (FAKE_GPU_ELAPSED). Budget 25 s: in candidate order (-j1) a
+    variant's trials run while the ones before it spent at most 25 s; the rest are `not
+    run`, never timed nor lost, not cached (cache= keeps none of them), and re-checked on the
+    next call: the same budget runs nothing, a larger one runs exactly them."""
+    p = copy_project(tmp_path / "p", kernels=(K,))
+    p.edit(SPEC, *NARROW)
+    _set_budget(p, 25)
+    env = stand_in_env(FAKE_GPU_ELAPSED=json.dumps({K: 10}))
+    cache = tmp_path / "cache"
+    run = p.scons("-j1", "stage=tune", f"cache={cache}", env=env)
+    order = [line.split()[2] for line in run.stdout.splitlines() if line.startswith("trial ")]
+    data = load_spec(p.root / SPEC, p.root).data
+    assert order == [c.cid for e in tune.space(data).values() for c in e["candidates"]]
+    record = json.loads(p.path(TUNED).read_text())
+    large = record["ledger"]["large_r4096_i14336"]
+    assert [e["verdict"] for e in large] == ["timed", "timed", "timed", "not run", "not run"]
+    for e in large[3:]:
+        assert e["message"].startswith("the variant's time budget (25 s) was spent: 30.0 s by the 3 trials")
+        assert not {"ratio", "time_us", "vs_winner"} & set(e)
+    # decode_r8: 10 + 10 (validate failed: its GPU time counts) + 10; the spilled one never ran
+    assert [e["verdict"] for e in record["ledger"]["decode_r8_i2048"]] == ["timed", "rejected", "timed", "rejected"]
+    assert record["verdict"] == "pass" and "2 candidates not run" in record["message"]
+    assert record["space"]["large_r4096_i14336"]["not_run"] == 2
+    assert "not run: the variant's time budget (25 s) was spent" in run.stdout
+    assert trials_run(p) == 6
+    cached = [json.loads(f.read_text()) for f in cache.rglob("*") if f.is_file()
+              and f.read_bytes().startswith(b"{") and b'"gate": "trial"' in f.read_bytes()]
+    assert sorted(r["verdict"] for r in cached) == ["rejected"] * 2 + ["timed"] * 5
+
+    # not a cached result: status says the skipped ones run again, and why
+    reasons = {label: why for label, why in stale(p, env=env).items() if not label.startswith("spec ")}
+    skipped = {f"trial {K} {e['cid']} {GPU}" for e in large[3:]}
+    assert set(reasons) == skipped            # and the pick is not re-run: they change nothing
+    assert all("time budget was spent" in r[0] for r in reasons.values())
+    # the same budget: they are checked, still not run, and nothing else changes
+    before = p.path(TUNED).read_bytes()
+    again = p.scons("-j1", "stage=tune", env=env)
+    assert trials_run(p) == 6 and f"tune {K} {GPU}" not in again.stdout
+    assert p.path(TUNED).read_bytes() == before
+    # a larger budget: exactly the two run, and are timed
+    _set_budget(p, 45)
+    p.scons("-j1", "stage=tune", env=env)
+    assert trials_run(p) == 8
+    record = json.loads(p.path(TUNED).read_text())
+    assert [e["verdict"] for e in record["ledger"]["large_r4096_i14336"]] == ["timed"] * 5
+    assert "not run" not in record["message"]
+    assert not [label for label in stale(p, env=env) if label.startswith(("trial ", "tune "))]
+
+
+def test_trials_and_the_key_follow_exactly_the_baseline_files_trials_read(tmp_path):
+    """With the primary baseline and an extra one in files of their own: the extra one's file
+    (and its spec entry, and a threshold) is no trial's input and not in the key; the primary
+    baseline's file is both, and the key says which file changed."""
+    import yaml
+    from mpkbuild.gpu import GpuFingerprint
+    from mpkbuild.model.kernel import Kernel
+    p = copy_project(tmp_path / "p", kernels=(K,))
+    p.edit(SPEC, *NARROW)
+    ref = p.path(f"kernels/{K}/reference.py").read_text()
+    for name in ("primary.py", "extra.py"):
+        p.path(f"kernels/{K}/{name}").write_text(ref)
+    data = yaml.safe_load(p.path(SPEC).read_text())
+    data["perf"]["baseline"] = f"kernels/{K}/primary.py:torch_silu_mul"
+    data["perf"]["baselines"] = [{"name": "extra", "function": f"kernels/{K}/extra.py:torch_silu_mul"}]
+    p.path(SPEC).write_text(yaml.safe_dump(data, sort_keys=False))
+    env = stand_in_env()
+    p.scons("-j2", "stage=tune", env=env)
+    for r in (json.loads(f.read_text()) for f in p.path(f"build/{K}/gpu/{GPU}").glob("tune/*/trial.json")):
+        if r["verdict"] == "timed":
+            assert f"kernels/{K}/primary.py" in r["job"]["inputs"]
+            assert f"kernels/{K}/extra.py" not in r["job"]["inputs"]
+            assert f"kernels/{K}/extra.py" not in r["inputs"]     # the node's inputs, as recorded
+    fp = GpuFingerprint(name="Fake GPU", compute_capability="9.0", driver="1.0", torch="0.0", count=1)
+
+    def key():
+        return tune.tune_key(Kernel.load(p.root, K, write_cache=False), fp)
+
+    first = key()
+    assert first["baseline"] == {f"kernels/{K}/primary.py": tune.sha256_file(p.path(f"kernels/{K}/primary.py"))}
+    assert first == json.loads(p.path(TUNED).read_text())["key"]
+    # the extra baseline: its file, its entry, a threshold: no trial re-runs, the key stays
+    p.path(f"kernels/{K}/extra.py").write_text(ref + "\n# edited\n")
+    data["perf"]["baselines"][0]["compile"] = True
+    data["perf"]["thresholds"] = data["perf"]["thresholds"][1:]
+    p.path(SPEC).write_text(yaml.safe_dump(data, sort_keys=False))
+    assert key() == first
+    assert not [label for label in stale(p, env=env) if label.startswith(("trial ", "tune "))]
+    # the primary baseline's file: every trial and the key
+    p.path(f"kernels/{K}/primary.py").write_text(ref + "\n# edited\n")
+    changed = key()
+    assert changed["baseline"] != first["baseline"] and changed["reference"] == first["reference"]
+    assert tune.key_changes(first, changed) == [f"the torch baseline changed (kernels/{K}/primary.py)"]
+    reasons = stale(p, env=env)
+    trials = [label for label in reasons if label.startswith("trial ")]
+    assert len(trials) == 9 and all(f"kernels/{K}/primary.py changed" in reasons[t] for t in trials)
+    assert any(f"the torch baseline changed (kernels/{K}/primary.py)" in r for r in reasons[f"tune {K} {GPU}"])
+
+
 # ---------------------------------------------------------------- levers
 @pytest.mark.nvcc
 def test_a_lever_that_is_off_changes_no_byte(tmp_path):

@@ -259,7 +259,7 @@ def compute(g: Graph, sconsign: Sconsign, predictor: Predictor, gpu_here: bool,
         elif node.kind in GPU_KINDS and not gpu_here:
             state = "pending"
             reasons.insert(0, "no GPU of this profile here")
-        elif verdict not in (None, "pass") and not (node.kind == "trial" and verdict in ("timed", "rejected")):
+        elif verdict not in (None, "pass") and not (node.kind == "trial" and verdict in ("timed", "rejected", "not run")):
             state = "failed"
         elif never:
             state = "never run"

@@ -14,7 +14,9 @@ recorded elapsed_s (the gate order reads it).
 A tune trial (gate "trial") answers from the candidate's configuration: FAKE_GPU_TRIAL_US
 {"sym=value[,sym=value]": us} gives the time of the first candidate pattern that holds (10 us
 otherwise; the variant's name may be one of the terms), FAKE_GPU_TRIAL_FAIL [pattern, ...]
-makes validate fail. Samples are paired with a 20 us torch, with a small fixed jitter.
+makes validate fail. Samples are paired with a 20 us torch, with a small fixed jitter. As
+the real trial runner does, it times only the job's `figure` against the primary baseline;
+its result echoes what the job asked for (`job`: figure, perf section, shipped inputs).
 """
 import json
 import math
@@ -123,10 +125,12 @@ def _trial(job) -> dict:
             us = float(value)
             break
     repeats = job.payload["perf"]["perf"]["repeats"]
+    figure = job.payload["figure"]
     jitter = [1.0 + 0.004 * ((i * 3) % 5 - 2) for i in range(repeats)]
     fig = {"median_us": us, "samples_us": [us * j for j in jitter]}
     base = {"median_us": 20.0, "samples_us": [20.0] * repeats}
     return {"verdict": "timed", "message": "validated and timed (stand-in)",
             "validate": {"verdict": "pass"},
+            "job": {"figure": figure, "perf": job.payload["perf"], "inputs": list(job.inputs)},
             "perf": {"verdict": "timed", "variants": {variant: {
-                "hot": fig, "cold": dict(fig), "baseline_hot": base, "baseline_cold": dict(base)}}}}
+                figure: fig, f"baseline_{figure}": base, "baselines": {"torch": {figure: base}}}}}}

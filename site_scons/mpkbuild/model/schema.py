@@ -156,8 +156,10 @@ _TUNE = {
                                               "config first, then the nearest to it)"},
                 "seconds": {"type": "number", "exclusiveMinimum": 0,
                             "maximum": config.MAX_TIMEOUT_S, "default": 900,
-                            "description": "GPU time per variant: split evenly into each "
-                                           "candidate's watchdog"},
+                            "description": "GPU time per variant: a candidate whose earlier "
+                                           "candidates' trials recorded more is not run (its "
+                                           "result says so; a larger budget runs it); also "
+                                           "split evenly into each candidate's watchdog"},
             },
         },
         "repeats": {"type": "integer", "minimum": 5, "maximum": 1000,

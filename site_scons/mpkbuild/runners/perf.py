@@ -13,6 +13,11 @@
   for the spec's read:write mix (the bandwidth node's result, util.perfspec.ceiling).
 The runner only times; the build turns the figures into the verdict with the spec's
 thresholds (mpkbuild.perfcheck), also when several GPUs shared the gate's variants.
+
+A tune trial (runners/trial.py) times through the same functions with `only_figure`: that
+one figure (hot or cold, the tune's `figure`), the kernel paired with the primary baseline
+alone; no other baseline is loaded or compiled, no slowCTA, no other figure. Candidates are
+compared on nothing else (stages/tune.py), so the rest would only cost GPU time.
 """
 from __future__ import annotations
 
@@ -59,13 +64,14 @@ def slow_cta(launch, inputs, outputs, grid: int, repeats: int) -> dict:
             "slowest_range_us": [min(slowest), max(slowest)], "repeats": repeats}
 
 
-def prepared_baselines(job: dict, codegen: dict, inputs: list) -> list[dict]:
+def prepared_baselines(job: dict, codegen: dict, inputs: list, primary_only: bool = False) -> list[dict]:
     """Each baseline as a callable on the kernel's inputs: the spec's functions with their
     params bound, torch.compile'd ones (dynamic=False) compiled here on the variant's inputs
     (the compile time recorded, never timed). A fresh dynamo cache per variant: with one
-    cache, shapes past its recompile limit would silently run eagerly."""
+    cache, shapes past its recompile limit would silently run eagerly. `primary_only`: the
+    primary baseline alone (`perf.baseline`, never compiled); the others are not loaded."""
     out = []
-    for b in perfspec.baselines(job["perf"]["perf"]):
+    for b in perfspec.baselines(job["perf"]["perf"])[:1 if primary_only else None]:
         fn = bind_params(load_function(job["root"], b["function"]), codegen["params"])
         entry = {"name": b["name"], "function": b["function"], "compile": b["compile"]}
         if b["compile"]:
@@ -87,8 +93,13 @@ def prepared_baselines(job: dict, codegen: dict, inputs: list) -> list[dict]:
     return out
 
 
-def perf_variant(harness, job, variant, bandwidth, l2_bytes, nvml=None) -> dict:
+def perf_variant(harness, job, variant, bandwidth, l2_bytes, nvml=None, only_figure: str | None = None) -> dict:
+    """The variant's figures. `only_figure` ("hot" or "cold", a tune trial's): that figure
+    alone, against the primary baseline alone, and no slowCTA (see the module docstring)."""
     codegen, pcfg = job["codegen"]["codegen"], job["perf"]["perf"]
+    if only_figure not in (None, "hot", "cold"):
+        raise ValueError(f"only_figure {only_figure!r}: hot, cold or None")
+    figures = (only_figure,) if only_figure else ("hot", "cold") if pcfg["cold"] else ("hot",)
     gens = timed_generators(job)
     launch = harness.launcher(variant)
     ins, outs = tensor_specs(codegen, variant)
@@ -114,25 +125,26 @@ def perf_variant(harness, job, variant, bandwidth, l2_bytes, nvml=None) -> dict:
         lap("replay")
         return figures
 
-    # hot: one buffer set
+    # hot: one buffer set (the baselines are compiled on it)
     inputs = [t[0] for t in _sets(ins, gens, 1, gen)]
     outputs = [torch.empty(shape, dtype=dtype, device="cuda") for _, shape, dtype in outs]
     lap("inputs")
-    prepared = prepared_baselines(job, codegen, inputs)
+    prepared = prepared_baselines(job, codegen, inputs, primary_only=only_figure is not None)
     bases = [b for b in prepared if "fn" in b]
     lap("compile")
-    figs = timed(each(lambda i, s: launch(inputs, outputs, stream=s)),
-                 [each(lambda i, s, f=b["fn"]: f(*inputs)) for b in bases], L, pcfg["warmup"], prime=True)
-    hot = figs[0]
     result = {"bytes": nbytes, "bytes_read": nread, "bytes_written": nwrite, "ceiling": roof,
-              "hot": hot, "baselines": {b["name"]: b for b in prepared if "fn" not in b}, "slowcta": slow_cta(launch, inputs, outputs, _grid(codegen, sym),
-                                                             pcfg["repeats"])}
-    for b, f in zip(bases, figs[1:]):
-        result["baselines"][b["name"]] = {k: v for k, v in b.items() if k != "fn"}
-        result["baselines"][b["name"]]["hot"] = f
-    lap("slowcta")
+              "baselines": {b["name"]: {k: v for k, v in b.items() if k != "fn"} for b in prepared}}
+    if "hot" in figures:
+        figs = timed(each(lambda i, s: launch(inputs, outputs, stream=s)),
+                     [each(lambda i, s, f=b["fn"]: f(*inputs)) for b in bases], L, pcfg["warmup"], prime=True)
+        result["hot"] = figs[0]
+        for b, f in zip(bases, figs[1:]):
+            result["baselines"][b["name"]]["hot"] = f
+    if only_figure is None:
+        result["slowcta"] = slow_cta(launch, inputs, outputs, _grid(codegen, sym), pcfg["repeats"])
+        lap("slowcta")
 
-    if pcfg["cold"]:
+    if "cold" in figures:
         set_bytes = sum(math.prod(s) * torch.empty((), dtype=d).element_size() for _, s, d in ins + outs)
         nsets = max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
         n_launch = min(MAX_COLD_LAUNCHES, max(L, nsets))
@@ -149,20 +161,17 @@ def perf_variant(harness, job, variant, bandwidth, l2_bytes, nvml=None) -> dict:
         for b, f in zip(bases, figs[1:]):
             result["baselines"][b["name"]]["cold"] = f
         del in_sets, out_sets, set_inputs
-    for key in ("hot", "cold"):
-        if key in result:
-            bw = nbytes / (result[key]["median_us"] * 1e-6)
-            result[f"{key}_bandwidth_Bps"] = bw
-            result[f"{key}_bandwidth_fraction"] = bw / roof["Bps"]
-            for b in result["baselines"].values():
-                if key in b:
-                    b[f"vs_{key}"] = paired_figure(result[key], b[key])
+    for key in figures:
+        bw = nbytes / (result[key]["median_us"] * 1e-6)
+        result[f"{key}_bandwidth_Bps"] = bw
+        result[f"{key}_bandwidth_fraction"] = bw / roof["Bps"]
+        for b in result["baselines"].values():
+            if key in b:
+                b[f"vs_{key}"] = paired_figure(result[key], b[key])
     primary = result["baselines"][perfspec.PRIMARY]
-    result["baseline_hot"] = primary["hot"]           # the primary baseline, as before
-    result["vs_baseline_hot"] = paired_ratio(hot, primary["hot"])
-    if "cold" in result:
-        result["baseline_cold"] = primary["cold"]
-        result["vs_baseline_cold"] = paired_ratio(result["cold"], primary["cold"])
+    for key in figures:                               # the primary baseline, as before
+        result[f"baseline_{key}"] = primary[key]
+        result[f"vs_baseline_{key}"] = paired_ratio(result[key], primary[key])
     del bases
     result["timings_s"] = phases          # where the gate's own time goes (not the kernel's)
     return result
@@ -172,9 +181,9 @@ def _grid(codegen, sym) -> int:
     return int(expr.evaluate(codegen["grid"][0], sym))
 
 
-def main(job: dict) -> dict:
+def main(job: dict, only_figure: str | None = None) -> dict:
     """Times every variant and reports them as "timed": the build applies the spec's
-    thresholds (perfcheck.judge)."""
+    thresholds (perfcheck.judge). `only_figure`: a tune trial's (perf_variant)."""
     torch.cuda.init()
     facts = device_facts()
     nvml = Nvml()
@@ -185,7 +194,8 @@ def main(job: dict) -> dict:
     variants = {}
     for variant in job["codegen"]["codegen"]["variants"]:
         print(f"perf variant {variant}", flush=True)      # a crash's last line names it
-        variants[variant] = perf_variant(harness, job, variant, bw, facts["l2_bytes"], nvml)
+        variants[variant] = perf_variant(harness, job, variant, bw, facts["l2_bytes"], nvml,
+                                         only_figure=only_figure)
         started = time.perf_counter()
         # Every variant starts from fresh allocations: with torch's cache kept between
         # variants, linear_v2's L2-resident decode shapes measured up to 1.35x slower on an

@@ -2,8 +2,10 @@
 
 The candidate's library holds one variant (its configuration). Validation is the validate
 gate's (runners/validate.py), timing the perf gate's (runners/perf.py: CUDA-graph replays
-paired with the torch baseline's). A candidate that fails validation is `rejected` and
-never timed; the build picks among the `timed` ones (stages/tune.py).
+paired with the torch baseline's), of the one figure the tune compares on (the job's
+`figure`, the spec's `tune.figure`) against the primary baseline alone: no other baseline,
+figure or slowCTA, which the pick never reads. A candidate that fails validation is
+`rejected` and never timed; the build picks among the `timed` ones (stages/tune.py).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ def main(job: dict) -> dict:
         return {"verdict": "rejected", "check": "validate", "device": checked.get("device", {}),
                 "message": f"validate: {checked.get('message', checked['verdict'])}",
                 "validate": checked}
-    timed = perf.main(job)
+    timed = perf.main(job, only_figure=job["figure"])
     return {"verdict": "timed", "device": timed.get("device", {}),
             "message": "validated and timed", "validate": {"verdict": "pass",
                                                           "variants": checked["variants"]},

@@ -9,7 +9,8 @@ decides what runs and -jN spreads them):
                            that spills or exceeds SMEM (or does not compile) is recorded as
                            rejected (resources.json, verdict fail), never timed
     trial K <cid> <gpu>    one per candidate: validate, and time the survivors, through the
-                           executor (a GPU lease per trial: -jN with gpus=0,1 runs two at once)
+                           executor (a GPU lease per trial; a variant's trials take turns, so
+                           -jN with gpus=0,1 runs two variants' at once)
     tune K <gpu>           picks per variant from every trial (stages/interval.py judges
                            "faster"), writes the tuned file: the winners, every candidate
                            with its verdict and numbers (the ledger), and the key it was made from
@@ -22,13 +23,35 @@ spec's codegen, never from a tuned one, so a tune never makes itself stale. A tr
 own node with its own inputs: a candidate that lost is not timed again unless one of them
 changed (a crashed or hung trial is, as any failed gate).
 
+What a trial times is what the pick compares (ledger_entry): the tune's `figure` (hot or
+cold) of the candidate, paired with the primary baseline (`perf.baseline`), and nothing
+else: no other baseline of perf.baselines (a torch.compile one would be compiled in every
+trial), no other figure, no slowCTA (runners/perf.py `only_figure`). Its inputs are what it
+reads: the library, the generators and validate sections, the reference and the primary
+baseline's file (trial_files; the key hashes the same baseline files), the bandwidth node,
+and as a fact the figure, the repeats and the perf settings less the gate's thresholds,
+other baselines and watchdog (trial_perf): a new threshold or extra baseline re-times nothing.
+
+The time budget: `tune.budget.seconds` per variant. A trial about to run adds up the seconds
+recorded by the trials of the candidates before it in its variant (their order: the spec's
+own configuration, which therefore always runs, then the nearest); past the budget it does
+not run and its result says `not run: the variant's time budget (N s) was spent`, never
+timed, never lost. That is not a cached result: the node runs again on every call, and a
+larger budget (or earlier trials that now record less) runs it; while nothing changed it
+leaves its file as it is, so the pick does not re-run. With -j1 SCons runs the trials in
+the candidates' order; with -jN a variant's trials take turns (one lock per variant, taken
+in about the order they became ready), so each checks the budget when its turn comes, not
+before a wait for a GPU; a trial still counts only the candidates before it. The budget
+also sets each trial's watchdog: budget / candidates, at least MIN_TRIAL_TIMEOUT_S.
+
 Using the result: when tuned/<profile>/<K>.json exists for the GPU profile the build is for
 (`gpu=` or the detected GPU), `apply_tuned` sets the tuned variants' symbols (and levers)
 in the codegen section the whole build uses; for every other profile the spec's values
 stay. The spec node carries the file's hash as a fact, so status says "tuned config" when
-it is what changed. The file's key (body, the sections the stage reads, references,
-toolchain, GPU signature, the search space) is compared with the current one on every
-plan: a mismatch makes the tune node stale with the reasons, on any clone.
+it is what changed. The file's key (body, the sections the stage reads -- of perf what the
+trials read --, the reference and the baseline files the trials read, toolchain, GPU
+signature, the search space) is compared with the current one on every plan: a mismatch
+makes the tune node stale with the reasons, on any clone.
 """
 from __future__ import annotations
 
@@ -38,15 +61,19 @@ import hashlib
 import itertools
 import json
 import os
+import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mpkbuild.model.graph import Node
 from mpkbuild.util import config, expr
-from mpkbuild.util.fsutil import dump_json, read_json, sha256_bytes, sha256_file, sha256_json, sha256_or_missing, write_json_atomic
+from mpkbuild.util.fsutil import (dump_json, read_json, sha256_bytes, sha256_file, sha256_json,
+                                  sha256_or_missing, write_atomic, write_json_atomic)
 
 TUNED_DIRNAME = "tuned"
 MIN_TRIAL_TIMEOUT_S = 20.0
+NOT_RUN = "not run"          # a trial's verdict when its variant's time budget was spent
 SECTIONS_READ = ("tune", "generators", "validate", "perf")   # "tune" holds the spec's codegen
 
 
@@ -188,6 +215,33 @@ def candidate_fact(data: dict, cand: Candidate) -> str:
     return f"candidate: {cand.variant} {cand.text()}; codegen {sha256_json(candidate_section(data, cand))[:16]}"
 
 
+# ---------------------------------------------------------------- what a trial reads
+# of the perf section: not these (the gate's thresholds, its other baselines and its
+# watchdog; `cold`, since a trial times the tune's `figure` whatever the gate times)
+PERF_KEYS_NOT_READ = ("thresholds", "baselines", "timeout_s", "max_regression", "cold")
+
+
+def trial_perf(data: dict) -> dict:
+    """The perf settings a trial times with (the job's perf section, a fact of its node):
+    perf's, less what a trial does not read, with the tune's repeats."""
+    perf = {key: v for key, v in data["perf"].items() if key not in PERF_KEYS_NOT_READ}
+    perf["repeats"] = data["tune"].get("repeats") or data["perf"]["repeats"]
+    return perf
+
+
+def trial_baseline_files(k) -> list[Path]:
+    """The baseline files a trial loads: the primary baseline's alone (perf.baselines are
+    the perf gate's, never timed by a trial: runners/perf.py `only_figure`)."""
+    from mpkbuild.stages.gates import GATES, python_file
+    return [python_file(k, GATES["perf"])]
+
+
+def trial_files(k) -> list[Path]:
+    """Every Python file of the kernel a trial loads: validate's reference, the baseline."""
+    from mpkbuild.stages.gates import GATES, python_files
+    return list(dict.fromkeys([*python_files(k, GATES["trial"]), *trial_baseline_files(k)]))
+
+
 # ---------------------------------------------------------------- the key
 def tune_key(k, fingerprint) -> dict:
     """What a tune was made from: any change makes it stale (and says which)."""
@@ -195,11 +249,14 @@ def tune_key(k, fingerprint) -> dict:
     from mpkbuild.stages.gates import GATES, python_file
     base = k.base
     sp = space(base.data)
+    sections = {s: base.signatures[s] for s in SECTIONS_READ}
+    sections["perf"] = sha256_json(trial_perf(base.data))     # what the trials read of it
     return {
         "body": sha256_or_missing(k.body_source),
-        "sections": {s: base.signatures[s] for s in SECTIONS_READ},
+        "sections": sections,
         "reference": sha256_or_missing(python_file(k, GATES["validate"])),
-        "baseline": sha256_or_missing(python_file(k, GATES["perf"])),
+        # every baseline file the trials read (the same list as their inputs)
+        "baseline": {os.path.relpath(p, k.root): sha256_or_missing(p) for p in trial_baseline_files(k)},
         "toolchain": toolchain_fact(),
         "gpu": fingerprint.signature() if fingerprint else "none",
         "space": sha256_json({v: [c.cid for c in s["candidates"]] for v, s in sp.items()})[:16],
@@ -215,7 +272,10 @@ def key_changes(old: dict, new: dict) -> list[str]:
     out = []
     for field in ("body", "reference", "baseline"):
         if old.get(field) != new.get(field):
-            out.append(KEY_WORDS[field])
+            was, now = old.get(field), new.get(field)
+            files = sorted(f for f in set(was or {}) | set(now) if (was or {}).get(f) != now.get(f)) \
+                if isinstance(now, dict) and isinstance(was, dict) else []
+            out.append(KEY_WORDS[field] + (f" ({', '.join(files)})" if files else ""))
     for s, sig in new["sections"].items():
         if (old.get("sections") or {}).get(s) != sig:
             out.append(f"spec section {s if s != 'tune' else 'tune (or the codegen it tunes)'} changed")
@@ -286,7 +346,7 @@ def _dirs(g, k, arch: str, cand: Candidate) -> tuple[Path, Path]:
 def nodes(g, k, stage: str) -> None:
     from mpkbuild.model.kernel import bandwidth_file
     from mpkbuild.stages.compile import nvcc_command, toolchain_fact
-    from mpkbuild.stages.gates import GATES, gpu_fact, python_files
+    from mpkbuild.stages.gates import GATES, gpu_fact
     base = k.base
     if "tune" not in base.sections:
         return
@@ -295,11 +355,14 @@ def nodes(g, k, stage: str) -> None:
     sp = space(base.data)
     kind = GATES["trial"]
     trial_code = [g.rel(p) for p in kind.code()]
-    refs = list(dict.fromkeys(g.rel(p) for gate in ("validate", "perf") for p in python_files(k, GATES[gate])))
-    # a trial reads the sections a gate reads; of `tune` only the repeats (a fact), so a
-    # wider space re-times nothing it already timed
-    sections = [g.rel(k.section_file(s)) for s in SECTIONS_READ if s != "tune"]
-    repeats = base.data["tune"].get("repeats") or base.data["perf"]["repeats"]
+    refs = [g.rel(p) for p in trial_files(k)]
+    # a trial reads the generators and validate sections; of perf and tune what it times
+    # with (a fact: the figure, the repeats, the perf settings less thresholds and other
+    # baselines), so a wider space or a new threshold re-times nothing already timed
+    sections = [g.rel(k.section_file(s)) for s in ("generators", "validate")]
+    perf = trial_perf(base.data)
+    settings = (f"trial: figure={base.data['tune']['figure']} repeats={perf['repeats']}; "
+                f"perf settings {sha256_json(perf)[:16]}")
     compile_sources = (g.rel(k.body_source), g.pkg("templates", "spec_header.h.j2"),
                        g.pkg("templates", "harness.cu.j2"), g.pkg("stages", "generate.py"),
                        g.pkg("stages", "compile.py"), g.pkg("stages", "tune.py"))
@@ -320,14 +383,16 @@ def nodes(g, k, stage: str) -> None:
             always = None
             if verdict in ("crash", "hang"):
                 always = f"its last verdict was {verdict}: failures are never cached"
+            elif verdict == NOT_RUN:
+                always = ("it was not run (its variant's time budget was spent): "
+                          "it checks the budget again")
             elif verdict is not None and g.tampered(g.rel(result)):
                 always = f"{g.rel(result)} was modified after its trial wrote it: the trial runs again"
             node = g.add(Node(f"trial {k.name} {cand.cid} {g.gpu_key}", "trial", stage, k.name,
                               (g.rel(result), g.rel(tdir / "trial.log")),
                               (cc.targets[0], *sections, *trial_code, *refs,
                                g.rel(bandwidth_file(g.root, g.gpu_key))),
-                              (gpu_fact(g.fingerprint), toolchain_fact(), fact,
-                               f"trial: repeats={repeats}"),
+                              (gpu_fact(g.fingerprint), toolchain_fact(), fact, settings),
                               opts=(("MPK_CID", cand.cid), ("MPK_ARCH", arch),
                                     ("MPK_TIMEOUT", timeout)), always=always))
             trials.append(node.targets[0])
@@ -345,9 +410,20 @@ def nodes(g, k, stage: str) -> None:
     g.requested[(k.name, stage)] = list(node.targets)
 
 
-def predict(node, k, predictor) -> None:
-    """nvcc, the GPU and the pick cannot be known without running them."""
-    return None
+def predict(node, k, predictor) -> dict | None:
+    """nvcc, the GPU and the pick cannot be known without running them; a trial the budget
+    skipped can: with the budget and the earlier trials' recorded times as they are, it
+    leaves its result as it is (were an earlier trial to run, the pick is stale from it)."""
+    if node.kind != "trial" or k is None:
+        return None
+    old = read_json(predictor.root / node.targets[0])
+    if not old or old.get("verdict") != NOT_RUN:
+        return None
+    gpu_key = node.label.rsplit(" ", 1)[1]
+    why = budget_spent(k, gpu_key, _candidate(k, dict(node.opts)["MPK_CID"]))
+    same = why is not None and old.get("message") == why and \
+        old.get("budget_s") == k.base.data["tune"]["budget"]["seconds"]
+    return {} if same else None
 
 
 # ---------------------------------------------------------------- actions
@@ -389,16 +465,50 @@ def run_compile(build, info, target, source) -> int:
     return 0
 
 
+_TURNS: dict = {}                # (kernel, gpu, variant) -> the lock its trials take turns with
+_TURNS_GUARD = threading.Lock()
+
+
+def trial_result(k, gpu_key: str, cand: Candidate) -> Path:
+    return k.gpu_dir(gpu_key) / "tune" / cand.cid / "trial.json"
+
+
+def budget_spent(k, gpu_key: str, cand: Candidate) -> str | None:
+    """Why the candidate is not run (None: it runs): the trials of the candidates before it
+    in its variant (the spec's own configuration first, then the nearest) recorded more
+    seconds together than `tune.budget.seconds`. The spec's own configuration always runs."""
+    seconds = k.base.data["tune"]["budget"]["seconds"]
+    spent, counted = 0.0, 0
+    for earlier in space(k.base.data)[cand.variant]["candidates"]:
+        if earlier.cid == cand.cid:
+            break
+        took = (read_json(trial_result(k, gpu_key, earlier)) or {}).get("elapsed_s")
+        if isinstance(took, (int, float)) and took > 0:
+            spent, counted = spent + took, counted + 1
+    if spent <= seconds:
+        return None
+    return (f"the variant's time budget ({seconds:g} s) was spent: {spent:.1f} s by the "
+            f"{counted} trial{'s' if counted != 1 else ''} before it")
+
+
+def _turn(k, gpu_key: str, variant: str) -> threading.Lock:
+    """A variant's trials take turns (with -jN, variants run side by side), so each checks
+    the budget after the one before it has recorded its time, not before a GPU wait."""
+    with _TURNS_GUARD:
+        return _TURNS.setdefault((k.name, gpu_key, variant), threading.Lock())
+
+
 def run_trial(build, info, target, source) -> int:
     from mpkbuild.model.kernel import bandwidth_file
     from mpkbuild.run.job import GateJob
-    from mpkbuild.stages.gates import GATES, GateCannotRun, lock_for, python_files, record, verdict_line
+    from mpkbuild.stages.gates import GateCannotRun, lock_for, record, verdict_line
     k = build.kernels[info["MPK_KERNEL"]]
     cand = _candidate(k, info["MPK_CID"])
     try:
         fp = build.ready_gpu(k.name, "tune")
     except GateCannotRun as exc:
         return build.fail(str(exc))
+    out, log = Path(target[0].abspath), Path(target[1].abspath)
     cdir = k.build_dir / "tune" / info["MPK_ARCH"] / cand.cid
     resources = read_json(cdir / "resources.json") or {}
     if resources.get("verdict") != "pass":
@@ -406,31 +516,57 @@ def run_trial(build, info, target, source) -> int:
         result = {"verdict": "rejected", "check": "compile",
                   "message": "compile: " + " ".join(problems[0].split())[:400]}
     else:
-        tune = k.base.data["tune"]
-        perf = read_json(k.section_file("perf"))
-        perf["perf"] = {**perf["perf"], "repeats": tune.get("repeats") or perf["perf"]["repeats"]}
         library = cdir / f"lib{k.name}.so"
         payload = {"root": str(k.root), "library": str(library),
                    "codegen": candidate_section(k.base.data, cand),
                    "generators": read_json(k.section_file("generators")),
-                   "validate": read_json(k.section_file("validate")), "perf": perf,
+                   "validate": read_json(k.section_file("validate")),
+                   "perf": {"perf": trial_perf(k.base.data)}, "figure": k.base.data["tune"]["figure"],
                    "bandwidth_file": str(bandwidth_file(k.root, fp.key)),
                    "candidate": {"cid": cand.cid, "variant": cand.variant, "config": cand.values}}
-        inputs = [library, *python_files(k, GATES["validate"]), *python_files(k, GATES["perf"]),
-                  bandwidth_file(k.root, fp.key)]
-        job = GateJob("trial", k.name, payload, Path(target[0].abspath).parent, float(info["MPK_TIMEOUT"]),
+        inputs = [library, *trial_files(k), bandwidth_file(k.root, fp.key)]
+        job = GateJob("trial", k.name, payload, out.parent, float(info["MPK_TIMEOUT"]),
                       root=k.root, inputs=tuple(dict.fromkeys(os.path.relpath(p, k.root) for p in inputs)))
-        try:
-            result = build.run_gate(job)
-        except GateCannotRun as exc:
-            return build.fail(str(exc))
+        with _turn(k, fp.key, cand.variant):
+            over = budget_spent(k, fp.key, cand)
+            if over is None:
+                started = time.monotonic()
+                try:
+                    result = build.run_gate(job)
+                except GateCannotRun as exc:
+                    return build.fail(str(exc))
+                if not isinstance(result.get("elapsed_s"), (int, float)):   # what the budget counts
+                    result["elapsed_s"] = round(time.monotonic() - started - (result.get("lease_wait_s") or 0), 3)
+        if over is not None:
+            return _not_run(k, cand, over, target, out, log)
     result = {**result, "candidate": {"cid": cand.cid, "variant": cand.variant, "config": cand.values,
                                       "current": cand.current}}
     full = record(result, gate="trial", kernel=k.name, fingerprint=fp, lock=lock_for(source, k.root, fp),
-                  result_path=Path(target[0].abspath), verdict_path=None)
-    if not Path(target[1].abspath).exists():
-        Path(target[1].abspath).write_text(f"{verdict_line(full)}\n")
+                  result_path=out, verdict_path=None)
+    if not log.exists():
+        log.write_text(f"{verdict_line(full)}\n")
     print(f"          trial {k.name} {cand.variant} {cand.text()}: {verdict_line(full)}")
+    return 0
+
+
+def _not_run(k, cand: Candidate, why: str, target, out: Path, log: Path) -> int:
+    """A trial the budget skipped: its result says so (never timed, never lost) and is not
+    a cached result: the node runs again on the next call (tune.nodes), and SCons's cache
+    (cache=) never keeps it. Unchanged, the file is left as it is, so the pick is not re-run."""
+    from mpkbuild.stages.gates import written_mark
+    for t in target:
+        t.set_nocache()
+    result = {"gate": "trial", "kernel": k.name, "verdict": NOT_RUN, "message": why,
+              "budget_s": k.base.data["tune"]["budget"]["seconds"],
+              "candidate": {"cid": cand.cid, "variant": cand.variant, "config": cand.values,
+                            "current": cand.current}}
+    old = read_json(out)
+    if not (old and {key: old.get(key) for key in result} == result):
+        text = dump_json(result)
+        write_atomic(written_mark(out), sha256_bytes(text.encode()) + "\n")
+        write_atomic(out, text)
+    log.write_text(f"{NOT_RUN}: {why}\n")
+    print(f"          trial {k.name} {cand.variant} {cand.text()}: {NOT_RUN}: {why}")
     return 0
 
 
@@ -439,8 +575,10 @@ def ledger_entry(res: dict | None, cand: Candidate, figure: str, rel: str) -> di
     """One candidate as the ledger keeps it: verdict, message, the figure with its interval."""
     from mpkbuild.stages import interval
     entry = {"cid": cand.cid, "config": cand.values, "current": cand.current,
-             "verdict": (res or {}).get("verdict", "not run"),
+             "verdict": (res or {}).get("verdict", NOT_RUN),
              "message": (res or {}).get("message", "no trial result"), "trial": rel}
+    if entry["verdict"] == NOT_RUN and "budget_s" in (res or {}):
+        entry["budget_s"] = res["budget_s"]          # skipped by the budget: neither timed nor lost
     if entry["verdict"] != "timed":
         return entry
     try:
@@ -512,14 +650,16 @@ def run_pick(build, info, target, source) -> int:
     for variant, entry in sp.items():
         rows = []
         for cand in entry["candidates"]:
-            path = k.gpu_dir(fp.key) / "tune" / cand.cid / "trial.json"
+            path = trial_result(k, fp.key, cand)
             rows.append(ledger_entry(read_json(path), cand, figure, os.path.relpath(path, k.root)))
         for values, why in entry["static_rejected"]:
             rows.append({"cid": None, "config": values, "current": False, "verdict": "rejected",
                          "message": f"not a valid variant: {why}"})
         ledger[variant] = rows
         notes[variant] = {"excluded_by_constraints": entry["excluded_by_constraints"],
-                          "over_budget": entry["over_budget"]}
+                          "over_budget": entry["over_budget"],
+                          "not_run": sum(1 for r in rows if "budget_s" in r),
+                          "budget_s": t["budget"]["seconds"]}
     lever_names = [n for n in t["space"] if n in cg.get("levers", {})]
     wins, levers = pick(ledger, lever_names)
     variants, failed = {}, []
@@ -542,13 +682,17 @@ def run_pick(build, info, target, source) -> int:
                         if "ratio" in spec_row else None)}
     out = Path(target[0].abspath)
     changed = [v for v, e in variants.items() if e.get("from") == "tune"]
+    not_run = sum(n["not_run"] for n in notes.values())
     full = {
         "kernel": k.name, "gpu_profile": fp.key, "gpu": fp.to_json(), "arch": arch,
         "verdict": "fail" if failed else "pass",
         "message": (f"no candidate timed for {', '.join(failed)}" if failed else
                     f"{len(changed)} of {len(variants)} variants tuned away from the spec"
                     + (f"; levers on: {', '.join(n for n, on in levers.items() if on)}"
-                       if any(levers.values()) else "")),
+                       if any(levers.values()) else ""))
+                   + (f"; {not_run} candidate{'s' if not_run != 1 else ''} not run: "
+                      f"the time budget ({t['budget']['seconds']:g} s per variant) was spent"
+                      if not_run else ""),
         "figure": figure, "interval": interval.METHOD, "levers": levers, "variants": variants,
         "ledger": ledger, "space": notes, "key": tune_key(k, fp),
         "inputs": lock_for(source, k.root, fp),
