@@ -305,6 +305,19 @@ def test_a_task_that_never_finishes_is_a_hang_naming_its_phase_and_the_runtime_s
     assert "finalize 1" not in calls
 
 
+def test_a_launch_call_that_never_returns_is_a_launch_hang_without_reading_the_state(stand_in):
+    """The host blocked inside the runtime's launch (seen on an H200): the library's own
+    timeout answers, the verdict names the phase, and the runner reads no state (that read
+    could block on the same driver lock) and stops."""
+    res = stand_in({"graph": 1, "iteration": 2, "phase": "host"})
+    first, hung = (g["name"] for g in stand_in.graphs)
+    assert res["verdict"] == "hang" and res["variants"][first]["verdict"] == "pass"
+    r = res["variants"][hung]
+    assert r["phase"] == "launch (iteration 2: the host's launch call did not return)"
+    assert "state" not in r and res["message"].startswith(f"{hung}: {r['phase']} in 20.0 s")
+    assert stand_in.made[-1].calls[-1] == "launch 1 2"
+
+
 def test_a_kernel_that_does_not_finish_alone_is_a_warm_up_hang(stand_in):
     res = stand_in({"graph": 0, "setup": 3})
     (name,) = res["variants"]

@@ -7,7 +7,8 @@ launch it reports a timeout (mpkb_launch returns 1, as the library does when its
 fires) and answers mpkb_read_state with the runtime counters a real hang in that phase
 leaves: `events <termination> <begin> <end-of-graph>; workers ...; schedulers ...`.
 
-hang: {"graph": g, "iteration": k (from 1), "phase": "launch" | "tasks" | "termination"},
+hang: {"graph": g, "iteration": k (from 1), "phase": "launch" | "tasks" | "termination" |
+"host" (the launch call itself does not return: mpkb_launch answers 4)},
 or {"graph": g, "setup": 2 | 3} (the scheduler / worker kernel alone did not finish).
 """
 from __future__ import annotations
@@ -42,6 +43,8 @@ class FakeMegakernel:
         self.calls.append(f"launch {self.selected} {self.launches}")
         h = self.hang
         if h.get("graph") == self.selected and h.get("iteration") == self.launches:
+            if h["phase"] == "host":
+                return 4
             tasks = self.graph_plans[self.selected]["layers"][-1]["tasks"]
             done = {"launch": (0, 0), "tasks": (1, tasks // 2), "termination": (1, tasks)}[h["phase"]]
             self.state = (f"events 0 {done[0]} {done[1]}; workers {128 if done[0] else 0}; "

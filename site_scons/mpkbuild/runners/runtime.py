@@ -29,6 +29,7 @@ from .validate import compare
 PROFILE_ENTRIES_PER_WORKER = 4096
 # the runtime's own hand-off of the warm-up and relaunch knobs (see mpkb_setup)
 FLAG_WARMUP, FLAG_CARVEOUT, FLAG_SINGLE = 1, 2, 4
+LAUNCH_BLOCKED = 4          # mpkb_launch: the launch call itself did not return in time
 # the gate's context as the driver makes it: its default 8 hardware work queues (not the one
 # queue of the other gates, under which the worker and scheduler kernels never run at once)
 # and its own wait mode (gpuwait.prepare_context)
@@ -188,6 +189,10 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
         t1 = time.perf_counter()
         code = lib.lib.mpkb_launch(timeout_ms)
         walls.append(time.perf_counter() - t1)
+        if code == LAUNCH_BLOCKED:      # the driver holds the host: reading the state could block too
+            phase = f"launch (iteration {it}: the host's launch call did not return)"
+            return {"verdict": "hang", "iteration": it, "seed": seed, "phase": phase,
+                    "message": f"{graph['name']}: {phase} in {rt['launch_timeout_s']} s"}
         if code == 1:
             state = lib.lib.mpkb_read_state(2000).decode()
             return {"verdict": "hang", "iteration": it, "seed": seed, "state": state,
