@@ -90,7 +90,7 @@ def wired_calls(root: Path, specs: list[dict]) -> list[tuple[str, str]]:
                       rf"// <<< mpk-wire {s['kernel']}/sm_90a/register_fn", text, re.S)
         assert m, f"{s['kernel']}: no sm_90a register_fn block"
         code = []
-        for fmt, args in re.findall(r'code\.e\("((?:[^"\\]|\\.)*)"((?:, [^;]*)?)\);', m.group(1)):
+        for fmt, args in re.findall(r'code\.e\("((?:[^"\\]|\\.)*)"((?:,\s*[^;]*)?)\);', m.group(1)):
             for a in [x.strip() for x in args.split(",") if x.strip()]:
                 fmt = fmt.replace("$", str(syms[a]), 1)     # KeyError: an arg we cannot value
             code.append(fmt.replace('\\"', '"'))
