@@ -22,6 +22,42 @@ ENV = {"FAKE_GPU_TRIAL_US": json.dumps({"decode_r8_i2048,cols=128": 5.0}),
        "FAKE_NVCC_SPILL": "COLS = 256;"}                     # the resource gate refuses
 
 
+# The tune section and configs these tests are written against (the catalog's own may move
+# on as the kernel is tuned): every decode variant as 64-column slices of every row, the
+# large shape as whole rows, and a space of column slices and row blocks.
+FIXTURE_TUNE = """tune:
+  space:
+    cols: [32, 64, 128, 256, 14336]
+    rpt: [1, 2, 4, 8, 16]
+  constraints:
+    # column slices cover every row (rpt = rows); row tasks take whole rows (cols = inter)
+    - "cols < inter and rpt == rows or cols == inter and rows >= 4096"
+  budget: {candidates: 8, seconds: 600}
+  repeats: 15
+
+"""
+
+
+def tune_project(dest: Path, kernels: tuple[str, ...] = (K,)):
+    """The project with silu_mul_v2's spec set to the fixture's tune section and configs."""
+    import re
+    p = copy_project(dest, kernels=kernels)
+    path = p.root / SPEC
+    text = path.read_text()
+    text, n = re.subn(r"^tune:\n(?:(?:  .*)?\n)*?(?=\S)", FIXTURE_TUNE, text, count=1, flags=re.M)
+    assert n == 1, "silu_mul_v2.yaml has no tune section to replace"
+    def config(m):
+        rows, inter = int(m["rows"]), int(m["inter"])
+        tile = (f"cols: 64, rpt: {rows}, loads: 16, lcs: 1, scs: 0" if m["name"].startswith("decode_")
+                else f"cols: {inter}, rpt: 1, loads: 16, lcs: 1, scs: 1")
+        return f"{m['head']}{tile}{m['tail']}"
+    text, n = re.subn(r"(?P<head>    (?P<name>\w+): +\{rows: (?P<rows>\d+), +inter: (?P<inter>\d+), +)"
+                      r"cols: [^}]*?(?P<tail>, mb: \d+\})", config, text)
+    assert n == 10, f"silu_mul_v2.yaml: {n} variant lines, not 10"
+    path.write_text(text)
+    return p
+
+
 def stand_in_env(**extra):
     return {"PATH": f"{FAKES / 'nvcc_bin'}{os.pathsep}{os.environ['PATH']}", **ENV, **extra}
 
@@ -48,7 +84,7 @@ def test_conditions_compare_expressions():
 
 
 def test_space_has_the_spec_config_first_meets_constraints_and_budget(tmp_path):
-    root = copy_project(tmp_path / "p", kernels=(K, "linear_v2")).root
+    root = tune_project(tmp_path / "p", kernels=(K, "linear_v2")).root
     sp = tune.space(load_spec(root / SPEC, root).data)
     for variant, entry in sp.items():
         first = entry["candidates"][0]
@@ -77,7 +113,7 @@ def test_space_has_the_spec_config_first_meets_constraints_and_budget(tmp_path):
     (("  space:\n    cols:", "  variants: [nope_*]\n  space:\n    cols:"), "tune.variants[0]"),
 ])
 def test_bad_tune_sections_are_located(tmp_path, edit, where):
-    p = copy_project(tmp_path / "p", kernels=(K,))
+    p = tune_project(tmp_path / "p")
     p.edit(SPEC, *edit)
     with pytest.raises(SpecError) as err:
         load_spec(p.root / SPEC, p.root)
@@ -107,7 +143,7 @@ def test_interval_and_pick_rules():
 # ---------------------------------------------------------------- through scons
 @pytest.fixture(scope="module")
 def tuned_project(tmp_path_factory):
-    p = copy_project(tmp_path_factory.mktemp("tune") / "proj", kernels=(K,))
+    p = tune_project(tmp_path_factory.mktemp("tune") / "proj")
     p.edit(SPEC, *NARROW)
     run = p.scons("-j2", "stage=tune", env=stand_in_env())
     return p, run
@@ -264,7 +300,7 @@ def test_a_trial_times_its_figure_against_the_primary_baseline_only(tmp_path, mo
     torch.compile one) is never loaded or compiled, no slowCTA. Without it, the perf gate's
     full set is timed, from the same functions."""
     torch = pytest.importorskip("torch")
-    root = copy_project(tmp_path / "p", kernels=(K,)).root
+    root = tune_project(tmp_path / "p").root
     data = load_spec(root / SPEC, root).data
     assert data["perf"]["baselines"] and data["perf"]["cold"], "the spec this test relies on changed"
     cand = tune.space(data)["decode_r8_i2048"]["candidates"][0]
@@ -330,7 +366,7 @@ def test_the_time_budget_leaves_later_candidates_not_run_until_it_is_larger(tmp_
     variant's trials run while the ones before it spent at most 25 s; the rest are `not
     run`, never timed nor lost, not cached (cache= keeps none of them), and re-checked on the
     next call: the same budget runs nothing, a larger one runs exactly them."""
-    p = copy_project(tmp_path / "p", kernels=(K,))
+    p = tune_project(tmp_path / "p")
     p.edit(SPEC, *NARROW)
     _set_budget(p, 25)
     env = stand_in_env(FAKE_GPU_ELAPSED=json.dumps({K: 10}))
@@ -382,7 +418,7 @@ def test_trials_and_the_key_follow_exactly_the_baseline_files_trials_read(tmp_pa
     import yaml
     from mpkbuild.gpu import GpuFingerprint
     from mpkbuild.model.kernel import Kernel
-    p = copy_project(tmp_path / "p", kernels=(K,))
+    p = tune_project(tmp_path / "p")
     p.edit(SPEC, *NARROW)
     ref = p.path(f"kernels/{K}/reference.py").read_text()
     for name in ("primary.py", "extra.py"):
