@@ -173,12 +173,12 @@ def toolchain_fact() -> str:
 
 
 def nodes(g, k, stage: str) -> None:
-    generated = [g.rel(p) for p in k.generated.values()]
+    generated = list(k.rel.generated.values())
     compiled = []
     for arch in k.archs:
-        cmd = nvcc_command(arch, g.rel(k.generated["harness"]), g.rel(k.gen_dir), g.rel(k.library(arch)))
+        cmd = nvcc_command(arch, k.rel.generated["harness"], k.rel.gen_dir, k.rel.library(arch))
         node = g.add(Node(f"compile {k.name} {arch}", "compile", stage, k.name,
-                          (g.rel(k.library(arch)), g.rel(k.resources(arch)), g.rel(k.arch_dir(arch) / "compile.log")),
+                          (k.rel.library(arch), k.rel.resources(arch), k.rel.compile_log(arch)),
                           (*generated, g.pkg("stages", "compile.py")), (toolchain_fact(),),
                           opts=(("MPK_ARCH", arch), ("MPK_NVCC_CMD", cmd))))
         compiled += node.targets[:2]
@@ -192,7 +192,7 @@ def run(build, info, target, source) -> int:
     plan = smem_plan(k.spec.data["codegen"])
     job = CompileJob(kernel=k.name, arch=arch, variants=k.variants,
                      harness=k.generated["harness"], library=k.library(arch),
-                     resources=k.resources(arch), log=k.arch_dir(arch) / "compile.log",
+                     resources=k.resources(arch), log=k.compile_log(arch),
                      smem_total=plan["total"], smem_budget=plan["budget"])
     try:
         run_compile(job, info["MPK_NVCC_CMD"], k.root)

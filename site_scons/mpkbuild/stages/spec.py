@@ -18,10 +18,10 @@ def spec_fact(k) -> str:
 
 
 def nodes(g, k, stage: str) -> None:
-    sections = [g.rel(k.section_file(s)) for s in k.spec.sections]
+    sections = [k.rel.section_file(s) for s in k.spec.sections]
     from mpkbuild.stages.tune import tuned_fact
     node = g.add(Node(f"spec {k.name}", "spec", stage, k.name,
-                      (g.rel(k.spec_json), *sections), (), (spec_fact(k), *tuned_fact(k))))
+                      (k.rel.spec_json, *sections), (), (spec_fact(k), *tuned_fact(k))))
     g.requested[(k.name, stage)] = list(node.targets)
 
 
@@ -36,7 +36,7 @@ def run_spec(build, info, target, source) -> int:
 def predict(node, k, request) -> dict:
     out = {node.targets[0]: dump_json(k.spec.cache_record()).encode()}
     for name, sec in k.spec.sections.items():
-        out[request.rel(k.section_file(name))] = dump_json(sec).encode()
+        out[k.rel.section_file(name)] = dump_json(sec).encode()
     return out
 
 
