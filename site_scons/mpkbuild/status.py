@@ -78,7 +78,7 @@ class Sconsign:
     def entry(self, rel: str):
         if self._db is None:
             return None
-        d, name = os.path.split(rel)
+        d, _, name = rel.rpartition("/")
         d = d or "."
         if d not in self._dirs:
             import io
@@ -270,7 +270,7 @@ def _judge(node: Node, root: Path, sconsign: Sconsign, producers, predicted,
         if not files.exists(t):
             reasons.append(f"output {t} is missing")
     recorded = dict(zip(binfo.bsources, binfo.bsourcesigs))
-    wanted = list(node.sources) + list(node.facts)
+    wanted = {*node.sources, *node.facts}
     for fact in node.facts:
         if fact not in recorded:
             old = next((r for r in recorded if _fact_kind(r) == _fact_kind(fact) and r not in wanted), None)

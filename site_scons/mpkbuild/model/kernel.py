@@ -95,7 +95,7 @@ class Kernel:
 
     def save_spec_cache(self) -> None:
         if not self.base.from_cache:
-            save_spec_cache(self.base, self.cache_path(self.root, self.name))
+            save_spec_cache(self.base, self.cache_path(self.root, self.name), self.root)
 
     @property
     def name(self) -> str:
