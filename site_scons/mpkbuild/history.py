@@ -28,25 +28,31 @@ HISTORY_DIR = "perf_history"
 KEEP = 50          # entries kept per ledger (the oldest dropped)
 
 
+def ledger_rel(gpu_key: str, kernel: str) -> str:
+    return f"{HISTORY_DIR}/{gpu_key}/{kernel}.json"
+
+
 def ledger_path(root: Path, gpu_key: str, kernel: str) -> Path:
-    return Path(root) / HISTORY_DIR / gpu_key / f"{kernel}.json"
+    return Path(root) / ledger_rel(gpu_key, kernel)
 
 
-def load(root: Path, gpu_key: str | None, kernel: str) -> dict | None:
+def load(root: Path, gpu_key: str | None, kernel: str, files=None) -> dict | None:
+    """The ledger; files: a planning run's ReadOnce to read it through (each file once)."""
     if not gpu_key:
         return None
-    data = read_json(ledger_path(root, gpu_key, kernel))
+    data = (files.json(ledger_rel(gpu_key, kernel)) if files is not None
+            else read_json(ledger_path(root, gpu_key, kernel)))
     return data if data is not None and isinstance(data.get("entries"), list) else None
 
 
-def last_entry(root: Path, gpu_key: str | None, kernel: str) -> dict | None:
-    data = load(root, gpu_key, kernel)
+def last_entry(root: Path, gpu_key: str | None, kernel: str, files=None) -> dict | None:
+    data = load(root, gpu_key, kernel, files)
     return data["entries"][-1] if data and data["entries"] else None
 
 
-def fact(root: Path, gpu_key: str | None, kernel: str) -> str:
+def fact(root: Path, gpu_key: str | None, kernel: str, files=None) -> str:
     """The perf node's history fact: the hash of the entry it is judged against."""
-    entry = last_entry(root, gpu_key, kernel)
+    entry = last_entry(root, gpu_key, kernel, files)
     if entry is None:
         return "history: none"
     return "history: " + hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()[:16]

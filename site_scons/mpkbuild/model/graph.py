@@ -149,9 +149,10 @@ def build(root: Path, kernels: list, fingerprint, wire_request, with_summary: bo
     g = Graph(root=root, gpu_key=fingerprint.key if fingerprint else "no-gpu",
               fingerprint=fingerprint, wire_request=wire_request, sanitize=sanitize,
               tampered=tampered, files=files)
+    rows = [(stage.impl, stage.name) for stage in stages.STAGES]
     for k in kernels:
-        for stage in stages.STAGES:
-            stage.impl.nodes(g, k, stage.name)
+        for impl, name in rows:
+            impl.nodes(g, k, name)
     for module in stages.modules():
         if hasattr(module, "shared_nodes"):
             module.shared_nodes(g, kernels, with_summary)

@@ -72,6 +72,14 @@ class LoadedSpec:
                 "signatures": self.signatures, "source_sha": self.source_sha,
                 "loader": loader_version()}
 
+    @functools.cached_property
+    def digest(self) -> str:
+        """sha256 of the normalised data (the spec node's fact). Not a field: a spec made
+        from this one with other data (replace(), tuned values) computes its own; a fresh
+        spec cache hands it over (load_spec_cached)."""
+        # compact separators keep json on its C encoder (indent=2 falls back to pure Python)
+        return sha256_bytes(json.dumps(self.data, sort_keys=True, separators=(",", ":")).encode())
+
     @property
     def name(self) -> str:
         return self.data["kernel"]
@@ -562,9 +570,12 @@ def load_spec_cached(path: Path | str, root: Path | str, cache: Path, write: boo
         known = record.get("defs") if record.get("python") == _python_version() else None
         body = _inside_repo(root, data["codegen"]["body"])
         if body is not None and body.is_file() and _functions_exist(root, _python_refs(data), known):
-            return LoadedSpec(file=cached["file"], data=data, sections=cached["sections"],
+            spec = LoadedSpec(file=cached["file"], data=data, sections=cached["sections"],
                               signatures=cached["signatures"], source_sha=cached["source_sha"],
                               from_cache=True)
+            if isinstance(cached.get("digest"), str):
+                spec.__dict__["digest"] = cached["digest"]     # computed from this same data
+            return spec
     spec = load_spec(path, root)            # reports any problem with file and line
     if write:
         save_spec_cache(spec, cache, root)
@@ -584,14 +595,15 @@ def _functions_exist(root: Path, refs, known: dict | None) -> bool:
 
 
 def save_spec_cache(spec: LoadedSpec, cache: Path, root: Path) -> None:
-    """The spec's full load, and the function names of the Python files it names by the
-    sha256 of the bytes they were read from."""
+    """The spec's full load with its digest, and the function names of the Python files it
+    names by the sha256 of the bytes they were read from."""
     defs = {}
     for rel in dict.fromkeys(ref.rsplit(":", 1)[0] for ref in _python_refs(spec.data)):
         digest, names = _python_defs(root, rel)
         if digest is not None and not isinstance(names, str):
             defs[digest] = sorted(names)
-    record = {**spec.cache_record(), "python_defs": {"python": _python_version(), "defs": defs}}
+    record = {**spec.cache_record(), "digest": spec.digest,
+              "python_defs": {"python": _python_version(), "defs": defs}}
     try:
         write_json_atomic(cache, record, only_if_changed=True)
     except OSError:

@@ -32,7 +32,7 @@ def toolchain_fingerprint(nvcc: str = "nvcc") -> str:
     """'nvcc 13.0.88 (cuda_13.0.r13.0/compiler.36424714_0)', or 'nvcc: not found'; with
     ' with NVCC_APPEND_FLAGS=...' when the environment adds flags, since they change what
     nvcc builds as much as a flag on the command line does (status names the change)."""
-    extra = [f"{name}={os.environ[name]}" for name in NVCC_ENV_FLAGS if os.environ.get(name, "").strip()]
+    extra = [f"{name}={value}" for name in NVCC_ENV_FLAGS if (value := os.environ.get(name, "")).strip()]
     return _nvcc_version(nvcc) + (f" with {' '.join(extra)}" if extra else "")
 
 
@@ -168,8 +168,11 @@ def run_compile(job: CompileJob, command: list[str], cwd: Path) -> dict:
     return result
 
 
+_FLAGS = " ".join(config.NVCC_BASE_FLAGS)
+
+
 def toolchain_fact() -> str:
-    return f"toolchain: {toolchain_fingerprint()}; flags: {' '.join(config.NVCC_BASE_FLAGS)}"
+    return f"toolchain: {toolchain_fingerprint()}; flags: {_FLAGS}"
 
 
 def nodes(g, k, stage: str) -> None:

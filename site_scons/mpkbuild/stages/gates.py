@@ -86,6 +86,12 @@ def gpu_fact(fingerprint) -> str:
     return f"gpu: {fingerprint.signature() if fingerprint else 'none'}"
 
 
+def python_file(k, kind: GateKind) -> Path:
+    """The Python file of the kernel the gate's spec field names."""
+    section, field = kind.python_file.split(".")
+    return k.root / k.spec.data[section][field].rsplit(":", 1)[0]
+
+
 def python_rels(k, kind: GateKind) -> list[str]:
     """Every Python file of the kernel the gate loads, repo-relative: the one its spec field
     names, and perf's extra baselines too."""
@@ -194,7 +200,7 @@ def gate_nodes(g, k, stage: str, library: str | None = None, extra_facts: tuple 
     facts = (gpu_fact(g.fingerprint), toolchain_fact(), *extra_facts)
     if kind.uses_history:
         from mpkbuild import history
-        facts += (history.fact(g.root, key, k.name),)
+        facts += (history.fact(g.root, key, k.name, g.files),)
     if g.sanitize and kind.can_sanitize:
         # a sanitized validate is a different gate run: its verdict says so, and a plain run redoes it
         facts += (f"sanitize: {g.sanitize}",)

@@ -6,15 +6,12 @@ before anything is declared; this node only writes what was loaded.
 """
 from __future__ import annotations
 
-import json
-
 from mpkbuild.model.graph import Node
-from mpkbuild.util.fsutil import dump_json, sha256_bytes, write_json_atomic
+from mpkbuild.util.fsutil import dump_json, write_json_atomic
 
 
 def spec_fact(k) -> str:
-    # compact separators keep json on its C encoder (indent=2 falls back to pure Python)
-    return f"spec: {sha256_bytes(json.dumps(k.spec.data, sort_keys=True, separators=(',', ':')).encode())}"
+    return f"spec: {k.spec.digest}"
 
 
 def nodes(g, k, stage: str) -> None:
