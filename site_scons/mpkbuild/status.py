@@ -211,7 +211,7 @@ def compute(g: Graph, sconsign: Sconsign, predictor: Predictor, gpu_here: bool,
                                [r for r in reasons if r not in tuned])
         if only is not None and node.label not in only:
             continue
-        verdict = _stored_verdict(g, node)
+        verdict = _stored_verdict(g, node, files)
         if not will_run:
             state = "fresh"
         elif node.kind in GPU_KINDS and not gpu_here:
@@ -241,16 +241,14 @@ def _spec_field_changes(node: Node, root: Path, predicted) -> list[str]:
     return out
 
 
-def _stored_verdict(g: Graph, node: Node) -> str | None:
+def _stored_verdict(g: Graph, node: Node, files: ReadOnce) -> str | None:
     if node.kind not in ("gate", "compile", "wire", "trial", "tune"):
         return None
     rel = node.targets[0 if node.kind != "compile" else 1]
     if rel in g.stored:                      # read once already, while the graph was built
         return g.stored[rel][0]
-    try:
-        return json.loads((g.root / rel).read_text()).get("verdict")
-    except (OSError, ValueError, AttributeError):
-        return None
+    res = files.json(rel)                    # its bytes serve the gates' input hash too
+    return res.get("verdict") if res is not None else None
 
 
 def _judge(node: Node, root: Path, sconsign: Sconsign, producers, predicted,

@@ -53,6 +53,7 @@ class Graph:
     # once; status judges the nodes with the same reads
     files: ReadOnce | None = None
     _rels: dict = field(default_factory=dict, repr=False, compare=False)   # str(path) -> rel (memo)
+    _producers: tuple | None = field(default=None, repr=False, compare=False)  # (node count, producers())
 
     def add(self, node: Node) -> Node:
         self.nodes.append(node)
@@ -89,7 +90,10 @@ class Graph:
         return verdict
 
     def producers(self) -> dict[str, Node]:
-        return {t: n for n in self.nodes for t in n.targets}
+        """Target -> the node that writes it (remembered while no node is added)."""
+        if self._producers is None or self._producers[0] != len(self.nodes):
+            self._producers = (len(self.nodes), {t: n for n in self.nodes for t in n.targets})
+        return self._producers[1]
 
     def request(self, kernels: list[str], stage: str, with_summary: bool) -> list[str]:
         out = [t for k in kernels for t in self.requested.get((k, stage), [])]
