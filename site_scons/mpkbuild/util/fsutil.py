@@ -1,7 +1,9 @@
-"""Atomic, change-only file writes and content hashing.
+"""Atomic, change-only file writes, content hashing, and planning's reads.
 
 Every generated or result file goes through :func:`write_atomic`: a killed build leaves
 either the old file or the new one, never a torn one that a later run would trust.
+:class:`ReadOnce` is what one planning run (status, -n, the plan before a build) reads,
+each file at most once.
 """
 from __future__ import annotations
 
