@@ -14,7 +14,6 @@ Standard library only.
 """
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import hashlib
 import json
@@ -105,6 +104,7 @@ def _gpu_keys(root: Path, kernel: str) -> list[str]:
 
 
 def main(argv=None) -> int:
+    import argparse              # the command line only: every build and status imports this module
     ap = argparse.ArgumentParser(prog="python -m mpkbuild.history", description=__doc__.splitlines()[0])
     ap.add_argument("action", choices=("accept", "show"))
     ap.add_argument("kernel")
