@@ -309,6 +309,31 @@ def test_body_symlinked_out_of_the_repository_is_refused_with_a_fresh_cache(tmp_
     assert after == before                           # nothing written, nothing removed
 
 
+def test_cached_load_knows_the_reference_by_its_bytes_never_its_mtime(tmp_path, monkeypatch):
+    """A fresh spec cache keeps the reference's function names by the sha256 of its bytes:
+    the same bytes are not parsed again; a same-size edit with its mtime put back is
+    parsed and refused, as a full load refuses it."""
+    from mpkbuild.model import spec as spec_mod
+    from mpkbuild.model.kernel import Kernel
+    proj = copy_project(tmp_path / "proj")
+    proj.scons("stage=spec")                         # a full load: the spec cache is written
+
+    def parsed(raw, rel):
+        raise AssertionError(f"{rel} parsed again")
+    with monkeypatch.context() as m:
+        m.setattr(spec_mod, "_top_level_functions", parsed)
+        assert Kernel.load(proj.root, K, write_cache=False).spec.from_cache
+    ref = proj.root / REF
+    st = ref.stat()
+    raw = ref.read_bytes()
+    ref.write_bytes(raw.replace(b"def rmsnorm_reference(", b"def rmsnorm_referencf(", 1))
+    os.utime(ref, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert ref.stat().st_size == st.st_size
+    with pytest.raises(SpecError) as info:
+        Kernel.load(proj.root, K, write_cache=False)
+    assert info.value.path == ("validate", "reference") and "rmsnorm_reference" in info.value.message
+
+
 @pytest.mark.parametrize("suffix", [".cuh.j2", ".cuh"])
 def test_non_utf8_body_is_one_located_error_at_generate(root, suffix):
     from mpkbuild.stages import generate as codegen

@@ -240,3 +240,25 @@ def test_generator_step_is_for_float_draws_only(root):
     assert before.data["generators"]["input"]["step"] == 0.25
     edit(root, PERF_COLD, PERF_COLD + "\n  generators:\n    input: {dist: randint, low: 0, high: 4, step: 2}")
     expect_error(root, "input: {dist: randint", "perf.generators.input.step", "randint is already whole")
+
+
+def test_inside_repo_follows_symlinks_exactly_as_realpath(tmp_path):
+    """The loader's symlink check walks only the path's components below the resolved
+    root; it must give os.path.realpath's answer for every shape of path."""
+    import os
+    from mpkbuild.model.spec import _realpath_under
+    base = tmp_path / "repo"
+    (base / "kernels" / "k").mkdir(parents=True)
+    (base / "kernels" / "k" / "ref.py").write_text("")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "ref.py").write_text("")
+    (base / "kernels" / "out").symlink_to(tmp_path / "outside")
+    (base / "kernels" / "k" / "link.py").symlink_to(base / "kernels" / "k" / "ref.py")
+    (base / "kernels" / "k" / "away.py").symlink_to(tmp_path / "outside" / "ref.py")
+    (base / "kernels" / "k" / "dangling.py").symlink_to(tmp_path / "nowhere.py")
+    base = str(base.resolve())
+    for rel in ("kernels/k/ref.py", "kernels//k/./ref.py", "kernels/k/link.py", "kernels/k/away.py",
+                "kernels/out/ref.py", "kernels/k/../k/ref.py", "kernels/../../outside/ref.py",
+                "kernels/k/missing.py", "kernels/missing/dir/x.py", "kernels/k/dangling.py",
+                "kernels/k/", ".", ""):
+        assert _realpath_under(base, rel) == os.path.realpath(os.path.join(base, rel)), rel

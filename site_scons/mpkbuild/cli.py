@@ -29,7 +29,7 @@ from mpkbuild.run.job import ExecutorError, GateInterrupted
 from mpkbuild.stages.gates import GateCannotRun, require_gpu, verdict_line
 from mpkbuild.stages.wire import WireRequest
 from mpkbuild.util import config
-from mpkbuild.util.fsutil import read_json
+from mpkbuild.util.fsutil import ReadOnce, read_json
 
 COMMANDS = ("status", "check", "dag")
 
@@ -387,8 +387,8 @@ def gate_order(g: graph_mod.Graph, kernels: list[Kernel], closure) -> list[str]:
              if g.requested.get((k.name, gate))]      # runtime: only with mpk_root=
     rank = {gate: i for i, gate in enumerate(stages.GPU_GATES)}
     order = sorted(gates, key=lambda kg: (rank[kg[1]],
-                                          -g.stored.get(g.rel(kg[0].gate_result(kg[1], g.gpu_key)), (None, 0.0))[1]))
-    return [os.path.relpath(k.gate_result(gate, g.gpu_key), g.root) for k, gate in order]
+                                          -g.stored.get(kg[0].rel.gate_result(kg[1], g.gpu_key), (None, 0.0))[1]))
+    return [k.rel.gate_result(gate, g.gpu_key) for k, gate in order]
 
 
 def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
@@ -432,9 +432,10 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
     with_summary = stage == "review" and ARGUMENTS.get("kernel", "all") == "all"
     kernels = [build.kernels[n] for n in names]
     sconsign = status_mod.Sconsign(root)
+    files = ReadOnce(root)                 # planning's reads: each file once (status too)
     g = graph_mod.build(root, kernels, build.fingerprint, build.wire_request, with_summary,
-                        tampered=lambda rel: status_mod.tampered(root, sconsign, rel),
-                        sanitize=build.sanitize)
+                        tampered=lambda rel: status_mod.tampered(files, sconsign, rel),
+                        sanitize=build.sanitize, files=files)
     for node in g.nodes:
         if node.always and "modified after its gate wrote it" in node.always:
             note(node.always)

@@ -14,7 +14,6 @@ Standard library only.
 """
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import hashlib
 import json
@@ -28,25 +27,31 @@ HISTORY_DIR = "perf_history"
 KEEP = 50          # entries kept per ledger (the oldest dropped)
 
 
+def ledger_rel(gpu_key: str, kernel: str) -> str:
+    return f"{HISTORY_DIR}/{gpu_key}/{kernel}.json"
+
+
 def ledger_path(root: Path, gpu_key: str, kernel: str) -> Path:
-    return Path(root) / HISTORY_DIR / gpu_key / f"{kernel}.json"
+    return Path(root) / ledger_rel(gpu_key, kernel)
 
 
-def load(root: Path, gpu_key: str | None, kernel: str) -> dict | None:
+def load(root: Path, gpu_key: str | None, kernel: str, files=None) -> dict | None:
+    """The ledger; files: a planning run's ReadOnce to read it through (each file once)."""
     if not gpu_key:
         return None
-    data = read_json(ledger_path(root, gpu_key, kernel))
+    data = (files.json(ledger_rel(gpu_key, kernel)) if files is not None
+            else read_json(ledger_path(root, gpu_key, kernel)))
     return data if data is not None and isinstance(data.get("entries"), list) else None
 
 
-def last_entry(root: Path, gpu_key: str | None, kernel: str) -> dict | None:
-    data = load(root, gpu_key, kernel)
+def last_entry(root: Path, gpu_key: str | None, kernel: str, files=None) -> dict | None:
+    data = load(root, gpu_key, kernel, files)
     return data["entries"][-1] if data and data["entries"] else None
 
 
-def fact(root: Path, gpu_key: str | None, kernel: str) -> str:
+def fact(root: Path, gpu_key: str | None, kernel: str, files=None) -> str:
     """The perf node's history fact: the hash of the entry it is judged against."""
-    entry = last_entry(root, gpu_key, kernel)
+    entry = last_entry(root, gpu_key, kernel, files)
     if entry is None:
         return "history: none"
     return "history: " + hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()[:16]
@@ -99,6 +104,7 @@ def _gpu_keys(root: Path, kernel: str) -> list[str]:
 
 
 def main(argv=None) -> int:
+    import argparse              # the command line only: every build and status imports this module
     ap = argparse.ArgumentParser(prog="python -m mpkbuild.history", description=__doc__.splitlines()[0])
     ap.add_argument("action", choices=("accept", "show"))
     ap.add_argument("kernel")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from mpkbuild import stages
 from mpkbuild.model.graph import Graph, Node
-from mpkbuild.util.fsutil import read_json
+from mpkbuild.util.fsutil import ReadOnce, scons_signature
 
 CHANGED = object()          # a predicted output whose new bytes cannot be known in advance
 GPU_KINDS = ("gate", "bandwidth", "trial", "tune")   # nodes that run on a GPU of the profile
@@ -78,7 +78,7 @@ class Sconsign:
     def entry(self, rel: str):
         if self._db is None:
             return None
-        d, name = os.path.split(rel)
+        d, _, name = rel.rpartition("/")
         d = d or "."
         if d not in self._dirs:
             import io
@@ -89,7 +89,7 @@ class Sconsign:
         return self._dirs[d].get(name)
 
 
-def tampered(root: Path, sconsign: Sconsign, rel: str) -> str | None:
+def tampered(files: ReadOnce, sconsign: Sconsign, rel: str) -> str | None:
     """Whether a gate result still has the bytes SCons recorded when its action wrote them:
     None when it does (or nothing was recorded); "unrecorded" when it has the bytes its gate
     wrote (the digest record() keeps beside it) but SCons never recorded them (the build
@@ -99,61 +99,18 @@ def tampered(root: Path, sconsign: Sconsign, rel: str) -> str | None:
     recorded = getattr(ninfo, "csig", None)
     if not recorded:
         return None
-    # Gate results only (they are small): hashed every time, never trusted on mtime + size,
-    # so a same-size edit with its mtime put back is still caught.
-    try:
-        with open(os.path.join(root, rel), "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return None
-    if _hash(data) == recorded:
+    # hashed every time, never trusted on mtime + size, so a same-size edit with its mtime
+    # put back is still caught
+    current = files.signature(rel)
+    if current is None or current == recorded:
         return None
     from mpkbuild.stages.gates import written_mark
     from mpkbuild.util.fsutil import sha256_bytes
     try:
-        mark = written_mark(os.path.join(root, rel)).read_text().strip()
+        mark = written_mark(os.path.join(files.root, rel)).read_text().strip()
     except OSError:
         mark = None
-    return "unrecorded" if mark == sha256_bytes(data) else "tampered"
-
-
-def _hash(data: bytes) -> str:
-    try:
-        import SCons.Util
-        return SCons.Util.hash_signature(data)
-    except ImportError:          # outside SCons (unit tests): SCons's default, MD5
-        import hashlib
-        return hashlib.md5(data).hexdigest()
-
-
-def _stat(root: Path, rel: str, disk: dict):
-    """os.stat of root/rel, None when absent; once per file per status run (disk: the memo)."""
-    try:
-        return disk[rel]
-    except KeyError:
-        try:
-            st = os.stat(os.path.join(root, rel))
-        except OSError:
-            st = None
-        disk[rel] = st
-        return st
-
-
-def _disk_csig(root: Path, rel: str, recorded, disk: dict | None = None) -> str | None:
-    """The file's content signature, from its bytes: an mtime and size that match what was
-    recorded prove nothing (`cp -p`, `rsync -t` and a restored cache put mtimes back), so,
-    as the build does (SCons runs with max_drift -1), every input is hashed."""
-    disk = {} if disk is None else disk
-    if _stat(root, rel, disk) is None:
-        return None
-    key = ("hash", rel)
-    if key not in disk:
-        try:
-            with open(os.path.join(root, rel), "rb") as fh:
-                disk[key] = _hash(fh.read())
-        except OSError:
-            disk[key] = None
-    return disk[key]
+    return "unrecorded" if mark == sha256_bytes(files.bytes(rel)) else "tampered"
 
 
 def _flatten(obj, prefix=""):
@@ -229,14 +186,15 @@ class Predictor:
 
 
 def compute(g: Graph, sconsign: Sconsign, predictor: Predictor, gpu_here: bool,
-            only: set[str] | None = None) -> list[NodeStatus]:
-    """Judge every node (or those labelled in `only`) in graph order."""
+            only: set[str] | None = None, files: ReadOnce | None = None) -> list[NodeStatus]:
+    """Judge every node (or those labelled in `only`) in graph order. files: the reads the
+    graph was planned with (g.files, the default), so no file is read twice."""
+    files = g.files if files is None else files
     producers = g.producers()
     predicted: dict[str, object] = {}        # target -> new bytes or CHANGED (nodes that run)
     out = []
-    disk: dict = {}                          # rel -> os.stat result (files are read once)
     for node in g.nodes:
-        reasons, never = _judge(node, g.root, sconsign, producers, predicted, disk)
+        reasons, never = _judge(node, g.root, sconsign, producers, predicted, files)
         will_run = bool(reasons)
         if will_run:
             try:
@@ -253,7 +211,7 @@ def compute(g: Graph, sconsign: Sconsign, predictor: Predictor, gpu_here: bool,
                                [r for r in reasons if r not in tuned])
         if only is not None and node.label not in only:
             continue
-        verdict = _stored_verdict(g, node)
+        verdict = _stored_verdict(g, node, files)
         if not will_run:
             state = "fresh"
         elif node.kind in GPU_KINDS and not gpu_here:
@@ -265,7 +223,7 @@ def compute(g: Graph, sconsign: Sconsign, predictor: Predictor, gpu_here: bool,
             state = "never run"
         else:
             state = "stale"
-        delta = perf_delta(g.root, node) if node.kind == "gate" and node.stage == "perf" else None
+        delta = perf_delta(g.root, node, files) if node.kind == "gate" and node.stage == "perf" else None
         out.append(NodeStatus(node.label, node.kind, node.stage, node.kernel, state, reasons,
                               will_run, verdict, delta))
     return out
@@ -283,21 +241,22 @@ def _spec_field_changes(node: Node, root: Path, predicted) -> list[str]:
     return out
 
 
-def _stored_verdict(g: Graph, node: Node) -> str | None:
+def _stored_verdict(g: Graph, node: Node, files: ReadOnce) -> str | None:
     if node.kind not in ("gate", "compile", "wire", "trial", "tune"):
         return None
     rel = node.targets[0 if node.kind != "compile" else 1]
     if rel in g.stored:                      # read once already, while the graph was built
         return g.stored[rel][0]
-    try:
-        return json.loads((g.root / rel).read_text()).get("verdict")
-    except (OSError, ValueError, AttributeError):
-        return None
+    res = files.json(rel)                    # its bytes serve the gates' input hash too
+    return res.get("verdict") if res is not None else None
 
 
 def _judge(node: Node, root: Path, sconsign: Sconsign, producers, predicted,
-           disk: dict | None = None) -> tuple[list[str], bool]:
-    disk = {} if disk is None else disk
+           files: ReadOnce) -> tuple[list[str], bool]:
+    """Why the node would run (empty: it would not), and whether it never ran. Every file
+    input is judged by its content signature: an mtime and size that match what was
+    recorded prove nothing (`cp -p`, `rsync -t` and a restored cache put mtimes back), so,
+    as the build does (SCons runs with max_drift -1), every input is hashed."""
     reasons = []
     if node.always:
         reasons.append(node.always)
@@ -306,10 +265,10 @@ def _judge(node: Node, root: Path, sconsign: Sconsign, producers, predicted,
     if binfo is None or not hasattr(binfo, "bsources"):
         return reasons + ["never run"], True
     for t in node.targets:
-        if _stat(root, t, disk) is None:
+        if not files.exists(t):
             reasons.append(f"output {t} is missing")
     recorded = dict(zip(binfo.bsources, binfo.bsourcesigs))
-    wanted = list(node.sources) + list(node.facts)
+    wanted = {*node.sources, *node.facts}
     for fact in node.facts:
         if fact not in recorded:
             old = next((r for r in recorded if _fact_kind(r) == _fact_kind(fact) and r not in wanted), None)
@@ -327,14 +286,14 @@ def _judge(node: Node, root: Path, sconsign: Sconsign, producers, predicted,
             if new is CHANGED:
                 reasons.append(f"upstream {producer.label} will run")
                 continue
-            if _hash(new) == getattr(rec, "csig", None):
+            if scons_signature(new) == getattr(rec, "csig", None):
                 continue
             if producer.kind == "spec" and "/spec/" in src:
                 reasons.extend(section_changes(_read(root / src), json.loads(new)))
             else:
                 reasons.append(f"upstream {producer.label} changes {src}")
             continue
-        cur = _disk_csig(root, src, rec, disk)
+        cur = files.signature(src)
         if cur != getattr(rec, "csig", None):
             reasons.append(f"{src} {'is missing' if cur is None else 'changed'}")
     removed = [r for r in recorded if r not in wanted and not any(
@@ -360,10 +319,10 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def perf_delta(root: Path, node: Node) -> str | None:
+def perf_delta(root: Path, node: Node, files: ReadOnce | None = None) -> str | None:
     """One line: the last perf result's times over the last accepted ones (perf_history/),
     the largest change per figure with its interval, and the regressions it confirmed."""
-    res = read_json(root / node.targets[0])
+    res = (files or ReadOnce(root)).json(node.targets[0])
     if res is None or "history" not in res:
         return None
     hist = res.get("history")

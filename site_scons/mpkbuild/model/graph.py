@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from mpkbuild.util import config
-from mpkbuild.util.fsutil import read_json
+from mpkbuild.util.fsutil import ReadOnce, repo_rel
 
 PKG = config.PACKAGE_DIR
 
@@ -49,17 +49,28 @@ class Graph:
     # repo-relative result path -> (its verdict, the seconds it took), read once while the
     # graph is built: status shows the verdict, the gate order sorts by the time
     stored: dict[str, tuple[str | None, float]] = field(default_factory=dict)
-    _rels: dict = field(default_factory=dict, repr=False, compare=False)   # path -> rel (memo)
+    # what planning reads (stored results, for the verdict and the tamper check), each file
+    # once; status judges the nodes with the same reads
+    files: ReadOnce | None = None
+    _rels: dict = field(default_factory=dict, repr=False, compare=False)   # str(path) -> rel (memo)
+    _producers: tuple | None = field(default=None, repr=False, compare=False)  # (node count, producers())
 
     def add(self, node: Node) -> Node:
         self.nodes.append(node)
         return node
 
+    def __post_init__(self):
+        if self.files is None:
+            self.files = ReadOnce(self.root)
+
     def rel(self, path: Path | str) -> str:
+        """A path as the graph declares it: repo-relative. Kernels give theirs as strings
+        already (Kernel.rel); this is for the paths built elsewhere."""
+        key = os.fspath(path)
         try:
-            return self._rels[path]
+            return self._rels[key]
         except KeyError:
-            out = self._rels[path] = rel(self.root, path)
+            out = self._rels[key] = rel(self.root, key)
             return out
 
     def pkg(self, *parts: str) -> str:
@@ -70,15 +81,19 @@ class Graph:
             out = self._rels[parts] = rel(self.root, PKG.joinpath(*parts))
             return out
 
-    def previous_verdict(self, path: Path) -> str | None:
+    def previous_verdict(self, path: Path | str) -> str | None:
         """The verdict of a stored gate result (None: none), its time remembered for the order."""
-        res = read_json(path)
+        rel_path = self.rel(path)
+        res = self.files.json(rel_path)
         verdict, took = (res.get("verdict"), float(res.get("elapsed_s") or 0.0)) if res else (None, 0.0)
-        self.stored[self.rel(path)] = (verdict, took)
+        self.stored[rel_path] = (verdict, took)
         return verdict
 
     def producers(self) -> dict[str, Node]:
-        return {t: n for n in self.nodes for t in n.targets}
+        """Target -> the node that writes it (remembered while no node is added)."""
+        if self._producers is None or self._producers[0] != len(self.nodes):
+            self._producers = (len(self.nodes), {t: n for n in self.nodes for t in n.targets})
+        return self._producers[1]
 
     def request(self, kernels: list[str], stage: str, with_summary: bool) -> list[str]:
         out = [t for k in kernels for t in self.requested.get((k, stage), [])]
@@ -117,28 +132,31 @@ class Graph:
 
 
 def rel(root: Path, path: Path | str) -> str:
-    # hot (~60 calls per kernel): a plain prefix cut when path lies under root and has no
-    # "." / ".." segments to normalise; os.path.relpath otherwise (same result, ~5x slower)
+    """path relative to root, as os.path.relpath gives it (a relative path is repo-relative
+    already); under root, a prefix cut, ~5x faster."""
     p, r = os.fspath(path), os.fspath(root)
+    if not os.path.isabs(p):                 # repo-relative already
+        return repo_rel(p)
     if p.startswith(r) and p[len(r):len(r) + 1] == os.sep:
-        rest = p[len(r) + 1:]
-        if "/." not in "/" + rest and "//" not in f"/{rest}/":
-            return rest
+        return repo_rel(p[len(r) + 1:])
     return os.path.relpath(path, root)
 
 
 def build(root: Path, kernels: list, fingerprint, wire_request, with_summary: bool,
-          tampered=lambda rel: False, sanitize: str | None = None) -> Graph:
+          tampered=lambda rel: False, sanitize: str | None = None,
+          files: ReadOnce | None = None) -> Graph:
     """The whole graph for these kernels on this GPU (fingerprint None: no GPU), declared by
     the stage modules in table order; then the nodes no kernel owns (a GPU's copy
-    bandwidth goes first, the summary last)."""
+    bandwidth goes first, the summary last). files: the planning run's reads (default: a
+    new ReadOnce)."""
     from mpkbuild import stages
     g = Graph(root=root, gpu_key=fingerprint.key if fingerprint else "no-gpu",
               fingerprint=fingerprint, wire_request=wire_request, sanitize=sanitize,
-              tampered=tampered)
+              tampered=tampered, files=files)
+    rows = [(stage.impl, stage.name) for stage in stages.STAGES]
     for k in kernels:
-        for stage in stages.STAGES:
-            stage.impl.nodes(g, k, stage.name)
+        for impl, name in rows:
+            impl.nodes(g, k, name)
     for module in stages.modules():
         if hasattr(module, "shared_nodes"):
             module.shared_nodes(g, kernels, with_summary)

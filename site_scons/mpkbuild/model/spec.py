@@ -12,6 +12,8 @@ import fnmatch
 import functools
 import json
 import os
+import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from mpkbuild.model import schema
 from mpkbuild.model.yamlpos import format_path, line_for
 from mpkbuild.util import config, expr
 from mpkbuild.util.expr import grid_size, tensor_shape, variant_symbols
-from mpkbuild.util.fsutil import dump_json, sha256_bytes, sha256_json, write_json_atomic
+from mpkbuild.util.fsutil import dump_json, read_bytes, sha256_bytes, sha256_json, write_json_atomic
 
 # yaml (in .yamlpos) and jsonschema are imported by load_spec only: a no-op build or a
 # status reads cached specs and never needs them.
@@ -69,6 +71,14 @@ class LoadedSpec:
         return {"file": self.file, "spec": self.data, "sections": self.sections,
                 "signatures": self.signatures, "source_sha": self.source_sha,
                 "loader": loader_version()}
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """sha256 of the normalised data (the spec node's fact). Not a field: a spec made
+        from this one with other data (replace(), tuned values) computes its own; a fresh
+        spec cache hands it over (load_spec_cached)."""
+        # compact separators keep json on its C encoder (indent=2 falls back to pure Python)
+        return sha256_bytes(json.dumps(self.data, sort_keys=True, separators=(",", ":")).encode())
 
     @property
     def name(self) -> str:
@@ -165,16 +175,11 @@ def _generator_problems(where: tuple, gens: dict, input_names: dict):
                                              f"{DTYPE_RANGE[dtype]:g}")
 
 
-def _py_function_exists(root: Path, ref: str) -> str | None:
-    """None if `file.py:func` names an existing top-level function, else why not."""
+def _py_function_exists(root: Path, ref: str, known: dict | None = None) -> str | None:
+    """None if `file.py:func` names an existing top-level function, else why not. known:
+    as for _python_defs."""
     rel, func = ref.rsplit(":", 1)
-    target = _inside_repo(root, rel)
-    if target is None:
-        return f"{rel!r} escapes the repository"
-    if not target.is_file():
-        return f"file {rel} does not exist"
-    st = target.stat()
-    defs = _top_level_functions(str(target), st.st_mtime_ns, st.st_size, rel)
+    defs = _python_defs(root, rel, known)[1]
     if isinstance(defs, str):
         return defs
     if func not in defs:
@@ -182,17 +187,39 @@ def _py_function_exists(root: Path, ref: str) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
-def _top_level_functions(path: str, mtime_ns: int, size: int, rel: str) -> frozenset | str:
-    """The names defined at a file's top level (parsed once per version of the file), or
-    why it cannot be read: any bytes give a message, never a traceback."""
-    if size > config.MAX_SOURCE_BYTES:
-        return f"{rel} is {size} bytes, more than the {config.MAX_SOURCE_BYTES} a reference may be"
+def _python_defs(root: Path, rel: str, known: dict | None = None) -> tuple[str | None, frozenset | str]:
+    """A Python file the spec names: (the sha256 of its bytes, the names of its top-level
+    functions), or (None or the sha256, why it cannot be used). known: {sha256: names}
+    from the spec cache; bytes with a known digest are not parsed again (the same bytes
+    define the same names), any others are."""
+    target = _inside_repo(root, rel)
+    if target is None:
+        return None, f"{rel!r} escapes the repository"
     try:
-        raw = Path(path).read_bytes()
-        text = raw.decode("utf-8")
+        st = target.stat()
+    except OSError:
+        st = None
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return None, f"file {rel} does not exist"
+    if st.st_size > config.MAX_SOURCE_BYTES:
+        return None, (f"{rel} is {st.st_size} bytes, more than the {config.MAX_SOURCE_BYTES} "
+                      "a reference may be")
+    try:
+        raw = read_bytes(str(target))
     except OSError as exc:
-        return f"cannot read {rel}: {exc.strerror}"
+        return None, f"cannot read {rel}: {exc.strerror}"
+    digest = sha256_bytes(raw)
+    if known and digest in known:
+        return digest, frozenset(known[digest])
+    return digest, _top_level_functions(raw, rel)
+
+
+@functools.lru_cache(maxsize=None)
+def _top_level_functions(raw: bytes, rel: str) -> frozenset | str:
+    """The names defined at the top level of a file with these bytes (parsed once per
+    content), or why it cannot be read: any bytes give a message, never a traceback."""
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         return f"{rel}:{line} is not UTF-8 text (byte 0x{raw[exc.start]:02x})"
@@ -211,13 +238,33 @@ def _resolved(path: Path) -> Path:
 
 
 def _inside_repo(root: Path, rel: str) -> Path | None:
+    """root/rel with every symlink followed, as resolve() gives it; None outside the repository."""
     if rel.startswith("/") or "\\" in rel:
         return None
     base = str(_resolved(root))
-    target = os.path.realpath(os.path.join(base, rel))     # symlinks followed, as resolve()
+    target = _realpath_under(base, rel)
     if target != base and not target.startswith(base + os.sep):
         return None
     return Path(target)
+
+
+def _realpath_under(base: str, rel: str) -> str:
+    """os.path.realpath(base/rel) for a base resolved already: only rel's own components
+    are looked at (one lstat each, not one per component of the whole path); the first
+    symlink or ".." hands the whole path to realpath."""
+    path = base.rstrip(os.sep)
+    for part in rel.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            return os.path.realpath(os.path.join(base, rel))
+        path = f"{path}{os.sep}{part}"
+        try:
+            if stat.S_ISLNK(os.lstat(path).st_mode):
+                return os.path.realpath(os.path.join(base, rel))
+        except OSError:
+            pass                     # a missing component stays as it is, as in realpath
+    return path or os.sep
 
 
 def _semantic_errors(data: dict, root: Path, stem: str):
@@ -490,38 +537,75 @@ def loader_version() -> str:
     return sha256_bytes(b"".join(f.read_bytes() for f in module_files(__name__)))
 
 
+def _python_refs(data: dict) -> tuple[str, ...]:
+    """Every `file.py:function` the spec names (reference, baseline, extra baselines)."""
+    return (data["validate"]["reference"], data["perf"]["baseline"],
+            *(b["function"] for b in data["perf"].get("baselines", [])))
+
+
+def _python_version() -> str:
+    """What parses is the running Python's: known function names are kept per version."""
+    return "%d.%d" % sys.version_info[:2]
+
+
 def load_spec_cached(path: Path | str, root: Path | str, cache: Path, write: bool = True) -> LoadedSpec:
     """Like load_spec, but reuse the last full load's result when the YAML's bytes and the
     loader are unchanged (parsing and schema-checking hundreds of specs would dominate a
     no-op build). The cache is refreshed by every full load, so a comment edit costs one
     slow load, not one per run. Files the spec names are still checked on every load, as
     a full load checks them (a body that became a symlink out of the repository is refused
-    however fresh the cache); any problem falls through to the full load, which names it."""
+    however fresh the cache); any problem falls through to the full load, which names it.
+    A Python file whose bytes have the sha256 the cache records keeps the function names
+    recorded for them; other bytes are parsed."""
     root, path = Path(root), Path(path)
     try:
-        raw = path.read_bytes()
-        cached = json.loads(Path(cache).read_text())
+        raw = read_bytes(str(path))
+        cached = json.loads(read_bytes(str(cache)).decode("utf-8"))
         fresh = cached.get("source_sha") == sha256_bytes(raw) and cached.get("loader") == loader_version()
     except (OSError, ValueError):
         fresh = False
     if fresh:
         data = cached["spec"]
-        refs = (data["validate"]["reference"], data["perf"]["baseline"],
-                *(b["function"] for b in data["perf"].get("baselines", [])))
+        record = cached.get("python_defs") or {}
+        known = record.get("defs") if record.get("python") == _python_version() else None
         body = _inside_repo(root, data["codegen"]["body"])
-        if body is not None and body.is_file() and not any(_py_function_exists(root, r) for r in refs):
-            return LoadedSpec(file=cached["file"], data=data, sections=cached["sections"],
+        if body is not None and body.is_file() and _functions_exist(root, _python_refs(data), known):
+            spec = LoadedSpec(file=cached["file"], data=data, sections=cached["sections"],
                               signatures=cached["signatures"], source_sha=cached["source_sha"],
                               from_cache=True)
+            if isinstance(cached.get("digest"), str):
+                spec.__dict__["digest"] = cached["digest"]     # computed from this same data
+            return spec
     spec = load_spec(path, root)            # reports any problem with file and line
     if write:
-        save_spec_cache(spec, cache)
+        save_spec_cache(spec, cache, root)
     return spec
 
 
-def save_spec_cache(spec: LoadedSpec, cache: Path) -> None:
+def _functions_exist(root: Path, refs, known: dict | None) -> bool:
+    """Whether every `file.py:function` names a top-level function; each file read once."""
+    defs_of: dict[str, frozenset | str] = {}
+    for ref in refs:
+        rel, func = ref.rsplit(":", 1)
+        if rel not in defs_of:
+            defs_of[rel] = _python_defs(root, rel, known)[1]
+        if isinstance(defs_of[rel], str) or func not in defs_of[rel]:
+            return False
+    return True
+
+
+def save_spec_cache(spec: LoadedSpec, cache: Path, root: Path) -> None:
+    """The spec's full load with its digest, and the function names of the Python files it
+    names by the sha256 of the bytes they were read from."""
+    defs = {}
+    for rel in dict.fromkeys(ref.rsplit(":", 1)[0] for ref in _python_refs(spec.data)):
+        digest, names = _python_defs(root, rel)
+        if digest is not None and not isinstance(names, str):
+            defs[digest] = sorted(names)
+    record = {**spec.cache_record(), "digest": spec.digest,
+              "python_defs": {"python": _python_version(), "defs": defs}}
     try:
-        write_json_atomic(cache, spec.cache_record(), only_if_changed=True)
+        write_json_atomic(cache, record, only_if_changed=True)
     except OSError:
         pass                                # a read-only tree still builds, just slower
 

@@ -32,7 +32,7 @@ def toolchain_fingerprint(nvcc: str = "nvcc") -> str:
     """'nvcc 13.0.88 (cuda_13.0.r13.0/compiler.36424714_0)', or 'nvcc: not found'; with
     ' with NVCC_APPEND_FLAGS=...' when the environment adds flags, since they change what
     nvcc builds as much as a flag on the command line does (status names the change)."""
-    extra = [f"{name}={os.environ[name]}" for name in NVCC_ENV_FLAGS if os.environ.get(name, "").strip()]
+    extra = [f"{name}={value}" for name in NVCC_ENV_FLAGS if (value := os.environ.get(name, "")).strip()]
     return _nvcc_version(nvcc) + (f" with {' '.join(extra)}" if extra else "")
 
 
@@ -168,17 +168,20 @@ def run_compile(job: CompileJob, command: list[str], cwd: Path) -> dict:
     return result
 
 
+_FLAGS = " ".join(config.NVCC_BASE_FLAGS)
+
+
 def toolchain_fact() -> str:
-    return f"toolchain: {toolchain_fingerprint()}; flags: {' '.join(config.NVCC_BASE_FLAGS)}"
+    return f"toolchain: {toolchain_fingerprint()}; flags: {_FLAGS}"
 
 
 def nodes(g, k, stage: str) -> None:
-    generated = [g.rel(p) for p in k.generated.values()]
+    generated = list(k.rel.generated.values())
     compiled = []
     for arch in k.archs:
-        cmd = nvcc_command(arch, g.rel(k.generated["harness"]), g.rel(k.gen_dir), g.rel(k.library(arch)))
+        cmd = nvcc_command(arch, k.rel.generated["harness"], k.rel.gen_dir, k.rel.library(arch))
         node = g.add(Node(f"compile {k.name} {arch}", "compile", stage, k.name,
-                          (g.rel(k.library(arch)), g.rel(k.resources(arch)), g.rel(k.arch_dir(arch) / "compile.log")),
+                          (k.rel.library(arch), k.rel.resources(arch), k.rel.compile_log(arch)),
                           (*generated, g.pkg("stages", "compile.py")), (toolchain_fact(),),
                           opts=(("MPK_ARCH", arch), ("MPK_NVCC_CMD", cmd))))
         compiled += node.targets[:2]
@@ -192,7 +195,7 @@ def run(build, info, target, source) -> int:
     plan = smem_plan(k.spec.data["codegen"])
     job = CompileJob(kernel=k.name, arch=arch, variants=k.variants,
                      harness=k.generated["harness"], library=k.library(arch),
-                     resources=k.resources(arch), log=k.arch_dir(arch) / "compile.log",
+                     resources=k.resources(arch), log=k.compile_log(arch),
                      smem_total=plan["total"], smem_budget=plan["budget"])
     try:
         run_compile(job, info["MPK_NVCC_CMD"], k.root)

@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mpkbuild.gpu import NO_GPU_HELP, GpuFingerprint
-from mpkbuild.model.graph import Node
-from mpkbuild.model.kernel import bandwidth_file
+from mpkbuild.model.graph import Node, rel
+from mpkbuild.model.kernel import bandwidth_file, bandwidth_rel
 from mpkbuild.stages.compile import toolchain_fact
 from mpkbuild.util import config
 from mpkbuild.util.closure import module_files
-from mpkbuild.util.fsutil import dump_json, read_json, sha256_bytes, sha256_or_missing, write_atomic
+from mpkbuild.util.fsutil import (dump_json, read_json, repo_rel, sha256_bytes, sha256_or_missing,
+                                  write_atomic)
 
 
 
@@ -56,6 +57,11 @@ class GateKind:
             files.update(module_files(self.judge))
         return tuple(sorted(files))
 
+    @functools.lru_cache(maxsize=None)
+    def code_rels(self, root: Path) -> tuple[str, ...]:
+        """code(), relative to the repository at root (as the graph declares it)."""
+        return tuple(rel(root, p) for p in self.code())
+
 
 GATES = {
     "validate": GateKind("validate", "validate", "validate.reference", can_sanitize=True,
@@ -81,16 +87,23 @@ def gpu_fact(fingerprint) -> str:
 
 
 def python_file(k, kind: GateKind) -> Path:
+    """The Python file of the kernel the gate's spec field names."""
     section, field = kind.python_file.split(".")
     return k.root / k.spec.data[section][field].rsplit(":", 1)[0]
 
 
-def python_files(k, kind: GateKind) -> list[Path]:
-    """Every Python file of the kernel the gate loads: perf's extra baselines too."""
-    files = [python_file(k, kind)]
+def python_rels(k, kind: GateKind) -> list[str]:
+    """Every Python file of the kernel the gate loads, repo-relative: the one its spec field
+    names, and perf's extra baselines too."""
+    section, field = kind.python_file.split(".")
+    files = [k.spec.data[section][field]]
     if kind.python_file == "perf.baseline":
-        files += [k.root / b["function"].rsplit(":", 1)[0] for b in k.spec.data["perf"].get("baselines", [])]
-    return list(dict.fromkeys(files))
+        files += [b["function"] for b in k.spec.data["perf"].get("baselines", [])]
+    return list(dict.fromkeys(repo_rel(f.rsplit(":", 1)[0]) for f in files))
+
+
+def python_files(k, kind: GateKind) -> list[Path]:
+    return [k.root / rel for rel in python_rels(k, kind)]
 
 
 def input_lock(root: Path, sources: list[tuple[str, str | Path]]) -> dict:
@@ -177,18 +190,17 @@ def gate_nodes(g, k, stage: str, library: str | None = None, extra_facts: tuple 
     key = g.gpu_key
     run_arch = config.ARCH_FOR_CC.get(g.fingerprint.cc) if g.fingerprint else None
     if library is None:
-        library = g.rel(k.resources(run_arch if run_arch in k.archs else k.archs[0]))
-    result = k.gate_result(stage, key)
-    sources = [library, *(g.rel(p) for p in k.generated.values()),
-               *(g.rel(k.section_file(s)) for s in row.reads),
-               *(g.rel(p) for p in kind.code()), *(g.rel(p) for p in python_files(k, kind))]
+        library = k.rel.resources(run_arch if run_arch in k.archs else k.archs[0])
+    result = k.rel.gate_result(stage, key)
+    sources = [library, *k.rel.generated.values(), *(k.rel.section_file(s) for s in row.reads),
+               *kind.code_rels(g.root), *python_rels(k, kind)]
     if kind.uses_bandwidth:
-        sources.append(g.rel(bandwidth_file(g.root, key)))
-    sources += [g.rel(k.gpu_dir(key) / f"{gate}.verdict") for gate in kind.needs_pass]
+        sources.append(bandwidth_rel(key))
+    sources += [k.rel.gate_verdict(gate, key) for gate in kind.needs_pass]
     facts = (gpu_fact(g.fingerprint), toolchain_fact(), *extra_facts)
     if kind.uses_history:
         from mpkbuild import history
-        facts += (history.fact(g.root, key, k.name),)
+        facts += (history.fact(g.root, key, k.name, g.files),)
     if g.sanitize and kind.can_sanitize:
         # a sanitized validate is a different gate run: its verdict says so, and a plain run redoes it
         facts += (f"sanitize: {g.sanitize}",)
@@ -196,16 +208,16 @@ def gate_nodes(g, k, stage: str, library: str | None = None, extra_facts: tuple 
     always = None
     if verdict not in (None, "pass"):
         always = f"its last verdict was {verdict}: failures are never cached"
-    elif verdict is not None and (why := g.tampered(g.rel(result))):
-        always = (f"{g.rel(result)} was modified after its gate wrote it (signature mismatch): "
+    elif verdict is not None and (why := g.tampered(result)):
+        always = (f"{result} was modified after its gate wrote it (signature mismatch): "
                   "it is not trusted, the gate runs again") if why == "tampered" else (
-                  f"{g.rel(result)} was written by a build that was killed before SCons "
+                  f"{result} was written by a build that was killed before SCons "
                   "recorded it: the gate runs again")
     node = g.add(Node(f"{stage} {k.name} {key}", "gate", stage, k.name,
-                      (g.rel(result), g.rel(result.with_suffix(".verdict")), g.rel(k.gate_log(stage, key))),
+                      (result, k.rel.gate_verdict(stage, key), k.rel.gate_log(stage, key)),
                       tuple(sources), facts, opts=(("MPK_GATE", stage),), always=always))
     check = g.add(Node(f"check {stage} {k.name}", "check", stage, k.name,
-                       (g.rel(k.gate_stamp(stage, key)),), (node.targets[0],),
+                       (k.rel.gate_stamp(stage, key),), (node.targets[0],),
                        opts=(("MPK_GATE", stage),), silent=True))
     g.requested[(k.name, stage)] = [check.targets[0]]
 
@@ -213,8 +225,8 @@ def gate_nodes(g, k, stage: str, library: str | None = None, extra_facts: tuple 
 def shared_nodes(g, kernels, with_summary: bool) -> None:
     """The GPU's copy bandwidth: one node per GPU profile, first in the graph."""
     g.nodes.insert(0, Node(f"bandwidth {g.gpu_key}", "bandwidth", "perf", None,
-                           (g.rel(bandwidth_file(g.root, g.gpu_key)),),
-                           tuple(g.rel(p) for p in GATES["bandwidth"].code()),
+                           (bandwidth_rel(g.gpu_key),),
+                           GATES["bandwidth"].code_rels(g.root),
                            (gpu_fact(g.fingerprint),)))
 
 

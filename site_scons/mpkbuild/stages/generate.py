@@ -176,16 +176,16 @@ def generate_file(role: str, section: dict, spec_file: str, body_source: Path | 
 
 
 def nodes(g, k, stage: str) -> None:
-    codegen_section = g.rel(k.section_file("codegen"))
+    codegen_section = k.rel.section_file("codegen")
     sources = {
         "spec_header": (codegen_section, g.pkg("templates", "spec_header.h.j2")),
-        "body": ((codegen_section,) if k.body_is_template else ()) + (g.rel(k.body_source),),
+        "body": ((codegen_section,) if k.body_is_template else ()) + (k.rel.body_source,),
         "harness": (codegen_section, g.pkg("templates", "harness.cu.j2")),
     }
     generated = []
-    for role, path in k.generated.items():
-        generated.append(g.rel(path))
-        g.add(Node(f"generate {k.name} {path.name}", "generate", stage, k.name, (g.rel(path),),
+    for role, path in k.rel.generated.items():
+        generated.append(path)
+        g.add(Node(f"generate {k.name} {path.rsplit('/', 1)[1]}", "generate", stage, k.name, (path,),
                    sources[role] + (g.pkg("stages", "generate.py"),), opts=(("MPK_ROLE", role),)))
     g.requested[(k.name, stage)] = generated
 

@@ -376,21 +376,20 @@ def write_summary(review_jsons: list[Path], md_path: Path, junit_path: Path | No
 # ---------------------------------------------------------------- the stage's nodes
 def nodes(g, k, stage: str) -> None:
     from mpkbuild.stages import GPU_GATES
-    sources = [g.rel(k.resources(a)) for a in k.archs]
+    sources = [k.rel.resources(a) for a in k.archs]
     if k.has_wiring:
-        sources.append(g.rel(k.wire_result))
+        sources.append(k.rel.wire_result)
     # the runtime gate exists only with mpk_root= (stages/runtime.py)
     gates = [gate for gate in GPU_GATES if gate != "runtime" or g.requested.get((k.name, gate))]
-    sources += [g.rel(k.gate_result(gate, g.gpu_key)) for gate in gates]
+    sources += [k.rel.gate_result(gate, g.gpu_key) for gate in gates]
     from mpkbuild.stages.tune import tuned_fact
     # the tuned file is read (not depended on as a file: it is the tune stage's target, and
     # review does not run the tune): its hash is a fact, so a new tune re-runs the review
     node = g.add(Node(f"review {k.name}", "review", stage, k.name,
-                      (g.rel(k.review), g.rel(k.review.with_suffix(".json")),
-                       g.rel(k.review.with_name("junit.xml"))),
+                      (k.rel.review, k.rel.review_json, k.rel.junit),
                       (*sources, g.pkg("stages", "review.py"), g.pkg("templates", "review.md.j2")),
                       tuned_fact(k)))
-    checks = [g.rel(k.gate_stamp(gate, g.gpu_key)) for gate in gates]
+    checks = [k.rel.gate_stamp(gate, g.gpu_key) for gate in gates]
     g.requested[(k.name, stage)] = [*node.targets, *checks]
 
 
@@ -398,7 +397,7 @@ def shared_nodes(g, kernels, with_summary: bool) -> None:
     """The summary over kernels (when every kernel is built)."""
     if not with_summary:
         return
-    review_jsons = [g.rel(k.review.with_suffix(".json")) for k in kernels]
+    review_jsons = [k.rel.review_json for k in kernels]
     node = g.add(Node("review summary", "summary", "review", None,
                       (g.rel(summary_file(g.root)), g.rel(summary_file(g.root).with_name("junit.xml"))),
                       (*review_jsons, g.pkg("stages", "review.py"), g.pkg("templates", "summary.md.j2"))))

@@ -304,7 +304,7 @@ def nodes(g, k, stage: str) -> None:
     except FileNotFoundError:
         g.requested[(k.name, stage)] = []
         return
-    gen = [g.rel(k.generated["spec_header"]), g.rel(k.generated["body"])]
+    gen = [k.rel.generated["spec_header"], k.rel.generated["body"]]
     producer = CHAINS.get(k.name)
     extra = []
     if producer is not None and (g.root / config.SPEC_DIRNAME / f"{producer[0]}.yaml").is_file():
@@ -313,7 +313,7 @@ def nodes(g, k, stage: str) -> None:
                  g.rel(pdir / "gen" / f"{producer[0]}_spec.h"), g.rel(pdir / "gen" / f"{producer[0]}.cuh")]
     fact = runtime_fact(mpk_root)
     src = g.add(Node(f"megakernel {k.name}", "megakernel", stage, k.name, (g.rel(source_path(k)),),
-                     (g.rel(k.section_file("codegen")), g.rel(k.section_file("wiring")), *gen, *extra,
+                     (k.rel.section_file("codegen"), k.rel.section_file("wiring"), *gen, *extra,
                       g.pkg("templates", "megakernel.cu.j2"), g.pkg("stages", "runtime.py"),
                       g.rel(g.root / "wiring" / "surface.yaml")),
                      (fact,)))

@@ -6,22 +6,19 @@ before anything is declared; this node only writes what was loaded.
 """
 from __future__ import annotations
 
-import json
-
 from mpkbuild.model.graph import Node
-from mpkbuild.util.fsutil import dump_json, sha256_bytes, write_json_atomic
+from mpkbuild.util.fsutil import dump_json, write_json_atomic
 
 
 def spec_fact(k) -> str:
-    # compact separators keep json on its C encoder (indent=2 falls back to pure Python)
-    return f"spec: {sha256_bytes(json.dumps(k.spec.data, sort_keys=True, separators=(',', ':')).encode())}"
+    return f"spec: {k.spec.digest}"
 
 
 def nodes(g, k, stage: str) -> None:
-    sections = [g.rel(k.section_file(s)) for s in k.spec.sections]
+    sections = [k.rel.section_file(s) for s in k.spec.sections]
     from mpkbuild.stages.tune import tuned_fact
     node = g.add(Node(f"spec {k.name}", "spec", stage, k.name,
-                      (g.rel(k.spec_json), *sections), (), (spec_fact(k), *tuned_fact(k))))
+                      (k.rel.spec_json, *sections), (), (spec_fact(k), *tuned_fact(k))))
     g.requested[(k.name, stage)] = list(node.targets)
 
 
@@ -36,7 +33,7 @@ def run_spec(build, info, target, source) -> int:
 def predict(node, k, request) -> dict:
     out = {node.targets[0]: dump_json(k.spec.cache_record()).encode()}
     for name, sec in k.spec.sections.items():
-        out[request.rel(k.section_file(name))] = dump_json(sec).encode()
+        out[k.rel.section_file(name)] = dump_json(sec).encode()
     return out
 
 

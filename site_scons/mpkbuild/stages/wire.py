@@ -111,10 +111,10 @@ def nodes(g, k, stage: str) -> None:
         return
     request = g.wire_request
     wiring_files = sorted(g.rel(p) for p in (g.root / "wiring").rglob("*") if p.is_file())
-    node = g.add(Node(f"wire {k.name}", "wire", stage, k.name, (g.rel(k.wire_result),),
-                      (g.rel(k.section_file("wiring")), g.rel(k.section_file("codegen")),
-                       g.rel(k.section_file("validate")), g.rel(k.section_file("generators")),
-                       g.pkg("stages", "wire.py"), g.rel(k.body_source),
+    node = g.add(Node(f"wire {k.name}", "wire", stage, k.name, (k.rel.wire_result,),
+                      (k.rel.section_file("wiring"), k.rel.section_file("codegen"),
+                       k.rel.section_file("validate"), k.rel.section_file("generators"),
+                       g.pkg("stages", "wire.py"), k.rel.body_source,
                        g.pkg("stages", "generate.py"), g.pkg("templates", "spec_header.h.j2"),
                        *wiring_files,
                        *sorted(g.rel(p) for p in (config.PACKAGE_DIR / "wire").glob("*.py"))),

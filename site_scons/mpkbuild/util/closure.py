@@ -18,6 +18,7 @@ from mpkbuild.util import config
 PACKAGE = "mpkbuild"
 
 
+@functools.lru_cache(maxsize=None)
 def _file_of(module: str) -> Path | None:
     parts = module.split(".")
     if parts[0] != PACKAGE:
@@ -48,9 +49,11 @@ def _import_statements(text: str) -> list[str]:
     return out
 
 
-def _imports(path: Path, module: str) -> set[str]:
-    """Every mpkbuild module `path` (the module `module`) may import, absolute names."""
-    return _parse_imports(path.read_text(), path, module)
+@functools.lru_cache(maxsize=None)
+def _imports(path: Path, module: str) -> frozenset[str]:
+    """Every mpkbuild module `path` (the module `module`) may import, absolute names. Once
+    per process, as module_files: the code running is the code that was read."""
+    return frozenset(_parse_imports(path.read_text(), path, module))
 
 
 def _parse_imports(text: str, path: Path, module: str) -> set[str]:

@@ -1,7 +1,9 @@
-"""Atomic, change-only file writes and content hashing.
+"""Atomic, change-only file writes, content hashing, and planning's reads.
 
 Every generated or result file goes through :func:`write_atomic`: a killed build leaves
 either the old file or the new one, never a torn one that a later run would trust.
+:class:`ReadOnce` is what one planning run (status, -n, the plan before a build) reads,
+each file at most once.
 """
 from __future__ import annotations
 
@@ -129,3 +131,102 @@ def read_json(path: Path | str) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def repo_rel(text: str) -> str:
+    """A repo-relative path, normalised as os.path.relpath(root / text, root) gives it
+    ("./a", "a//b", "a/../b", "a/"); the common clean case is returned as it is."""
+    if "/." in "/" + text or "//" in f"/{text}/":
+        return os.path.normpath(text)
+    return text
+
+
+def read_bytes(path: str) -> bytes:
+    """A whole file's bytes (raises OSError): plain os calls, ~2x faster than open().read()
+    for the small files planning hashes by the thousand."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def scons_signature(data: bytes) -> str:
+    """The content signature SCons records for these bytes (.sconsign's csig)."""
+    try:
+        import SCons.Util
+        return SCons.Util.hash_signature(data)
+    except ImportError:          # outside SCons (unit tests): SCons's default, MD5
+        return hashlib.md5(data).hexdigest()
+
+
+class ReadOnce:
+    """The files one planning run reads (status, -n, check, the plan before a build), each
+    read from disk at most once: its bytes, its parsed JSON, its content signature. Planning
+    runs no action, so nothing it reads changes under it; a build's actions never use one.
+    Paths are repo-relative. Bytes are kept only for files read whole (bytes/json: the gate
+    results), not for files only hashed."""
+
+    def __init__(self, root: Path | str):
+        self.root = os.fspath(root)
+        self._prefix = os.path.join(self.root, "")
+        self._bytes: dict[str, bytes | None] = {}
+        self._json: dict[str, dict | None] = {}
+        self._sigs: dict[str, str | None] = {}
+        self._exists: dict[str, bool] = {}
+
+    def _path(self, rel: str) -> str:
+        return rel if rel.startswith(os.sep) else self._prefix + rel       # os.path.join, faster
+
+    def bytes(self, rel: str) -> bytes | None:
+        """The file's bytes; None when it is missing or unreadable."""
+        try:
+            return self._bytes[rel]
+        except KeyError:
+            try:
+                data = read_bytes(self._path(rel))
+            except OSError:
+                data = None
+            self._bytes[rel] = data
+            return data
+
+    def json(self, rel: str) -> dict | None:
+        """As read_json: a JSON object, None when missing, unreadable or not an object.
+        Shared between readers: do not modify it."""
+        try:
+            return self._json[rel]
+        except KeyError:
+            data, obj = self.bytes(rel), None
+            if data is not None:
+                try:
+                    obj = json.loads(data.decode("utf-8"))
+                except ValueError:
+                    obj = None
+            self._json[rel] = obj if isinstance(obj, dict) else None
+            return self._json[rel]
+
+    def signature(self, rel: str) -> str | None:
+        """The file's content signature as SCons computes it, None when it is missing or
+        unreadable. Always from the bytes: an unchanged mtime and size prove nothing."""
+        try:
+            return self._sigs[rel]
+        except KeyError:
+            data = self._bytes.get(rel)
+            if data is None and rel not in self._bytes:
+                try:
+                    data = read_bytes(self._path(rel))
+                except OSError:
+                    data = None
+            sig = self._sigs[rel] = None if data is None else scons_signature(data)
+            return sig
+
+    def exists(self, rel: str) -> bool:
+        """As os.path.exists (symlinks followed); access(F_OK) skips building a stat result."""
+        try:
+            return self._exists[rel]
+        except KeyError:
+            out = self._exists[rel] = os.access(self._path(rel), os.F_OK)
+            return out
