@@ -29,6 +29,7 @@ from mpkbuild.run.job import ExecutorError, GateInterrupted
 from mpkbuild.stages.gates import GateCannotRun, require_gpu, verdict_line
 from mpkbuild.stages.wire import WireRequest
 from mpkbuild.util import config
+from mpkbuild.util.console import say
 from mpkbuild.util.fsutil import ReadOnce, read_json
 
 COMMANDS = ("status", "check", "dag")
@@ -94,25 +95,6 @@ def note(message: str) -> None:
     stream.write(f"mpk: {message}\n")
 
 
-class _Output:
-    """stdout for the commands that print and exit: a reader that went away (`| head`)
-    ends the printing quietly, not in a BrokenPipeError traceback; the exit status stays."""
-    closed = False
-
-    def __call__(self, text: str = "") -> None:
-        if self.closed:
-            return
-        try:
-            sys.stdout.write(text + "\n")
-            sys.stdout.flush()
-        except BrokenPipeError:
-            self.closed = True
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())    # and nothing at exit tries the pipe again
-            os.close(devnull)
-
-
-say = _Output()
 
 
 def fail_early(message: str) -> None:

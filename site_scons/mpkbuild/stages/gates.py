@@ -25,6 +25,7 @@ from mpkbuild.model.kernel import bandwidth_file, bandwidth_rel
 from mpkbuild.stages.compile import toolchain_fact
 from mpkbuild.util import config
 from mpkbuild.util.closure import module_files
+from mpkbuild.util.console import say
 from mpkbuild.util.fsutil import (dump_json, read_json, repo_rel, sha256_bytes, sha256_or_missing,
                                   write_atomic)
 
@@ -254,7 +255,7 @@ def run_bandwidth(build, info, target, source) -> int:
     if full["verdict"] != "pass":
         Path(target[0].abspath).unlink(missing_ok=True)
         return build.fail(f"copy-bandwidth measurement failed: {verdict_line(full)}")
-    print(f"          {full['message']}")
+    say(f"          {full['message']}")
     return 0
 
 
@@ -314,7 +315,7 @@ def run_gate(build, info, target, source) -> int:
     full = record(result, gate=gate, kernel=k.name, fingerprint=fp,
                   lock=lock_for(source, k.root, fp), result_path=Path(target[0].abspath),
                   verdict_path=Path(target[1].abspath))
-    print(f"          {gate} {k.name}: {verdict_line(full)} ({full.get('elapsed_s', '?')} s)")
+    say(f"          {gate} {k.name}: {verdict_line(full)} ({full.get('elapsed_s', '?')} s)")
     if full["verdict"] not in ("pass", "blocked"):
         build.failed_gate = f"{gate} {k.name}"
     return 0

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from mpkbuild.model.graph import Node
 from mpkbuild.util import config
+from mpkbuild.util.console import say
 from mpkbuild.util.fsutil import temp_name, write_atomic, write_json_atomic
 
 # A task type for the gated task: strictly inside the Hopper compute range and unused by
@@ -352,7 +353,7 @@ def run_compile(build, info, target, source) -> int:
         return build.fail(f"megakernel-compile {k.name}: nvcc failed ({took:.0f} s), see "
                           f"{os.path.relpath(target[1].abspath, build.root)}\n"
                           + "\n".join(l for l in text.splitlines() if "error" in l)[:4000])
-    print(f"          megakernel {k.name}: compiled in {took:.1f} s")
+    say(f"          megakernel {k.name}: compiled in {took:.1f} s")
     return 0
 
 

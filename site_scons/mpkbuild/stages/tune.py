@@ -68,6 +68,7 @@ from pathlib import Path
 
 from mpkbuild.model.graph import Node
 from mpkbuild.util import config, expr
+from mpkbuild.util.console import say
 from mpkbuild.util.fsutil import (dump_json, read_json, sha256_bytes, sha256_file, sha256_json,
                                   sha256_or_missing, write_atomic, write_json_atomic)
 
@@ -461,7 +462,7 @@ def run_compile(build, info, target, source) -> int:
         lib.write_bytes(b"")
         write_json_atomic(resources, {"kernel": k.name, "arch": info["MPK_ARCH"], "verdict": "fail",
                                       "problems": [str(exc)], "candidate": cand.cid})
-        print(f"          tunecc {k.name} {cand.cid}: rejected ({str(exc).splitlines()[-1].strip()})")
+        say(f"          tunecc {k.name} {cand.cid}: rejected ({str(exc).splitlines()[-1].strip()})")
     return 0
 
 
@@ -545,7 +546,7 @@ def run_trial(build, info, target, source) -> int:
                   result_path=out, verdict_path=None)
     if not log.exists():
         log.write_text(f"{verdict_line(full)}\n")
-    print(f"          trial {k.name} {cand.variant} {cand.text()}: {verdict_line(full)}")
+    say(f"          trial {k.name} {cand.variant} {cand.text()}: {verdict_line(full)}")
     return 0
 
 
@@ -566,7 +567,7 @@ def _not_run(k, cand: Candidate, why: str, target, out: Path, log: Path) -> int:
         write_atomic(written_mark(out), sha256_bytes(text.encode()) + "\n")
         write_atomic(out, text)
     log.write_text(f"{NOT_RUN}: {why}\n")
-    print(f"          trial {k.name} {cand.variant} {cand.text()}: {NOT_RUN}: {why}")
+    say(f"          trial {k.name} {cand.variant} {cand.text()}: {NOT_RUN}: {why}")
     return 0
 
 
@@ -700,13 +701,13 @@ def run_pick(build, info, target, source) -> int:
     write_json_atomic(out, full)
     for variant, e in variants.items():
         if e.get("config") is None:
-            print(f"          tune {k.name} {variant}: no candidate timed")
+            say(f"          tune {k.name} {variant}: no candidate timed")
             continue
         cfg = " ".join(f"{s}={v}" for s, v in e["config"].items())
         tu = e["time_us"]
-        print(f"          tune {k.name} {variant}: {cfg} ({e['from']}) {tu['median']:.2f} us "
+        say(f"          tune {k.name} {variant}: {cfg} ({e['from']}) {tu['median']:.2f} us "
               f"[{tu['lo']:.2f}, {tu['hi']:.2f}]" + (f", {e['vs_spec']:.3f}x the spec's" if e["vs_spec"] else ""))
-    print(f"          tune {k.name}: {full['message']} -> {os.path.relpath(out, k.root)}")
+    say(f"          tune {k.name}: {full['message']} -> {os.path.relpath(out, k.root)}")
     return 0
 
 

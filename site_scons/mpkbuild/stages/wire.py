@@ -13,6 +13,7 @@ from pathlib import Path
 from mpkbuild.model.graph import Node
 from mpkbuild.model.kernel import Kernel
 from mpkbuild.util import config
+from mpkbuild.util.console import say
 from mpkbuild.util.fsutil import dump_json, sha256_bytes, write_atomic, write_json_atomic
 
 
@@ -144,7 +145,7 @@ def run(build, info, target, source) -> int:
         manifest = run_wire(k, specs, request, k.root / "wiring")
     except WireGateFailed as exc:
         return build.fail(str(exc))
-    print(f"          wire {k.name}: {manifest['message']}")
+    say(f"          wire {k.name}: {manifest['message']}")
     return 0
 
 
