@@ -10,7 +10,7 @@
 #   runtime  pytest -m gpu: the runtime gate in the real MPK persistent kernel; needs the
 #            MPK headers carried as .mirage/ (mpk/include, cutlass/include, json/include
 #            copied from ../shared/mirage; README "On the GPU box")
-#   bench    bench/rmsnorm_gates.py and bench/catalog.py
+#   bench    bench/rmsnorm_gates.py (with .mirage/: the runtime gate too) and bench/catalog.py
 #
 # Each test's name and outcome is in OUTDIR/PART.log as it runs (-v), so a call cut short
 # still says which tests passed; `timeout` ends a part that would outlive the call.
@@ -33,7 +33,9 @@ case "$part" in
     mkdir -p ../shared && ln -sfn "$PWD/.mirage" ../shared/mirage
     tests tests/test_runtime_gate.py ;;
   bench)
-    timeout "$limit" python3 bench/rmsnorm_gates.py --out "$work/bench" 2>&1 | tee "$out/bench.txt"
+    # with the MPK headers carried, the runtime gate's wall time and edit-to-verdict too
+    mpk=(); [ -d .mirage/mpk/include ] && mpk=(--mpk-root .mirage/mpk)
+    timeout "$limit" python3 bench/rmsnorm_gates.py --out "$work/bench" "${mpk[@]}" 2>&1 | tee "$out/bench.txt"
     timeout "$limit" python3 bench/catalog.py --out "$work/catalog" 2>&1 | tee "$out/catalog.txt"
     tar czf "$out/logs.tgz" -C "$work" . ;;
   *) echo "unknown part $part (gates, catalog, runtime, bench)"; exit 2 ;;

@@ -1,13 +1,16 @@
 """Edit-to-verdict time and per-variant perf of rmsnorm_v2, in one run on the GPU box.
 
-    python bench/rmsnorm_gates.py [--out DIR]
+    python bench/rmsnorm_gates.py [--out DIR] [--edits N] [--mpk-root PATH]
 
 Copies the project to a temporary folder, builds everything through review, then makes a
 kernel-body edit (a comment in the rendered body, so nvcc really re-runs) and times
 `scons stage=validate` (generate + compile + validate: the edit-to-verdict path) and then
 `scons stage=perf`, split per stage. Prints the per-variant table from perf.json last:
 graph-timed hot/cold us, slowCTA us, torch's us timed the same way, achieved bandwidth as
-a fraction of the GPU's measured copy bandwidth.
+a fraction of the GPU's measured copy bandwidth. With --mpk-root (an MPK checkout, e.g. the
+carried .mirage/mpk on the box) also the runtime gate: its first run (megakernel render,
+nvcc, the run apart) and, per edit, a second body edit timed to the runtime verdict, then
+per variant the in-runtime slowest and median task beside the harness's slowCTA.
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 K = "rmsnorm_v2"
-LABEL = re.compile(r"^(spec|generate|compile|validate|perf|review|bandwidth)\s")
+LABEL = re.compile(r"^(spec|generate|compile|validate|perf|review|bandwidth|megakernel|"
+                   r"megakernel-compile|runtime)\s")
 
 
 def scons(root: Path, *args: str) -> tuple[float, list[tuple[float, str]], str]:
@@ -59,6 +63,8 @@ def main() -> None:
     ap.add_argument("--edits", type=int, default=3, help="body edits to time (median reported)")
     ap.add_argument("--spec-edit", action="append", default=[], metavar="OLD=>NEW",
                     help="text replacement in the copied spec (to compare levers in one run)")
+    ap.add_argument("--mpk-root", type=Path, default=None,
+                    help="an MPK checkout: also time the runtime gate and its edit-to-verdict")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="mpk-bench-"))
     for name in ("SConstruct", "site_scons", "specs", "kernels", "wiring"):
@@ -74,6 +80,13 @@ def main() -> None:
         spec.write_text(spec.read_text().replace(old, new))
     wall_full, _, log_full = scons(tmp, "-k", "-j4", "stage=review")
     body = tmp / "kernels" / K / f"{K}.cuh.j2"
+    runtime_args = (f"kernel={K}", "stage=runtime", f"mpk_root={args.mpk_root.resolve()}") \
+        if args.mpk_root else None
+    runtime_runs, log_rt = [], ""
+    if runtime_args:
+        wall_r, stamps_r, log_r = scons(tmp, *runtime_args)
+        runtime_runs.append({"what": "first", "wall_s": wall_r, **split(stamps_r, wall_r)})
+        log_rt += log_r
     rows = []
     for edit in range(args.edits):
         body.write_text(body.read_text() + f"// bench edit {edit}\n")
@@ -81,6 +94,11 @@ def main() -> None:
         wall_p, stamps_p, log_p = scons(tmp, "-k", f"kernel={K}", "stage=perf")
         rows.append({"edit_to_validate_s": wall_v, **{f"{k}_s": v for k, v in split(stamps_v, wall_v).items()},
                      "perf_s": split(stamps_p, wall_p).get("perf", 0.0), "perf_wall_s": wall_p})
+        if runtime_args:    # an edit of its own, so the runtime call does the whole path
+            body.write_text(body.read_text() + f"// bench runtime edit {edit}\n")
+            wall_r, stamps_r, log_r = scons(tmp, *runtime_args)
+            runtime_runs.append({"what": f"edit {edit}", "wall_s": wall_r, **split(stamps_r, wall_r)})
+            log_rt += log_r
     gpu_dirs = list((tmp / "build" / K / "gpu").iterdir())
     perf = json.loads((gpu_dirs[0] / "perf.json").read_text())
     validate = json.loads((gpu_dirs[0] / "validate.json").read_text())
@@ -89,7 +107,9 @@ def main() -> None:
         shutil.copy2(gpu_dirs[0] / "perf.json", args.out / "perf.json")
         shutil.copy2(gpu_dirs[0] / "validate.json", args.out / "validate.json")
         shutil.copy2(tmp / "build" / K / "review.md", args.out / "review.md")
-        (args.out / "bench.log").write_text(log_full + "".join(log_v) + log_p)
+        (args.out / "bench.log").write_text(log_full + "".join(log_v) + log_p + log_rt)
+        if runtime_args and (gpu_dirs[0] / "runtime.json").exists():
+            shutil.copy2(gpu_dirs[0] / "runtime.json", args.out / "runtime.json")
 
     print(f"GPU: {perf['device']['name']} (torch {perf['device']['torch']}), "
           f"copy bandwidth {perf['copy_bandwidth_Bps'] / 1e12:.2f} TB/s; full first build {wall_full:.1f} s")
@@ -113,7 +133,32 @@ def main() -> None:
               f"{v.get('baseline_cold', {}).get('median_us', float('nan')):>10.2f} "
               f"{v['vs_baseline_hot']:>7.2f}x {v['hot_bandwidth_fraction']:>6.0%} "
               f"{v.get('cold_bandwidth_fraction', float('nan')):>7.0%}")
+    if runtime_args:
+        print_runtime(runtime_runs, gpu_dirs[0], perf)
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def print_runtime(runs: list[dict], gpu_dir: Path, perf: dict) -> None:
+    """The runtime gate's wall time (render, nvcc and the run apart) per call, then per
+    variant the in-runtime task spans beside the harness's slowCTA."""
+    print("\nruntime gate (s): the first call, then a body edit -> runtime verdict per edit")
+    print(f"{'call':>8} {'wall':>7} {'megakernel':>10} {'nvcc':>7} {'run':>7}")
+    for r in runs:
+        print(f"{r['what']:>8} {r['wall_s']:>7.2f} {r.get('megakernel', 0):>10.2f} "
+              f"{r.get('megakernel-compile', 0):>7.2f} {r.get('runtime', 0):>7.2f}")
+    path = gpu_dir / "runtime.json"
+    if not path.exists():
+        print("no runtime.json: the gate did not finish")
+        return
+    rt = json.loads(path.read_text())
+    print(f"runtime {rt['verdict']}: {rt.get('message', '')[:300]}")
+    print(f"\n{'graph':<34} {'tasks':>6} {'runtime slowest us':>18} {'median us':>9} {'harness slowCTA us':>18}")
+    for name, g in rt.get("variants", {}).items():
+        spans = g.get("spans") or {}
+        harness = (perf["variants"].get(name) or {}).get("slowcta", {}).get("slowest_task_us")
+        print(f"{name:<34} {g.get('tasks', 0):>6} {spans.get('slowest_task_us', float('nan')):>18.2f} "
+              f"{spans.get('median_us', float('nan')):>9.2f} "
+              f"{harness if harness is not None else float('nan'):>18.2f}")
 
 
 if __name__ == "__main__":
