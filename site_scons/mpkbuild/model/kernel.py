@@ -127,14 +127,6 @@ class Kernel:
     def body_is_template(self) -> bool:
         return self.spec.data["codegen"]["body"].endswith(".j2")
 
-    @property
-    def reference_file(self) -> Path:
-        return self.root / self.spec.data["validate"]["reference"].rsplit(":", 1)[0]
-
-    @property
-    def baseline_file(self) -> Path:
-        return self.root / self.spec.data["perf"]["baseline"].rsplit(":", 1)[0]
-
     # ---- derived: root / the layout's strings
     @property
     def build_dir(self) -> Path:

@@ -89,8 +89,7 @@ def gpu_fact(fingerprint) -> str:
 
 def python_file(k, kind: GateKind) -> Path:
     """The Python file of the kernel the gate's spec field names."""
-    section, field = kind.python_file.split(".")
-    return k.root / k.spec.data[section][field].rsplit(":", 1)[0]
+    return k.root / python_rels(k, kind)[0]
 
 
 def python_rels(k, kind: GateKind) -> list[str]:

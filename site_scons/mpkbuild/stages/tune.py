@@ -340,8 +340,18 @@ def tuned_fact(k) -> tuple[str, ...]:
 
 
 # ---------------------------------------------------------------- the stage's nodes
-def _dirs(g, k, arch: str, cand: Candidate) -> tuple[Path, Path]:
-    return (k.build_dir / "tune" / arch / cand.cid, k.gpu_dir(g.gpu_key) / "tune" / cand.cid)
+def candidate_dir(k, arch: str, cand: Candidate) -> Path:
+    """Where a candidate's sources, library and resources are (per arch)."""
+    return k.build_dir / "tune" / arch / cand.cid
+
+
+def trial_dir(k, gpu_key: str, cand: Candidate) -> Path:
+    """Where a candidate's trial result and log are (per GPU profile)."""
+    return k.gpu_dir(gpu_key) / "tune" / cand.cid
+
+
+def trial_result(k, gpu_key: str, cand: Candidate) -> Path:
+    return trial_dir(k, gpu_key, cand) / "trial.json"
 
 
 def nodes(g, k, stage: str) -> None:
@@ -371,7 +381,7 @@ def nodes(g, k, stage: str) -> None:
     for variant, entry in sp.items():
         timeout = max(MIN_TRIAL_TIMEOUT_S, base.data["tune"]["budget"]["seconds"] / len(entry["candidates"]))
         for cand in entry["candidates"]:
-            cdir, tdir = _dirs(g, k, arch, cand)
+            cdir, tdir = candidate_dir(k, arch, cand), trial_dir(k, g.gpu_key, cand)
             fact = candidate_fact(base.data, cand)
             lib = cdir / f"lib{k.name}.so"
             cmd = nvcc_command(arch, g.rel(cdir / "gen" / "harness.cu"), g.rel(cdir / "gen"), g.rel(lib))
@@ -379,7 +389,7 @@ def nodes(g, k, stage: str) -> None:
                             (g.rel(cdir / "resources.json"), g.rel(lib), g.rel(cdir / "compile.log")),
                             compile_sources, (toolchain_fact(), fact),
                             opts=(("MPK_CID", cand.cid), ("MPK_ARCH", arch), ("MPK_NVCC_CMD", cmd))))
-            result = tdir / "trial.json"
+            result = trial_result(k, g.gpu_key, cand)
             verdict = g.previous_verdict(result)
             always = None
             if verdict in ("crash", "hang"):
@@ -470,10 +480,6 @@ _TURNS: dict = {}                # (kernel, gpu, variant) -> the lock its trials
 _TURNS_GUARD = threading.Lock()
 
 
-def trial_result(k, gpu_key: str, cand: Candidate) -> Path:
-    return k.gpu_dir(gpu_key) / "tune" / cand.cid / "trial.json"
-
-
 def budget_spent(k, gpu_key: str, cand: Candidate) -> str | None:
     """Why the candidate is not run (None: it runs): the trials of the candidates before it
     in its variant (the spec's own configuration first, then the nearest) recorded more
@@ -510,7 +516,7 @@ def run_trial(build, info, target, source) -> int:
     except GateCannotRun as exc:
         return build.fail(str(exc))
     out, log = Path(target[0].abspath), Path(target[1].abspath)
-    cdir = k.build_dir / "tune" / info["MPK_ARCH"] / cand.cid
+    cdir = candidate_dir(k, info["MPK_ARCH"], cand)
     resources = read_json(cdir / "resources.json") or {}
     if resources.get("verdict") != "pass":
         problems = resources.get("problems") or ["no resources.json"]

@@ -127,8 +127,16 @@ def sha256_json(obj) -> str:
 def read_json(path: Path | str) -> dict | None:
     """A JSON object from a file; None when it is missing, unreadable or not an object."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        return json_object(read_bytes(os.fspath(path)))
+    except OSError:
+        return None
+
+
+def json_object(raw: bytes) -> dict | None:
+    """The JSON object these (UTF-8) bytes hold; None when they are not one."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except ValueError:
         return None
     return data if isinstance(data, dict) else None
 
@@ -199,14 +207,9 @@ class ReadOnce:
         try:
             return self._json[rel]
         except KeyError:
-            data, obj = self.bytes(rel), None
-            if data is not None:
-                try:
-                    obj = json.loads(data.decode("utf-8"))
-                except ValueError:
-                    obj = None
-            self._json[rel] = obj if isinstance(obj, dict) else None
-            return self._json[rel]
+            data = self.bytes(rel)
+            obj = self._json[rel] = json_object(data) if data is not None else None
+            return obj
 
     def signature(self, rel: str) -> str | None:
         """The file's content signature as SCons computes it, None when it is missing or
