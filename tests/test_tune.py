@@ -133,6 +133,14 @@ def test_interval_and_pick_rules():
     # clearly faster; of two the interval cannot tell apart, the simpler (fewer changes)
     got = tune.winner([spec, row("c", 0.80, nt=32, depth=4), row("d", 0.805, nt=32, depth=2)])
     assert got["cid"] == "d"
+    # the baseline moved between two trials: faster by the ratio, slower in time (as seen
+    # on an H200) is no win; faster by both is
+    def timed(cid, med, us, current=False, **config):
+        return {**row(cid, med, current, **config),
+                "time_us": {"median": us, "lo": us * 0.998, "hi": us * 1.002}}
+    spec_t = timed("s", 1.024, 31.04, True, nt=16, mb=4)
+    assert tune.winner([spec_t, timed("drift", 0.978, 31.77, nt=32, mb=4)])["cid"] == "s"
+    assert tune.winner([spec_t, timed("real", 0.978, 29.60, nt=32, mb=4)])["cid"] == "real"
     # a lever is kernel-wide: on only if every variant's winner has it on
     ledger = {"v1": [row("x", 1.0, True, fast=False), row("y", 0.5, fast=True)],
               "v2": [row("z", 1.0, True, fast=False), row("w", 1.0, fast=True)]}

@@ -55,6 +55,9 @@ class FakeMegakernel:
             tensors[i].copy_(refs[i].to(tensors[i].dtype))
         return 0
 
+    def mpkb_preload_report(self) -> bytes:
+        return b"local bytes per thread: stand-in"
+
     def mpkb_read_state(self, timeout_ms) -> bytes:
         self.calls.append("read_state")
         return self.state.encode()

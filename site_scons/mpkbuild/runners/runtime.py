@@ -28,7 +28,7 @@ from .validate import compare
 # worker), high 32 bits %globaltimer_lo
 PROFILE_ENTRIES_PER_WORKER = 4096
 # the runtime's own hand-off of the warm-up and relaunch knobs (see mpkb_setup)
-FLAG_WARMUP, FLAG_CARVEOUT, FLAG_SINGLE = 1, 2, 4
+FLAG_WARMUP, FLAG_CARVEOUT, FLAG_SINGLE, FLAG_PRELOAD = 1, 2, 4, 8
 LAUNCH_BLOCKED = 4          # mpkb_launch: the launch call itself did not return in time
 # the gate's context as the driver makes it: its default 8 hardware work queues (not the one
 # queue of the other gates, under which the worker and scheduler kernels never run at once)
@@ -68,6 +68,7 @@ class Megakernel:
         L.mpkb_read_state.restype = ctypes.c_char_p
         L.mpkb_read_state.argtypes = [ctypes.c_int]
         L.mpkb_describe.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        L.mpkb_preload_report.restype = ctypes.c_char_p
         self.graphs = [L.mpkb_graph_name(i).decode() for i in range(L.mpkb_num_graphs())]
         self.task_type = L.mpkb_task_type()
 
@@ -178,6 +179,9 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
     if code != 0:
         raise CudaFault(f"{graph['name']}: setup failed: {lib.error(code) if code > 0 else code}")
     setup_s = time.perf_counter() - t0
+    preload = lib.lib.mpkb_preload_report().decode()
+    if preload:
+        print(f"runtime {graph['name']}: {preload}", flush=True)
     previous, spans_all, walls = None, [], []
     expect = sum(l["tasks"] for l in graph["layers"])
     for it in range(1, iterations + 1):     # counted from 1: "iteration 2" is the second
@@ -229,7 +233,7 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
         spans_all.append(spans)
     lib.lib.mpkb_finalize()
     return {"verdict": "pass", "seed": seed, "iterations": iterations, "tasks": expect,
-            "setup_s": round(setup_s, 4), "launch_wall_ms": [round(w * 1000, 3) for w in walls],
+            "setup_s": round(setup_s, 4), "preload": preload, "launch_wall_ms": [round(w * 1000, 3) for w in walls],
             "spans": span_stats(spans_all)}
 
 

@@ -378,7 +378,7 @@ ACTIONS = {"megakernel": run_source, "megakernel_compile": run_compile}
 # (each kernel launched once by itself) -> still hangs; the scheduler kernel preferring the
 # full shared-memory carveout (2) -> every launch completes, relaunches too; 1|2 and the
 # single persistent kernel (4) also complete. So: 2.
-LAUNCH_FLAGS = 2
+LAUNCH_FLAGS = 2 | 8
 LAUNCH_TIMEOUT_S = 20.0
 
 

@@ -605,22 +605,35 @@ def _simplicity(entry: dict, current: dict) -> tuple:
     return (levers_on, changed)
 
 
-def winner(entries: list[dict]) -> dict | None:
-    """The fastest candidate the interval says is faster than the spec's configuration;
-    among those the interval cannot tell apart from it, the simplest (fewest levers on,
-    fewest symbols changed); with nothing clearly faster, the spec's configuration."""
+def clearly_faster(a: dict, b: dict) -> bool:
+    """a beats b by its interval of paired ratios to the baseline and by its interval of
+    times. Each trial is paired with the baseline within itself, but two trials are not
+    paired with each other, and the baseline can move between them: on an H200
+    (2026-12-01) torch's linear took 32.4 µs in one linear_v2 trial and 30.2-30.3 µs in the
+    15 others of its variant, so by the ratio alone tune picked a config 2.3% slower in time
+    as 4.5% faster. A change that both figures agree on is one drift cannot make."""
     from mpkbuild.stages import interval
+    if not interval.faster(a["ratio"], b["ratio"]):
+        return False
+    return "time_us" not in a or "time_us" not in b or interval.faster(a["time_us"], b["time_us"])
+
+
+def winner(entries: list[dict]) -> dict | None:
+    """The fastest candidate that is clearly faster than the spec's configuration (by ratio
+    and by time); among those that cannot be told apart from it, the simplest (fewest
+    levers on, fewest symbols changed); with nothing clearly faster, the spec's
+    configuration."""
     timed = [e for e in entries if e["verdict"] == "timed"]
     if not timed:
         return None
     current = next((e for e in timed if e["current"]), None)
     spec_cfg = next((e["config"] for e in entries if e["current"]), {})
     ref = current or min(timed, key=lambda e: (_simplicity(e, spec_cfg), e["ratio"]["median"]))
-    better = [e for e in timed if interval.faster(e["ratio"], ref["ratio"])]
+    better = [e for e in timed if clearly_faster(e, ref)]
     if not better:
         return ref
     best = min(better, key=lambda e: e["ratio"]["median"])
-    close = [e for e in better if not interval.faster(best["ratio"], e["ratio"])]
+    close = [e for e in better if not clearly_faster(best, e)]
     return min(close, key=lambda e: (_simplicity(e, spec_cfg), e["ratio"]["median"]))
 
 
