@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
         print(f"figure: {record['figure']} µs; decision on {record['interval']}")
         if record.get("levers"):
             print("levers: " + ", ".join(f"{n} {'on' if v else 'off'}" for n, v in record["levers"].items()))
-        print("| variant | committed | µs [interval] | tuned | µs [interval] | tuned/committed (ratio median) | candidates timed/rejected/not run |")
+        print("| variant | committed | µs [interval], first / again | tuned | µs [interval] | tuned/committed (ratio median) | candidates timed/rejected/not run |")
         print("|---|---|---|---|---|---:|---|")
         for variant, w in record["variants"].items():
             rows = record["ledger"][variant]
@@ -70,7 +70,8 @@ def main(argv: list[str]) -> int:
             not_run = sum(1 for r in rows if r["verdict"] == "not run")
             vs = f"{w['vs_spec']:.3f}" if w.get("vs_spec") else "—"
             mark = " **faster**" if w.get("from") == "tune" else ""
-            print(f"| {variant} | {cfg(spec_row.get('config'))} | {fmt(spec_row.get('time_us'))} | "
+            again = (spec_row.get("again") or {}).get("time_us")
+            print(f"| {variant} | {cfg(spec_row.get('config'))} | {fmt(spec_row.get('time_us'))} / {fmt(again)} | "
                   f"{cfg(w.get('config'))}{mark} | {fmt(w.get('time_us'))} | {vs} | {timed}/{rejected}/{not_run} |")
     return worst
 

@@ -141,6 +141,13 @@ def test_interval_and_pick_rules():
     spec_t = timed("s", 1.024, 31.04, True, nt=16, mb=4)
     assert tune.winner([spec_t, timed("drift", 0.978, 31.77, nt=32, mb=4)])["cid"] == "s"
     assert tune.winner([spec_t, timed("real", 0.978, 29.60, nt=32, mb=4)])["cid"] == "real"
+    # the spec's first trial was slowed (seen on an H200): its second one, after the other
+    # candidates, is as fast as the candidate, so the candidate does not win
+    slow_first = {**timed("s", 1.10, 1.46, True, cols=1024, scs=0),
+                  "again": timed("s", 0.99, 1.32, True, cols=1024, scs=0)}
+    same = timed("c", 0.99, 1.32, cols=1024, scs=1)
+    assert tune.winner([slow_first, same])["cid"] == "s"
+    assert tune.winner([{**slow_first, "again": {"verdict": "crash"}}, same])["cid"] == "c"
     # a lever is kernel-wide: on only if every variant's winner has it on
     ledger = {"v1": [row("x", 1.0, True, fast=False), row("y", 0.5, fast=True)],
               "v2": [row("z", 1.0, True, fast=False), row("w", 1.0, fast=True)]}
@@ -165,6 +172,7 @@ def test_tune_rejects_failing_candidates_and_times_the_rest(tuned_project):
     assert record["variants"]["decode_r8_i2048"]["config"] == {"cols": 128, "rpt": 8}
     assert record["variants"]["decode_r8_i2048"]["from"] == "tune"
     assert record["variants"]["large_r4096_i14336"]["from"] == "spec"
+    assert record["variants"]["large_r4096_i14336"]["vs_spec"] == 1.0
     rows = {tuple(sorted(e["config"].items())): e for e in record["ledger"]["decode_r8_i2048"]}
     spilled = rows[(("cols", 256), ("rpt", 8))]
     assert spilled["verdict"] == "rejected" and "spills" in spilled["message"]
@@ -173,8 +181,15 @@ def test_tune_rejects_failing_candidates_and_times_the_rest(tuned_project):
     assert "ratio" not in spilled and "ratio" not in failed
     lost = rows[(("cols", 64), ("rpt", 8))]
     assert lost["verdict"] == "timed" and lost["vs_winner"] == pytest.approx(2.0, rel=0.01)
-    # 4 + 5 candidates; the spilling one never reached the GPU
-    assert trials_run(p) == 8
+    # 4 + 5 candidates; the spilling one never reached the GPU; each variant's spec config
+    # again, after every other trial of its variant
+    assert trials_run(p) == 10
+    for variant in ("decode_r8_i2048", "large_r4096_i14336"):
+        lines = [line for line in run.stdout.splitlines() if f"trial {K} {variant} " in line]
+        assert len(lines) == 5 and "(again)" in lines[-1] and "cols=64 rpt=8" in lines[-1] \
+            if variant.startswith("decode") else "(again)" in lines[-1], lines
+        spec_row = next(e for e in record["ledger"][variant] if e["current"])
+        assert spec_row["again"]["verdict"] == "timed" and "ratio" in spec_row["again"]
     assert "tune silu_mul_v2 decode_r8_i2048: cols=128 rpt=8 (tune)" in run.stdout
 
 
@@ -223,10 +238,14 @@ def test_cached_a_lost_candidate_is_not_timed_again_and_staleness_says_why(tuned
     q.edit(SPEC, "    cols: [32, 64, 128, 256, 14336]", "    cols: [16, 32, 64, 128, 256, 14336]")
     reasons = stale(q, env=stand_in_env())
     assert any("tune.space.cols" in r for r in reasons[f"tune {K} {GPU}"])
-    new = [label for label in reasons if label.startswith("trial ")]
+    new = [label for label in reasons if label.startswith("trial ") and " again " not in label]
     assert len(new) == 1 and reasons[new[0]] == ["never run"]
+    # and the spec's config is timed again after it (it is compared with the new one)
+    again_label = next(label for label in reasons if " again " in label)
+    assert "decode_r8_i2048" in again_label and any("new source" in r or "trial.json" in r
+                                                    for r in reasons[again_label]), reasons[again_label]
     q.scons("-j2", "stage=tune", env=stand_in_env())
-    assert trials_run(q) == before + 1
+    assert trials_run(q) == before + 2
     # the body: every candidate is rebuilt (and re-timed, its library changed)
     q.edit(f"kernels/{K}/{K}.cuh.j2", "#pragma once", "#pragma once\n// edited")
     reasons = stale(q, env=stand_in_env())
@@ -382,7 +401,9 @@ def test_the_time_budget_leaves_later_candidates_not_run_until_it_is_larger(tmp_
     run = p.scons("-j1", "stage=tune", f"cache={cache}", env=env)
     order = [line.split()[2] for line in run.stdout.splitlines() if line.startswith("trial ")]
     data = load_spec(p.root / SPEC, p.root).data
-    assert order == [c.cid for e in tune.space(data).values() for c in e["candidates"]]
+    # each variant's candidates in order, then its spec config again (the budget spares it)
+    assert order == [cid for e in tune.space(data).values()
+                     for cid in [c.cid for c in e["candidates"]] + [e["candidates"][0].cid]]
     record = json.loads(p.path(TUNED).read_text())
     large = record["ledger"]["large_r4096_i14336"]
     assert [e["verdict"] for e in large] == ["timed", "timed", "timed", "not run", "not run"]
@@ -394,10 +415,10 @@ def test_the_time_budget_leaves_later_candidates_not_run_until_it_is_larger(tmp_
     assert record["verdict"] == "pass" and "2 candidates not run" in record["message"]
     assert record["space"]["large_r4096_i14336"]["not_run"] == 2
     assert "not run: the variant's time budget (25 s) was spent" in run.stdout
-    assert trials_run(p) == 6
+    assert trials_run(p) == 8
     cached = [json.loads(f.read_text()) for f in cache.rglob("*") if f.is_file()
               and f.read_bytes().startswith(b"{") and b'"gate": "trial"' in f.read_bytes()]
-    assert sorted(r["verdict"] for r in cached) == ["rejected"] * 2 + ["timed"] * 5
+    assert sorted(r["verdict"] for r in cached) == ["rejected"] * 2 + ["timed"] * 7
 
     # not a cached result: status says the skipped ones run again, and why
     reasons = {label: why for label, why in stale(p, env=env).items() if not label.startswith("spec ")}
@@ -407,12 +428,12 @@ def test_the_time_budget_leaves_later_candidates_not_run_until_it_is_larger(tmp_
     # the same budget: they are checked, still not run, and nothing else changes
     before = p.path(TUNED).read_bytes()
     again = p.scons("-j1", "stage=tune", env=env)
-    assert trials_run(p) == 6 and f"tune {K} {GPU}" not in again.stdout
+    assert trials_run(p) == 8 and f"tune {K} {GPU}" not in again.stdout
     assert p.path(TUNED).read_bytes() == before
-    # a larger budget: exactly the two run, and are timed
+    # a larger budget: exactly the two run, and are timed (and the spec's config again after them)
     _set_budget(p, 45)
     p.scons("-j1", "stage=tune", env=env)
-    assert trials_run(p) == 8
+    assert trials_run(p) == 11
     record = json.loads(p.path(TUNED).read_text())
     assert [e["verdict"] for e in record["ledger"]["large_r4096_i14336"]] == ["timed"] * 5
     assert "not run" not in record["message"]
@@ -464,7 +485,7 @@ def test_trials_and_the_key_follow_exactly_the_baseline_files_trials_read(tmp_pa
     assert tune.key_changes(first, changed) == [f"the torch baseline changed (kernels/{K}/primary.py)"]
     reasons = stale(p, env=env)
     trials = [label for label in reasons if label.startswith("trial ")]
-    assert len(trials) == 9 and all(f"kernels/{K}/primary.py changed" in reasons[t] for t in trials)
+    assert len(trials) == 11 and all(f"kernels/{K}/primary.py changed" in reasons[t] for t in trials)
     assert any(f"the torch baseline changed (kernels/{K}/primary.py)" in r for r in reasons[f"tune {K} {GPU}"])
 
 

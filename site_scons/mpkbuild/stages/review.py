@@ -76,6 +76,11 @@ def _interval_us(e: dict | None) -> str | None:
     return f"{t['median']:.2f} [{t['lo']:.2f}, {t['hi']:.2f}]" if t else None
 
 
+def _spec_trials(rows: list[dict]) -> list[dict]:
+    spec = next((e for e in rows if e.get("current")), None)
+    return [spec, spec.get("again") or {}] if spec else []
+
+
 def tune_review(record: dict | None, codegen: dict, applied: dict | None, link: str) -> dict | None:
     """What won, what lost and by how much, per tuned variant; the levers' state."""
     if not record:
@@ -92,7 +97,10 @@ def tune_review(record: dict | None, codegen: dict, applied: dict | None, link: 
         timed = [e for e in losers if e.get("verdict") == "timed"]
         variants[v] = {
             "config": _cfg(w.get("config")), "spec": _cfg(w.get("spec")), "from": w.get("from"),
-            "time": _interval_us(w), "vs_spec": f"{w['vs_spec']:.3f}×" if w.get("vs_spec") else None,
+            "time": _interval_us(w),
+            # the spec's config, timed first and again after the others (stages/tune.py)
+            "spec_times": [t for t in (_interval_us(e) for e in _spec_trials(rows)) if t],
+            "vs_spec": f"{w['vs_spec']:.3f}×" if w.get("vs_spec") else None,
             "runner_up": (f"{_cfg(timed[0]['config'])}, +{100 * (timed[0]['vs_winner'] - 1):.1f}%"
                           if timed and timed[0].get("vs_winner") else None),
             "rejected": sum(1 for e in rows if e.get("verdict") == "rejected"),
