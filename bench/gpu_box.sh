@@ -3,7 +3,7 @@
 # each fits one 10-minute device call (the whole GPU suite did not: on one H200, 2026-12-01,
 # 35 of its 37 tests took 575 s, with noise-driven sampling and the torch.compile baselines).
 #
-#   bash bench/gpu_box.sh OUTDIR PART      PART: gates | catalog | runtime | bench
+#   bash bench/gpu_box.sh OUTDIR PART      PART: gates | catalog | runtime | bench | review | tune
 #
 #   gates    pytest -m gpu: the fault verdicts, rmsnorm_v2's gates, the context flags
 #   catalog  pytest -m gpu: every catalog kernel's validate and perf thresholds
@@ -11,12 +11,16 @@
 #            MPK headers carried as .mirage/ (mpk/include, cutlass/include, json/include
 #            copied from ../shared/mirage; README "On the GPU box")
 #   bench    bench/rmsnorm_gates.py (with .mirage/: the runtime gate too) and bench/catalog.py
+#   review   every gate of every catalog kernel through scons (with .mirage/: wire and the
+#            runtime gate too), the reviews in OUTDIR/review.tgz
+#   tune     bench/tune_bench.py for linear_v2, silu_mul_v2, rmsnorm_v2; the tuned files in
+#            OUTDIR/tuned/ (commit them to use them)
 #
 # Each test's name and outcome is in OUTDIR/PART.log as it runs (-v), so a call cut short
 # still says which tests passed; `timeout` ends a part that would outlive the call.
 set -uo pipefail
-out=${1:?usage: gpu_box.sh OUTDIR gates|catalog|runtime|bench}
-part=${2:?usage: gpu_box.sh OUTDIR gates|catalog|runtime|bench}
+out=${1:?usage: gpu_box.sh OUTDIR gates|catalog|runtime|bench|review|tune}
+part=${2:?usage: gpu_box.sh OUTDIR gates|catalog|runtime|bench|review|tune}
 limit=${PART_TIMEOUT_S:-560}
 work=/tmp/mpk-gpu-box
 mkdir -p "$out" "$work"
@@ -38,5 +42,12 @@ case "$part" in
     timeout "$limit" python3 bench/rmsnorm_gates.py --out "$work/bench" "${mpk[@]}" 2>&1 | tee "$out/bench.txt"
     timeout "$limit" python3 bench/catalog.py --out "$work/catalog" 2>&1 | tee "$out/catalog.txt"
     tar czf "$out/logs.tgz" -C "$work" . ;;
-  *) echo "unknown part $part (gates, catalog, runtime, bench)"; exit 2 ;;
+  review)
+    mpk=(); [ -d .mirage/mpk/include ] && mpk=(mpk_root=.mirage/mpk)
+    timeout "$limit" python3 -m SCons -Q -k -j16 kernel=all stage=review "${mpk[@]}" 2>&1 | tee "$out/review.log" | sed -n '/^verdicts:/,$p'
+    tar czf "$out/review.tgz" build/review.md build/*/review.* build/*/junit.xml build/*/gpu/*/*.json 2>/dev/null ;;
+  tune)
+    timeout "$limit" python3 bench/tune_bench.py -j16 2>&1 | tee "$out/tune.txt"
+    cp -r tuned "$out/" ;;
+  *) echo "unknown part $part (gates, catalog, runtime, bench, review, tune)"; exit 2 ;;
 esac

@@ -171,7 +171,9 @@ def test_why_lists_what_a_field_or_file_would_touch(built):
     lines = run.stdout.splitlines()[1:]
     assert [l for l in lines if not l.startswith(("  trial ", "  tune "))] == [
         f"  wire {K}", f"  validate {K} {GPU}", f"  review {K}", "  review summary"]
-    assert sum(l.startswith(f"  trial {K} ") for l in lines) == 16 and f"  tune {K} {GPU}" in lines
+    # 16 candidates (8 variants x the lever) and each variant's spec config again
+    assert sum(l.startswith(f"  trial {K} ") for l in lines) == 24 and f"  tune {K} {GPU}" in lines
+    assert sum(" again " in l for l in lines) == 8
     run = built.scons(f"why=kernels/{K}/{K}.cuh.j2")
     assert f"  compile {K} sm_100a" in run.stdout and f"  perf {K} {GPU}" in run.stdout
     assert f"  spec {K}" not in run.stdout

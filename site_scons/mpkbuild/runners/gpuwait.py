@@ -63,11 +63,12 @@ def prepare_context(min_queues: int = 1, block: bool = True) -> int:
     for a gate that runs one stream at a time; the user's value when it is at least that),
     blocking sync. Returns how many GPUs got blocking sync.
 
-    The runtime gate needs more: MPK's worker and scheduler kernels run at the same time on
-    two streams and wait for each other, and streams that share one hardware queue run one
-    after the other, so with one queue the first launch hangs (seen on an H200). It also
-    keeps the driver's wait mode (block=False): its gate hung at the first launch with
-    blocking sync and one queue, and passed every graph with the driver's defaults."""
+    The runtime gate asks for the driver's defaults (8 queues, block=False): MPK's worker
+    and scheduler kernels run at the same time on two streams and wait for each other, and
+    streams sharing one hardware queue can be serialised behind each other. Its first-launch
+    hang on an H200 turned out to be the stack growth of the scheduler kernel's launch
+    (megakernel.cu.j2, mpkb_preload); whether one queue and blocking sync would also do
+    with that fixed was not measured, so the gate keeps the defaults it passed with."""
     chosen = os.environ.get(WORK_QUEUES, "")
     if not (chosen.isdigit() and int(chosen) >= min_queues):
         os.environ[WORK_QUEUES] = str(min_queues)

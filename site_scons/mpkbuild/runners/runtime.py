@@ -31,8 +31,8 @@ PROFILE_ENTRIES_PER_WORKER = 4096
 FLAG_WARMUP, FLAG_CARVEOUT, FLAG_SINGLE, FLAG_PRELOAD = 1, 2, 4, 8
 LAUNCH_BLOCKED = 4          # mpkb_launch: the launch call itself did not return in time
 # the gate's context as the driver makes it: its default 8 hardware work queues (not the one
-# queue of the other gates, under which the worker and scheduler kernels never run at once)
-# and its own wait mode (gpuwait.prepare_context)
+# queue of the other gates: the worker and scheduler kernels must run at once) and its own
+# wait mode (gpuwait.prepare_context says what was and was not measured)
 WORK_QUEUES = 8
 # where the buffers live: "cuda" on the GPU; the CPU tests drive run_graph/main with a
 # stand-in library (tests/fakes/fake_megakernel.py) and "cpu"

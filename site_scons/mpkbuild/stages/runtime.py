@@ -374,10 +374,12 @@ ACTIONS = {"megakernel": run_source, "megakernel_compile": run_compile}
 
 # ---------------------------------------------------------------- the job
 # launch knobs (runners/runtime.py FLAG_*). Measured on an H200 (132 SMs, 128 workers, 16
-# schedulers), rmsnorm_v2, 3 launches each: plain -> the first launch hangs; warm-up alone
-# (each kernel launched once by itself) -> still hangs; the scheduler kernel preferring the
-# full shared-memory carveout (2) -> every launch completes, relaunches too; 1|2 and the
-# single persistent kernel (4) also complete. So: 2.
+# schedulers), rmsnorm_v2's 8 graphs, 3 launches each, each in a gate's own process
+# (2026-12-01): 0, 2 (the scheduler kernel preferring the full shared-memory carveout) and 2
+# with CUDA_MODULE_LOADING=EAGER -> the first launch call never returns; 8 (preload: every
+# kernel loaded, the stack sized for the scheduler kernel's 1088-byte frame), 2|8 and 1|2
+# (a warm-up launch of each kernel alone grows the stack too) -> every launch completes.
+# 8 is the fix; 2 stays because every catalog run on the GPU was made with 2|8.
 LAUNCH_FLAGS = 2 | 8
 LAUNCH_TIMEOUT_S = 20.0
 
