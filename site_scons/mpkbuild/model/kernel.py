@@ -42,30 +42,30 @@ class Layout:
         return f"{self.build_dir}/{arch}"
 
     def library(self, arch: str) -> str:
-        return f"{self.build_dir}/{arch}/lib{self.name}.so"
+        return f"{self.arch_dir(arch)}/lib{self.name}.so"
 
     def resources(self, arch: str) -> str:
-        return f"{self.build_dir}/{arch}/resources.json"
+        return f"{self.arch_dir(arch)}/resources.json"
 
     def compile_log(self, arch: str) -> str:
-        return f"{self.build_dir}/{arch}/compile.log"
+        return f"{self.arch_dir(arch)}/compile.log"
 
     def gpu_dir(self, gpu_key: str) -> str:
         return f"{self.build_dir}/gpu/{gpu_key}"
 
     def gate_result(self, gate: str, gpu_key: str) -> str:
-        return f"{self.build_dir}/gpu/{gpu_key}/{gate}.json"
+        return f"{self.gpu_dir(gpu_key)}/{gate}.json"
 
     def gate_verdict(self, gate: str, gpu_key: str) -> str:
         """The verdict word only: what a later gate depends on (not the whole result)."""
-        return f"{self.build_dir}/gpu/{gpu_key}/{gate}.verdict"
+        return f"{self.gpu_dir(gpu_key)}/{gate}.verdict"
 
     def gate_log(self, gate: str, gpu_key: str) -> str:
-        return f"{self.build_dir}/gpu/{gpu_key}/{gate}.log"
+        return f"{self.gpu_dir(gpu_key)}/{gate}.log"
 
     def gate_stamp(self, gate: str, gpu_key: str) -> str:
         """Exists only while the gate's verdict is pass; what later stages and exit codes key on."""
-        return f"{self.build_dir}/gpu/{gpu_key}/{gate}.ok"
+        return f"{self.gpu_dir(gpu_key)}/{gate}.ok"
 
 
 @dataclass(frozen=True)

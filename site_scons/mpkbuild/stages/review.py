@@ -13,6 +13,7 @@ from pathlib import Path
 from mpkbuild.model.graph import Node
 from mpkbuild.model.kernel import summary_file
 from mpkbuild.stages.generate import render_template
+from mpkbuild.stages.tune import spec_measurements
 from mpkbuild.util import config
 from mpkbuild.util.fsutil import read_json, write_atomic, write_json_atomic
 
@@ -76,11 +77,6 @@ def _interval_us(e: dict | None) -> str | None:
     return f"{t['median']:.2f} [{t['lo']:.2f}, {t['hi']:.2f}]" if t else None
 
 
-def _spec_trials(rows: list[dict]) -> list[dict]:
-    spec = next((e for e in rows if e.get("current")), None)
-    return [spec, spec.get("again") or {}] if spec else []
-
-
 def tune_review(record: dict | None, codegen: dict, applied: dict | None, link: str) -> dict | None:
     """What won, what lost and by how much, per tuned variant; the levers' state."""
     if not record:
@@ -95,11 +91,12 @@ def tune_review(record: dict | None, codegen: dict, applied: dict | None, link: 
         losers = sorted((e for e in rows if e.get("cid") != w.get("cid") or e.get("cid") is None),
                         key=lambda e: (e.get("verdict") != "timed", e.get("vs_winner") or 0))
         timed = [e for e in losers if e.get("verdict") == "timed"]
+        spec = next((e for e in rows if e.get("current")), None)
         variants[v] = {
             "config": _cfg(w.get("config")), "spec": _cfg(w.get("spec")), "from": w.get("from"),
             "time": _interval_us(w),
             # the spec's config, timed first and again after the others (stages/tune.py)
-            "spec_times": [t for t in (_interval_us(e) for e in _spec_trials(rows)) if t],
+            "spec_times": [t for t in map(_interval_us, spec_measurements(spec)) if t] if spec else [],
             "vs_spec": f"{w['vs_spec']:.3f}×" if w.get("vs_spec") else None,
             "runner_up": (f"{_cfg(timed[0]['config'])}, +{100 * (timed[0]['vs_winner'] - 1):.1f}%"
                           if timed and timed[0].get("vs_winner") else None),

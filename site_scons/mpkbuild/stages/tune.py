@@ -401,7 +401,7 @@ def nodes(g, k, stage: str) -> None:
 
     for variant, entry in sp.items():
         timeout = max(MIN_TRIAL_TIMEOUT_S, base.data["tune"]["budget"]["seconds"] / len(entry["candidates"]))
-        variant_trials, current_inputs = [], None
+        others, current = [], None       # the variant's other trials; the spec config's inputs
         for cand in entry["candidates"]:
             cdir, tdir = candidate_dir(k, arch, cand), trial_dir(k, g.gpu_key, cand)
             fact = candidate_fact(base.data, cand)
@@ -419,15 +419,15 @@ def nodes(g, k, stage: str) -> None:
                               opts=(("MPK_CID", cand.cid), ("MPK_ARCH", arch),
                                     ("MPK_TIMEOUT", timeout)), always=always_for(result)))
             trials.append(node.targets[0])
-            variant_trials.append(node.targets[0])
             if cand.current:
-                current_inputs = (cand, tdir, inputs, facts)
-        if current_inputs is not None and len(entry["candidates"]) > 1:
-            cand, tdir, inputs, facts = current_inputs
+                current = (cand, inputs, facts)
+            else:
+                others.append(node.targets[0])
+        if current is not None and others:
+            cand, inputs, facts = current
             result = trial_result(k, g.gpu_key, cand, again=True)
-            others = [t for t in variant_trials if t != g.rel(trial_result(k, g.gpu_key, cand))]
             node = g.add(Node(f"trial {k.name} {cand.cid} again {g.gpu_key}", "trial", stage, k.name,
-                              (g.rel(result), g.rel(tdir / "again" / "trial.log")),
+                              (g.rel(result), g.rel(result.parent / "trial.log")),
                               (*inputs, *others), facts,
                               opts=(("MPK_CID", cand.cid), ("MPK_ARCH", arch),
                                     ("MPK_TIMEOUT", timeout), ("MPK_AGAIN", 1)),
@@ -537,6 +537,7 @@ def run_trial(build, info, target, source) -> int:
     from mpkbuild.stages.gates import GateCannotRun, lock_for, record, verdict_line
     k = build.kernels[info["MPK_KERNEL"]]
     cand = _candidate(k, info["MPK_CID"])
+    again = bool(info.get("MPK_AGAIN"))       # the spec config's second trial: the budget spares it
     try:
         fp = build.ready_gpu(k.name, "tune")
     except GateCannotRun as exc:
@@ -560,7 +561,6 @@ def run_trial(build, info, target, source) -> int:
         inputs = [library, *trial_files(k), bandwidth_file(k.root, fp.key)]
         job = GateJob("trial", k.name, payload, out.parent, float(info["MPK_TIMEOUT"]),
                       root=k.root, inputs=tuple(dict.fromkeys(os.path.relpath(p, k.root) for p in inputs)))
-        again = bool(info.get("MPK_AGAIN"))
         with _turn(k, fp.key, cand.variant):
             over = None if again else budget_spent(k, fp.key, cand)
             if over is None:
@@ -579,7 +579,7 @@ def run_trial(build, info, target, source) -> int:
                   result_path=out, verdict_path=None)
     if not log.exists():
         log.write_text(f"{verdict_line(full)}\n")
-    say(f"          trial {k.name} {cand.variant} {cand.text()}{' (again)' if info.get('MPK_AGAIN') else ''}: "
+    say(f"          trial {k.name} {cand.variant} {cand.text()}{' (again)' if again else ''}: "
         f"{verdict_line(full)}")
     return 0
 
@@ -655,9 +655,9 @@ def spec_measurements(row: dict) -> list[dict]:
 
 def winner(entries: list[dict]) -> dict | None:
     """The fastest candidate that is clearly faster than the spec's configuration (by ratio
-    and by time, than each of its two trials: `again`); among those that cannot be told apart from it, the simplest (fewest
-    levers on, fewest symbols changed); with nothing clearly faster, the spec's
-    configuration."""
+    and by time, than each of its two trials: `again`); among those that cannot be told
+    apart from it, the simplest (fewest levers on, fewest symbols changed); with nothing
+    clearly faster, the spec's configuration."""
     timed = [e for e in entries if e["verdict"] == "timed"]
     if not timed:
         return None
