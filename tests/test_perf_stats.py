@@ -181,6 +181,50 @@ def test_the_ledger_accepts_a_pass_and_a_confirmed_regression_fails(tmp_path):
     assert len(history.load(tmp_path, "h200", "k")["entries"]) == 2
 
 
+def test_a_regression_needs_the_time_and_the_ratio_to_the_baseline_to_agree():
+    """A process that sits 20% slow moves kernel and torch alike (seen on an H200 at 1.3 us
+    shapes); a faster torch moves only the ratio. Neither alone is a confirmed regression,
+    and neither is a pass."""
+    rule = [{"variants": "*", "max_time_vs_baseline": 1.0}]
+    entry = history.entry_from_result(perfcheck.judge(timed({"v": variant(1.0)}), rule, ["v"]))
+    assert entry["variants"]["v"]["vs_baseline"]["hot"]["lo"] < 0.5 < entry["variants"]["v"]["vs_baseline"]["hot"]["hi"]
+    offset = perfcheck.judge(timed({"v": variant(1.2, torch_us=2.4)}), rule, ["v"], history=entry)
+    d = offset["variants"]["v"]["history"]["hot"]
+    assert d["lo"] > 1.1 and d["vs_baseline"]["lo"] < 1.0 < d["vs_baseline"]["hi"]
+    assert d["verdict"] == "unconfirmed" and offset["verdict"] == "unsure" and offset["problems"] == []
+    assert "the time only" in offset["message"] and offset["history"]["unsure"]
+    new_torch = perfcheck.judge(timed({"v": variant(1.0, torch_us=1.8)}), rule, ["v"], history=entry)
+    assert new_torch["variants"]["v"]["history"]["hot"]["verdict"] == "unconfirmed"
+    assert new_torch["verdict"] == "unsure" and "the ratio only" in new_torch["message"]
+    both = perfcheck.judge(timed({"v": variant(1.1)}), rule, ["v"], history=entry)
+    assert both["verdict"] == "fail" and both["variants"]["v"]["history"]["hot"]["verdict"] == "regressed"
+    assert "its ratio to torch is 1.100x the accepted one" in both["message"]
+    # an entry from before the ratios were kept is judged on its time alone
+    old = {**entry, "variants": {"v": {k: x for k, x in entry["variants"]["v"].items() if k != "vs_baseline"}}}
+    assert perfcheck.judge(timed({"v": variant(1.2, torch_us=2.4)}), rule, ["v"], history=old)["verdict"] == "fail"
+
+
+def with_cold(r, ours, torch_us=2.0):
+    r["cold"] = fig(ours, 0.004, 0.5)
+    r["baselines"]["torch"]["cold"] = fig(torch_us, 0.004, 1.5)
+    return r
+
+
+def test_history_judges_the_cold_figure_where_there_is_one():
+    """The hot figure is one buffer set's L2 placement, which moves between processes (an
+    H200: linear_v2 m8 4096^2 4.8% hot, its ratio 9%, nothing changed; cold within 3%):
+    a hot-only shift is shown, not judged; a cold regression fails."""
+    rule = [{"variants": "*", "max_time_vs_baseline": 1.0}]
+    entry = history.entry_from_result(perfcheck.judge(timed({"v": with_cold(variant(1.0), 1.5)}), rule, ["v"]))
+    placed = perfcheck.judge(timed({"v": with_cold(variant(1.1), 1.5)}), rule, ["v"], history=entry)
+    hot, cold = placed["variants"]["v"]["history"]["hot"], placed["variants"]["v"]["history"]["cold"]
+    assert hot["lo"] > 1.05 and hot["vs_baseline"]["lo"] > 1.05 and not hot["judged"]
+    assert hot["verdict"] == "slower" and cold["judged"] and cold["verdict"] == "same"
+    assert placed["verdict"] == "pass" and placed["history"]["regressions"] == []
+    slower = perfcheck.judge(timed({"v": with_cold(variant(1.0), 1.65)}), rule, ["v"], history=entry)
+    assert slower["verdict"] == "fail" and slower["message"].startswith("v: cold 1.65 us is 1.100x the accepted")
+
+
 def test_the_ceiling_follows_the_read_write_mix():
     bw = {"copy_bandwidth_Bps": 4.0e12, "ceilings_Bps": {"1:1": 4.0e12, "2:1": 4.3e12, "read": 4.6e12}}
     assert perfspec.ceiling(bw, None, None) == {"mix": "1:1", "read_share": None, "Bps": 4.0e12}

@@ -7,7 +7,8 @@ A result is accepted explicitly, after a perf gate passed and its numbers were l
     python -m mpkbuild.history show KERNEL [--gpu KEY]
 
 The perf gate compares with the last accepted entry for its GPU (stages/perfcheck.
-history_delta) and fails a regression its interval confirms; `scons status` shows the
+history_delta) and fails a regression that both the cold time and its ratio to the
+baseline confirm; `scons status` shows the
 delta of the last perf result. The last entry's hash is a fact of the perf node: accepting
 a result re-judges (and so re-times) the gate once, against what was accepted.
 Standard library only.
@@ -63,12 +64,27 @@ def _interval(fig: dict) -> dict:
     return {"median_us": med, "lo": lo, "hi": hi, "n": len(fig.get("samples_us") or [])}
 
 
+def _vs_baseline(r: dict) -> dict:
+    """The kernel / primary baseline paired ratio per figure, with its interval: the later
+    check compares ratios as well as times (stages/perfcheck.history_delta)."""
+    from mpkbuild.stages.perfcheck import FIGURES, comparison
+    from mpkbuild.util.perfspec import PRIMARY
+    out = {}
+    for fig in FIGURES:
+        c = comparison(r, PRIMARY, fig)
+        if c is not None and not c.get("point") and c.get("ratio") is not None:
+            out[fig] = {"ratio": c["ratio"], "lo": c["lo"], "hi": c["hi"], "n": c["n"]}
+    return out
+
+
 def entry_from_result(result: dict, note: str | None = None, commit: str | None = None) -> dict:
     """What the ledger keeps of one perf result: per variant and figure, the median time
-    and its interval, and each baseline's median (enough to judge the next result)."""
+    and its interval, the paired ratio to the primary baseline with its interval, and each
+    baseline's median (enough to judge the next result)."""
     variants = {}
     for name, r in (result.get("variants") or {}).items():
         v = {fig: _interval(r[fig]) for fig in ("hot", "cold") if fig in r}
+        v["vs_baseline"] = _vs_baseline(r)
         v["baselines"] = {b: {fig: f[fig]["median_us"] for fig in ("hot", "cold") if fig in f}
                           for b, f in (r.get("baselines") or {}).items()}
         variants[name] = v

@@ -337,7 +337,10 @@ def perf_delta(root: Path, node: Node, files: ReadOnce | None = None) -> str | N
         name, d = max(ds, key=lambda t: abs(t[1]["ratio"] - 1.0))
         worse = sum(d2["verdict"] in ("slower", "regressed") for _, d2 in ds)
         better = sum(d2["verdict"] == "faster" for _, d2 in ds)
-        parts.append(f"{fig} {better} faster, {worse} slower of {len(ds)}; largest {name} "
+        unsure = sum(d2["verdict"] in ("unsure", "unconfirmed") for _, d2 in ds)
+        shown = "" if any(d2.get("judged", True) for _, d2 in ds) else " (shown, not judged)"
+        parts.append(f"{fig}{shown} {better} faster, {worse} slower{f', {unsure} unsure' if unsure else ''} "
+                     f"of {len(ds)}; largest {name} "
                      f"{d['ratio']:.3f}x [{d['lo']:.3f}, {d['hi']:.3f}] {d['verdict']}")
     regs = len(hist.get("regressions") or [])
     return (f"vs accepted {hist.get('accepted')}: " + "; ".join(parts) +

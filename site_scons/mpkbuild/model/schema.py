@@ -299,9 +299,11 @@ SPEC_SCHEMA: dict = {
                     "description": "bytes moved per launch (roofline)"},
                 "sampling": _SAMPLING,
                 "max_regression": {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
-                                   "description": "fail when the interval of this result over the "
-                                                  "last accepted one (perf_history/) is all above "
-                                                  "1 + this (default 0.03)"},
+                                   "description": "fail when the intervals of a variant's cold "
+                                                  "time (hot without cold) and of its ratio to the "
+                                                  "baseline, each over the last accepted one "
+                                                  "(perf_history/), are both all above 1 + this "
+                                                  "(default 0.03)"},
                 "launches_per_graph": {"type": "integer", "minimum": 1, "maximum": 8192, "default": 20},
                 "repeats": {"type": "integer", "minimum": 5, "maximum": 1000, "default": 7},
                 "warmup": {"type": "integer", "minimum": 0, "maximum": 100000, "default": 16},

@@ -101,14 +101,12 @@ def ratio_figure(kernel_samples, other_samples, confidence: float = CONFIDENCE,
             "verdict": compare(med, wlo, whi, band)}
 
 
-def unpaired_ratio(now: dict, before: dict) -> dict:
-    """now / before for two independent runs (no pairing across runs), each given as
-    {median_us, lo, hi}: a conservative interval, [now.lo / before.hi, now.hi / before.lo]
-    (each end's interval at CONFIDENCE, so together at least 2 * CONFIDENCE - 1)."""
-    med = now["median_us"] / before["median_us"]
-    lo = now.get("lo", now["median_us"]) / before.get("hi", before["median_us"])
-    hi = now.get("hi", now["median_us"]) / before.get("lo", before["median_us"])
-    return {"ratio": med, "lo": lo, "hi": hi}
+def unpaired_ratio(now: tuple[float, float, float], before: tuple[float, float, float]) -> dict:
+    """now / before for two independent runs (no pairing across runs), each given as its
+    (median, lo, hi): a conservative interval, [now.lo / before.hi, now.hi / before.lo] (each
+    end's interval at CONFIDENCE, so together at least 2 * CONFIDENCE - 1)."""
+    (med, lo, hi), (bmed, blo, bhi) = now, before
+    return {"ratio": med / bmed, "lo": lo / bhi, "hi": hi / blo}
 
 
 def at_most(lo: float, hi: float, limit: float) -> str:
