@@ -225,6 +225,18 @@ def test_history_judges_the_cold_figure_where_there_is_one():
     assert slower["verdict"] == "fail" and slower["message"].startswith("v: cold 1.65 us is 1.100x the accepted")
 
 
+def test_the_review_says_which_history_figure_was_judged(tmp_path):
+    rule = [{"variants": "*", "max_time_vs_baseline": 1.0}]
+    entry = history.entry_from_result(perfcheck.judge(timed({"v": with_cold(variant(1.0), 1.5)}), rule, ["v"]))
+    res = perfcheck.judge(timed({"v": with_cold(variant(1.1), 1.5)}), rule, ["v"], history=entry)
+    perf = tmp_path / "perf.json"
+    perf.write_text(json.dumps(res))
+    page = review.render_kernel(review.kernel_review("k", tmp_path, [], "h200", {}, {"perf": perf}))
+    hot = next(ln for ln in page.splitlines() if ln.startswith("| v | hot |"))
+    cold = next(ln for ln in page.splitlines() if ln.startswith("| v | cold |"))
+    assert "slower (shown, not judged)" in hot and "same |" in cold and "not judged" not in cold
+
+
 def test_the_ceiling_follows_the_read_write_mix():
     bw = {"copy_bandwidth_Bps": 4.0e12, "ceilings_Bps": {"1:1": 4.0e12, "2:1": 4.3e12, "read": 4.6e12}}
     assert perfspec.ceiling(bw, None, None) == {"mix": "1:1", "read_share": None, "Bps": 4.0e12}

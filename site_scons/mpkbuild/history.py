@@ -8,8 +8,7 @@ A result is accepted explicitly, after a perf gate passed and its numbers were l
 
 The perf gate compares with the last accepted entry for its GPU (stages/perfcheck.
 history_delta) and fails a regression that both the cold time and its ratio to the
-baseline confirm; `scons status` shows the
-delta of the last perf result. The last entry's hash is a fact of the perf node: accepting
+baseline confirm; `scons status` shows the delta of the last perf result. The last entry's hash is a fact of the perf node: accepting
 a result re-judges (and so re-times) the gate once, against what was accepted.
 Standard library only.
 """
