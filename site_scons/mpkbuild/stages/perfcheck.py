@@ -181,23 +181,21 @@ def history_delta(variants: dict, entry: dict | None, max_regression: float) -> 
             if c is not None and not c.get("point") and rb is not None:
                 dr = stats.unpaired_ratio((c["ratio"], c["lo"], c["hi"]), (rb["ratio"], rb["lo"], rb["hi"]))
                 d["vs_baseline"] = dr
-            over = [x["lo"] > 1.0 + max_regression for x in (d, dr) if x is not None]
-            text = (f"{name}: {fig} {now_t[0]:.2f} us is {d['ratio']:.3f}x the accepted "
-                    f"{b['median_us']:.2f} us (95% CI {d['lo']:.3f}-{d['hi']:.3f}x")
-            if dr is not None:
-                text += (f"; its ratio to {perfspec.PRIMARY} is {dr['ratio']:.3f}x the accepted one "
-                         f"(95% CI {dr['lo']:.3f}-{dr['hi']:.3f}x)")
-            text += f", over 1 + {max_regression:g}"
             d["judged"] = fig == judged
-            if not d["judged"]:
-                d["verdict"] = stats.compare(d["ratio"], d["lo"], d["hi"])
-            elif all(over):
-                d["verdict"] = "regressed"
-                regressions.append(text + ")")
-            elif any(over):
-                d["verdict"] = "unconfirmed"
-                which = "the time only" if over[0] else "the ratio only"
-                unsure.append(text + f": {which})")
+            over = [x["lo"] > 1.0 + max_regression for x in (d, dr) if x is not None]
+            if d["judged"] and any(over):
+                text = (f"{name}: {fig} {now_t[0]:.2f} us is {d['ratio']:.3f}x the accepted "
+                        f"{b['median_us']:.2f} us (95% CI {d['lo']:.3f}-{d['hi']:.3f}x")
+                if dr is not None:
+                    text += (f"; its ratio to {perfspec.PRIMARY} is {dr['ratio']:.3f}x the accepted one "
+                             f"(95% CI {dr['lo']:.3f}-{dr['hi']:.3f}x)")
+                text += f", over 1 + {max_regression:g}"
+                if all(over):
+                    d["verdict"] = "regressed"
+                    regressions.append(text + ")")
+                else:
+                    d["verdict"] = "unconfirmed"
+                    unsure.append(text + f": {'the time only' if over[0] else 'the ratio only'})")
             else:
                 d["verdict"] = stats.compare(d["ratio"], d["lo"], d["hi"])
             deltas.setdefault(name, {})[fig] = d
