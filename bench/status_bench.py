@@ -146,14 +146,14 @@ def scons(cwd: Path, *args: str, env: dict | None = None, check: bool = True,
 GRAPH_DUMP = r"""
 import json, sys
 from pathlib import Path
-from mpkbuild.model import graph
+from mpkbuild import stages
 from mpkbuild.stages import wire as wirestage
 from mpkbuild.model.kernel import Kernel, discover
 from fake_gpu import FakeGpuExecutor
 root = Path.cwd()
 names = discover(root)
 ks = [Kernel.load(root, n) for n in names]
-g = graph.build(root, ks, FakeGpuExecutor().fingerprint(), wirestage.WireRequest(None, False, False), True)
+g = stages.build_graph(root, ks, FakeGpuExecutor().fingerprint(), wirestage.WireRequest(None, False, False), True)
 json.dump({"gpu_key": g.gpu_key, "default": g.request(names, "review", True),
            "nodes": [{"label": n.label, "kind": n.kind, "targets": n.targets, "sources": n.sources,
                       "facts": n.facts, "side_effects": n.side_effects, "always": n.always,

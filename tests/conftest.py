@@ -16,7 +16,16 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 FAKES = Path(__file__).resolve().parent / "fakes"
 COPIED = ("SConstruct", "site_scons", "specs", "kernels", "wiring", "pyproject.toml")
-ACTION_RE = re.compile(r"^(spec|generate|compile|validate|perf|review|bandwidth|wire)\s{1,9}(\S+)(?: (\S+))?$")
+
+def _action_re() -> re.Pattern:
+    """An action line the build prints: a stage of the table (or the per-GPU bandwidth
+    node), a kernel, maybe one detail (the arch, the GPU, the file)."""
+    from mpkbuild import stages
+    names = "|".join((*stages.NAMES, "bandwidth"))
+    return re.compile(rf"^({names})\s{{1,9}}(\S+)(?: (\S+))?$")
+
+
+ACTION_RE = _action_re()
 
 
 def has_nvcc() -> bool:

@@ -8,8 +8,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from mpkbuild import history
-from mpkbuild.stages import perfcheck, review
+from mpkbuild.stages.perf import judge as perfcheck, ledger as history
+from mpkbuild.stages import review
 from mpkbuild.util import perfspec, stats
 
 
@@ -293,15 +293,15 @@ def test_a_per_capture_offset_the_samples_cannot_see_is_covered_by_the_floor():
 
 def test_status_shows_the_delta_to_the_accepted_result(tmp_path):
     from types import SimpleNamespace
-    from mpkbuild import status
+    from mpkbuild.stages.perf.report import status_note
     rule = [{"variants": "*", "max_time_vs_baseline": 1.0}]
     entry = history.entry_from_result(perfcheck.judge(timed({"v": variant(1.0)}), rule, ["v"]))
     res = perfcheck.judge(timed({"v": variant(1.08)}), rule, ["v"], history=entry)
     (tmp_path / "perf.json").write_text(json.dumps(res))
     node = SimpleNamespace(targets=("perf.json",), kernel="k")
-    line = status.perf_delta(tmp_path, node)
+    line = status_note(tmp_path, node)
     assert line.startswith(f"vs accepted {entry['accepted']}: hot 0 faster, 1 slower of 1; largest v 1.080x [")
     assert line.endswith("regressed; 1 regression confirmed")
     first = perfcheck.judge(timed({"v": variant(1.0)}), rule, ["v"])
     (tmp_path / "perf.json").write_text(json.dumps(first))
-    assert status.perf_delta(tmp_path, node).startswith("no accepted result for this GPU")
+    assert status_note(tmp_path, node).startswith("no accepted result for this GPU")

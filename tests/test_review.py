@@ -3,7 +3,7 @@ the spec holds it to; every perf figure shows the rules it was judged by."""
 import json
 
 from mpkbuild.stages import review
-from mpkbuild.stages.perfcheck import check_thresholds, limits_by_variant
+from mpkbuild.stages.perf.judge import check_thresholds, limits_by_variant
 
 
 def figures(hot, base_hot, cold=None, base_cold=None, bw=0.9):

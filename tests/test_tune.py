@@ -8,7 +8,9 @@ import pytest
 
 from conftest import FAKES, copy_project
 from mpkbuild.model.spec import SpecError, load_spec
-from mpkbuild.stages import interval, tune
+from mpkbuild.stages import tune
+from mpkbuild.util import stats
+from mpkbuild.util.fsutil import sha256_file
 from mpkbuild.util import expr
 
 K = "silu_mul_v2"
@@ -121,8 +123,14 @@ def test_bad_tune_sections_are_located(tmp_path, edit, where):
 
 
 def test_interval_and_pick_rules():
-    iv = interval.median_interval([1.0, 1.1, 0.9, 1.05, 0.95, 1.0, 1.02])
+    iv = stats.median_interval([1.0, 1.1, 0.9, 1.05, 0.95, 1.0, 1.02])
     assert iv["lo"] == 0.9 and iv["hi"] == 1.1 and iv["confidence"] > 0.95
+    # the perf gate's floor widens a ratio's interval: a 0.5% "win" between two captures,
+    # with a tight interval of its own, is not one (the old tune interval had no floor)
+    a = stats.median_interval([0.995, 0.9952, 0.9948, 0.995, 0.9951, 0.9949, 0.995], floor=stats.CAPTURE_FLOOR)
+    b = stats.median_interval([1.0, 1.0002, 0.9998, 1.0, 1.0001, 0.9999, 1.0], floor=stats.CAPTURE_FLOOR)
+    assert not stats.below(a, b)
+    assert stats.below(stats.median_interval([0.995] * 7), stats.median_interval([1.0] * 7))
 
     def row(cid, med, current=False, **config):
         return {"cid": cid, "config": config, "current": current, "verdict": "timed",
@@ -470,7 +478,7 @@ def test_trials_and_the_key_follow_exactly_the_baseline_files_trials_read(tmp_pa
         return tune.tune_key(Kernel.load(p.root, K, write_cache=False), fp)
 
     first = key()
-    assert first["baseline"] == {f"kernels/{K}/primary.py": tune.sha256_file(p.path(f"kernels/{K}/primary.py"))}
+    assert first["baseline"] == {f"kernels/{K}/primary.py": sha256_file(p.path(f"kernels/{K}/primary.py"))}
     assert first == json.loads(p.path(TUNED).read_text())["key"]
     # the extra baseline: its file, its entry, a threshold: no trial re-runs, the key stays
     p.path(f"kernels/{K}/extra.py").write_text(ref + "\n# edited\n")

@@ -30,7 +30,9 @@ time.sleep(job.get('sleep', 0))
 print('fine runner', os.getpid(), flush=True)
 json.dump({'verdict': 'pass', 'message': 'ok', 'warm': warm, 'pid': os.getpid(),
            'visible': os.environ.get('CUDA_VISIBLE_DEVICES'), 'started': started,
-           'ended': time.time()}, open(job['result_file'], 'w'))
+           'ended': time.time(),
+           'preloaded': sorted(m for m in sys.modules if m.startswith('stand_in_runners.'))},
+          open(job['result_file'], 'w'))
 """,
     # the server imports these once (as real runners, they act only as __main__)
     "validate": "import runpy\nif __name__ == '__main__':\n    runpy.run_module('stand_in_runners.fine', run_name='__main__')\n",
@@ -84,6 +86,19 @@ def test_warm_server_forks_a_fresh_child_per_gate(stage):
     assert first["warm"] and second["warm"]          # torch was imported before the gate ran
     assert first["pid"] != second["pid"]             # a fresh process per gate
     assert "fine runner" in (stage / "w" / "fine.log").read_text()
+
+
+def test_the_server_imports_the_jobs_runners_once_and_never_others(stage):
+    """preload (stages.runner_names for the build's jobs): those modules are imported in the
+    server before it forks; a runner that acts on import ("dies") is never imported there."""
+    first = warm.run(GateJob(gate="fine", kernel="k", payload={}, workdir=stage / "p", timeout_s=60.0,
+                             preload=("validate", "perf")), "GPU-0000aaaa", {}, lambda: False)
+    assert first["verdict"] == "pass"
+    assert {"stand_in_runners.validate", "stand_in_runners.perf"} <= set(first["preloaded"])
+    assert "stand_in_runners.dies" not in first["preloaded"]
+    crash = warm.run(job(stage, "dies"), "GPU-0000aaaa", {}, lambda: False)
+    assert crash["verdict"] == "crash"            # in its child; the server goes on
+    assert warm.run(job(stage, "fine"), "GPU-0000aaaa", {}, lambda: False)["verdict"] == "pass"
 
 
 def test_a_crashing_gate_takes_down_only_its_child(stage):

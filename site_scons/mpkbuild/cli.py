@@ -167,7 +167,7 @@ def runtime_request(request: WireRequest) -> None:
     if request.mpk_root is None:
         fail_early("stage=runtime needs mpk_root=PATH (an MPK checkout: the runtime gate "
                    "compiles each kernel into its persistent kernel; e.g. mpk_root=../shared/mirage/mpk)")
-    from mpkbuild.stages.runtime import Checkout
+    from mpkbuild.stages.runtime.megakernel import Checkout
     try:
         Checkout.find(request.mpk_root)
     except FileNotFoundError as exc:
@@ -272,7 +272,7 @@ def report(build: Build, command: str, g: graph_mod.Graph, sconsign, names: list
         if others:
             say(f"\nresults also exist for GPU profiles: {', '.join(others)} (status gpu=<profile>)")
     if command == "check":
-        bad = [st for st in statuses if st.kind in ("gate", "compile", "wire") and st.state != "fresh"]
+        bad = [st for st in statuses if st.gate and st.state != "fresh"]
         if bad:
             sys.stderr.write(f"mpk: check failed for GPU profile {g.gpu_key}: "
                              f"{len(bad)} gates are not fresh:\n")
@@ -413,14 +413,14 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
             fail_early(str(exc))
     with_summary = stage == "review" and ARGUMENTS.get("kernel", "all") == "all"
     kernels = [build.kernels[n] for n in names]
-    sconsign = status_mod.Sconsign(root)
+    from mpkbuild import sconsign as sconsign_mod
+    sconsign = sconsign_mod.Sconsign(root)
     files = ReadOnce(root)                 # planning's reads: each file once (status too)
-    g = graph_mod.build(root, kernels, build.fingerprint, build.wire_request, with_summary,
-                        tampered=lambda rel: status_mod.tampered(files, sconsign, rel),
-                        sanitize=build.sanitize, files=files)
-    for node in g.nodes:
-        if node.always and "modified after its gate wrote it" in node.always:
-            note(node.always)
+    g = stages.build_graph(root, kernels, build.fingerprint, build.wire_request, with_summary,
+                           tampered=lambda rel: sconsign_mod.tampered(files, sconsign, rel),
+                           sanitize=build.sanitize, files=files)
+    for message in g.untrusted:            # outputs edited since their build wrote them
+        note(message)
     if command is None and GetOption("no_exec") and not GetOption("clean"):
         command = "dry-run"                # plain `scons -n` under-reports; ours is exact
     if command is not None:
@@ -432,6 +432,7 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
         remove_orphaned_temps(root / config.BUILD_DIRNAME)   # left by a build killed mid-write
     for k in kernels:
         k.save_spec_cache()                # only now: bad input above must write nothing
+    g.code.save()                          # the code digests this plan computed
     closure = stages.closure(stage)
     targets = g.request(names, stage, with_summary)
     needed = g.needed_labels(targets)      # the verdict table lists only what this stage builds

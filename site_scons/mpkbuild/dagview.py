@@ -70,7 +70,7 @@ def to_dot(ag: nx.DiGraph, statuses: dict) -> str:
         node = ag.nodes[label]["node"]
         st = statuses.get(label)
         colour = COLOURS.get(st.state if st else "fresh", "#ffffff")
-        shape = "box" if node.kind not in ("gate", "compile", "wire") else "octagon"
+        shape = "box" if node.verdict_file is None else "octagon"
         lines.append(f'  "{label}" [label="{_label(node, st)}", fillcolor="{colour}", shape={shape}];')
     for a, b in ag.edges:
         lines.append(f'  "{a}" -> "{b}";')
@@ -132,13 +132,30 @@ def has_field(data, path: str) -> bool:
     return True
 
 
+def code_facts_of(path: str, g: Graph) -> list[str]:
+    """The `code:` facts whose closure holds a module of this package (repo-relative path)."""
+    from mpkbuild.util import config
+    pkg = g.rel(config.PACKAGE_DIR) + "/"
+    if not path.startswith(pkg) or not path.endswith(".py"):
+        return []
+    module = path[len(pkg):]
+    out = []
+    for fact in {f for n in g.nodes for f in n.facts if f.startswith("code: ")}:
+        if module in g.code.facts.get(fact.rsplit(" ", 1)[1], {}):
+            out.append(fact)
+    return sorted(out)
+
+
 def inputs_for(query: str, g: Graph, kernels: list[str], specs: dict | None = None) -> list[str]:
-    """Graph inputs a query names: a repo-relative file, or `[kernel:]section.field`.
-    specs: kernel name -> its spec data; a field no requested spec has is an error."""
+    """Graph inputs a query names: a repo-relative file (a module of this package: the code
+    facts holding it), or `[kernel:]section.field`. specs: kernel name -> its spec data; a
+    field no requested spec has is an error."""
     full = g.to_networkx()
     path = query.strip().lstrip("./")
     if path in full and full.nodes[path].get("type") == "file":
         return [path]
+    if (facts := code_facts_of(path, g)) or path.endswith(".py") and (g.root / path).is_file():
+        return facts
     m = _FIELD.match(query.strip())
     if m is None:
         raise WhyError(f"why={query!r}: not a file in the graph nor a spec field like "

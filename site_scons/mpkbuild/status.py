@@ -12,15 +12,14 @@ a build would execute, each with concrete reasons.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mpkbuild import stages
-from mpkbuild.model.graph import Graph, Node
+from mpkbuild.model.graph import CHANGED, Graph, Node
+from mpkbuild.sconsign import Sconsign, action_signature
 from mpkbuild.util.fsutil import ReadOnce, scons_signature
 
-CHANGED = object()          # a predicted output whose new bytes cannot be known in advance
 GPU_KINDS = ("gate", "bandwidth", "trial", "tune")   # nodes that run on a GPU of the profile
 
 
@@ -35,82 +34,7 @@ class NodeStatus:
     will_run: bool = False
     verdict: str | None = None      # a gate's stored verdict, when it has one
     delta: str | None = None        # perf: the last result against the last accepted one
-
-
-class _Record:
-    """What status reads of one pickled SCons record (an SConsignEntry, a node's ninfo or
-    binfo): its fields as plain attributes. SCons's own classes restore each field with
-    setattr from Python (__setstate__); a plain instance gets its fields in one C-level
-    dict update, which makes reading a large .sconsign several times faster."""
-
-
-# the record classes SCons pickles into .sconsign (SCons.SConsign, SCons.Node.*)
-_RECORD_CLASSES = ("SConsignEntry", "NodeInfoBase", "BuildInfoBase", "FileNodeInfo",
-                   "FileBuildInfo", "DirNodeInfo", "DirBuildInfo", "ValueNodeInfo",
-                   "ValueBuildInfo", "AliasNodeInfo", "AliasBuildInfo", "EntryNodeInfo",
-                   "EntryBuildInfo")
-
-
-def _unpickler():
-    import pickle
-
-    class Unpickler(pickle.Unpickler):
-        def find_class(self, module, name):
-            if module.startswith("SCons.") and name in _RECORD_CLASSES:
-                return _Record
-            return super().find_class(module, name)
-    return Unpickler
-
-
-class Sconsign:
-    """Read-only view of what SCons recorded for each target (.sconsign.dblite)."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self._db = None
-        self._dirs: dict[str, dict] = {}
-        path = root / ".sconsign.dblite"
-        if path.exists():
-            import SCons.dblite          # the format is SCons's own; read it with SCons
-            self._db = SCons.dblite.open(str(root / ".sconsign"), "r")
-            self._unpickler = _unpickler()
-
-    def entry(self, rel: str):
-        if self._db is None:
-            return None
-        d, _, name = rel.rpartition("/")
-        d = d or "."
-        if d not in self._dirs:
-            import io
-            try:
-                self._dirs[d] = self._unpickler(io.BytesIO(self._db[d])).load()
-            except KeyError:
-                self._dirs[d] = {}
-        return self._dirs[d].get(name)
-
-
-def tampered(files: ReadOnce, sconsign: Sconsign, rel: str) -> str | None:
-    """Whether a gate result still has the bytes SCons recorded when its action wrote them:
-    None when it does (or nothing was recorded); "unrecorded" when it has the bytes its gate
-    wrote (the digest record() keeps beside it) but SCons never recorded them (the build
-    was killed before it wrote .sconsign); "tampered" otherwise (edited by hand)."""
-    entry = sconsign.entry(rel)
-    ninfo = getattr(entry, "ninfo", None)
-    recorded = getattr(ninfo, "csig", None)
-    if not recorded:
-        return None
-    # hashed every time, never trusted on mtime + size, so a same-size edit with its mtime
-    # put back is still caught
-    current = files.signature(rel)
-    if current is None or current == recorded:
-        return None
-    from mpkbuild.stages.gates import written_mark
-    from mpkbuild.util.fsutil import sha256_bytes
-    try:
-        mark = written_mark(os.path.join(files.root, rel)).read_text().strip()
-    except OSError:
-        mark = None
-    return "unrecorded" if mark == sha256_bytes(files.bytes(rel)) else "tampered"
+    gate: bool = False              # it makes a verdict (what `check` requires fresh)
 
 
 def _flatten(obj, prefix=""):
@@ -152,9 +76,15 @@ def _fact_kind(fact: str) -> str:
     return fact.split(":", 1)[0]
 
 
-def _fact_change(old: str, new: str) -> str:
+def _fact_change(old: str, new: str, code=None) -> str:
     kind = _fact_kind(new)
     strip = lambda f: f.split(":", 1)[1].strip()
+    if kind == "code":
+        name, digest = strip(new).rsplit(" ", 1)
+        changed = code.changed_files(strip(old).rsplit(" ", 1)[-1], digest) if code else None
+        return (f"the code of {name} changed: " + ", ".join(changed[:4])
+                + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")) if changed else \
+            f"the code of {name} changed"
     if kind == "toolchain":
         return f"{strip(old).split(';')[0]} -> {strip(new).split(';')[0]}" \
             if strip(old).split(";")[0] != strip(new).split(";")[0] else \
@@ -177,9 +107,6 @@ class Predictor:
         self.root, self.kernels = root, kernels
         self.wire_request, self.wiring_root = wire_request, wiring_root
 
-    def rel(self, path) -> str:
-        return os.path.relpath(path, self.root)
-
     def outputs(self, node: Node) -> dict[str, object]:
         predicted = stages.BY_NAME[node.stage].impl.predict(node, self.kernels.get(node.kernel), self)
         return {t: CHANGED for t in node.targets} if predicted is None else predicted
@@ -191,10 +118,11 @@ def compute(g: Graph, sconsign: Sconsign, predictor: Predictor, gpu_here: bool,
     graph was planned with (g.files, the default), so no file is read twice."""
     files = g.files if files is None else files
     producers = g.producers()
+    action_sig = action_signature()
     predicted: dict[str, object] = {}        # target -> new bytes or CHANGED (nodes that run)
     out = []
     for node in g.nodes:
-        reasons, never = _judge(node, g.root, sconsign, producers, predicted, files)
+        reasons, never = _judge(node, g.root, sconsign, producers, predicted, files, g.code, action_sig)
         will_run = bool(reasons)
         if will_run:
             try:
@@ -223,10 +151,22 @@ def compute(g: Graph, sconsign: Sconsign, predictor: Predictor, gpu_here: bool,
             state = "never run"
         else:
             state = "stale"
-        delta = perf_delta(g.root, node, files) if node.kind == "gate" and node.stage == "perf" else None
+        delta = _note(g, node, files)
         out.append(NodeStatus(node.label, node.kind, node.stage, node.kernel, state, reasons,
-                              will_run, verdict, delta))
+                              will_run, verdict, delta, node.verdict_file is not None))
     return out
+
+
+def _note(g: Graph, node: Node, files: ReadOnce) -> str | None:
+    """The stage's own line about a gate node (perf: against the accepted results), from the
+    module its row names (`note`)."""
+    from mpkbuild import stages
+    row = stages.BY_NAME.get(node.stage)
+    if node.verdict_at is None or node.kind != "gate" or row is None or row.note is None:
+        return None
+    import importlib
+    module, function = row.note.split(":")
+    return getattr(importlib.import_module(module), function)(g.root, node, files)
 
 
 def _spec_field_changes(node: Node, root: Path, predicted) -> list[str]:
@@ -242,9 +182,9 @@ def _spec_field_changes(node: Node, root: Path, predicted) -> list[str]:
 
 
 def _stored_verdict(g: Graph, node: Node, files: ReadOnce) -> str | None:
-    if node.kind not in ("gate", "compile", "wire", "trial", "tune"):
+    rel = node.verdict_file
+    if rel is None:
         return None
-    rel = node.targets[0 if node.kind != "compile" else 1]
     if rel in g.stored:                      # read once already, while the graph was built
         return g.stored[rel][0]
     res = files.json(rel)                    # its bytes serve the gates' input hash too
@@ -252,7 +192,7 @@ def _stored_verdict(g: Graph, node: Node, files: ReadOnce) -> str | None:
 
 
 def _judge(node: Node, root: Path, sconsign: Sconsign, producers, predicted,
-           files: ReadOnce) -> tuple[list[str], bool]:
+           files: ReadOnce, code=None, action_sig: str | None = None) -> tuple[list[str], bool]:
     """Why the node would run (empty: it would not), and whether it never ran. Every file
     input is judged by its content signature: an mtime and size that match what was
     recorded prove nothing (`cp -p`, `rsync -t` and a restored cache put mtimes back), so,
@@ -264,6 +204,8 @@ def _judge(node: Node, root: Path, sconsign: Sconsign, producers, predicted,
     binfo = getattr(entry, "binfo", None)
     if binfo is None or not hasattr(binfo, "bsources"):
         return reasons + ["never run"], True
+    if action_sig is not None and getattr(binfo, "bactsig", None) != action_sig:
+        reasons.append("the build tool's action signature changed (another mpkbuild action version)")
     for t in node.targets:
         if not files.exists(t):
             reasons.append(f"output {t} is missing")
@@ -272,7 +214,7 @@ def _judge(node: Node, root: Path, sconsign: Sconsign, producers, predicted,
     for fact in node.facts:
         if fact not in recorded:
             old = next((r for r in recorded if _fact_kind(r) == _fact_kind(fact) and r not in wanted), None)
-            reasons.append(_fact_change(old, fact) if old else
+            reasons.append(_fact_change(old, fact, code) if old else
                            f"tuned config now applied: {fact.split(':', 1)[1].strip()}"
                            if _fact_kind(fact) == "tuned" else f"new input {_fact_kind(fact)}")
     for src in node.sources:
@@ -317,34 +259,6 @@ def _read(path: Path) -> str | None:
         return path.read_text()
     except OSError:
         return None
-
-
-def perf_delta(root: Path, node: Node, files: ReadOnce | None = None) -> str | None:
-    """One line: the last perf result's times over the last accepted ones (perf_history/),
-    the largest change per figure with its interval, and the regressions it confirmed."""
-    res = (files or ReadOnce(root)).json(node.targets[0])
-    if res is None or "history" not in res:
-        return None
-    hist = res.get("history")
-    if not hist:
-        return "no accepted result for this GPU (python -m mpkbuild.history accept " + f"{node.kernel})"
-    parts = []
-    for fig in ("hot", "cold"):
-        ds = [(name, v["history"][fig]) for name, v in (res.get("variants") or {}).items()
-              if fig in (v.get("history") or {})]
-        if not ds:
-            continue
-        name, d = max(ds, key=lambda t: abs(t[1]["ratio"] - 1.0))
-        worse = sum(d2["verdict"] in ("slower", "regressed") for _, d2 in ds)
-        better = sum(d2["verdict"] == "faster" for _, d2 in ds)
-        unsure = sum(d2["verdict"] in ("unsure", "unconfirmed") for _, d2 in ds)
-        shown = "" if any(d2.get("judged", True) for _, d2 in ds) else " (shown, not judged)"
-        parts.append(f"{fig}{shown} {better} faster, {worse} slower{f', {unsure} unsure' if unsure else ''} "
-                     f"of {len(ds)}; largest {name} "
-                     f"{d['ratio']:.3f}x [{d['lo']:.3f}, {d['hi']:.3f}] {d['verdict']}")
-    regs = len(hist.get("regressions") or [])
-    return (f"vs accepted {hist.get('accepted')}: " + "; ".join(parts) +
-            f"; {regs} regression{'s' if regs != 1 else ''} confirmed")
 
 
 # ---------------------------------------------------------------- rendering

@@ -13,6 +13,7 @@ import SCons.Action
 import SCons.Script
 
 from mpkbuild import cli, stages
+from mpkbuild.util.closure import ACTION_VERSION
 
 
 def _interrupted() -> bool:
@@ -30,16 +31,27 @@ _BUILD: list[cli.Build] = []      # this invocation's build (one per scons proce
 
 
 def _run_node(target, source, env):
-    """Every node's action: its stage module's function for its kind. One plain module
-    function, so SCons's action signature (the function's code) is the same on every run.
-    A node's parameters are looked up by its first target, not kept in construction
-    variables (no override environment per Command)."""
+    """Every node's action: its stage module's function for its kind. A node's parameters
+    are looked up by its first target, not kept in construction variables (no override
+    environment per Command)."""
     build = _BUILD[0]
     info = build.info[str(target[0])]
     return stages.actions()[info["MPK_KIND"]](build, info, target, source)
 
 
-_ACTION = SCons.Action.Action(_run_node, strfunction=lambda t, s, e: _BUILD[0].info[str(t[0])]["MPK_LABEL"])
+class _NodeAction(SCons.Action.FunctionAction):
+    """The action of every node, with the signature we declare: ACTION_VERSION. SCons
+    signs a Python function action by its compiled code, so a no-op edit of the dispatch
+    above, another Python or an SCons upgrade would re-run every node while status and -n
+    (which cannot see that) said fresh. What makes an output is declared instead: each
+    node's `code:` fact (its stage's import closure, normalised) and this version, which
+    status checks as SCons does (status.ACTION_SIGNATURE)."""
+
+    def get_presig(self, target, source, env, executor=None):
+        return ACTION_VERSION.encode()
+
+
+_ACTION = _NodeAction(_run_node, {"strfunction": lambda t, s, e: _BUILD[0].info[str(t[0])]["MPK_LABEL"]})
 
 
 def declare(env) -> list:

@@ -21,7 +21,6 @@ its result echoes what the job asked for (`job`: figure, perf section, shipped i
 import json
 import math
 import os
-import statistics
 import time
 
 from mpkbuild.gpu import GpuFingerprint
@@ -81,21 +80,36 @@ def _samples(us: float, phase: float) -> list[float]:
 
 
 def _fig(us: float, phase: float) -> dict:
+    """A figure as the real runner makes one (runners/timing.figure), from stand-in samples."""
+    from mpkbuild.runners.timing import figure, sampling_info
     samples = _samples(us, phase)
-    return {"median_us": statistics.median(samples), "samples_us": samples}
+    n = len(samples)
+    info = sampling_info(list(range(n)), [None] * n, n, "target", 0.0,
+                         {"target": 0.005, "capture_floor": None}, 0.0, None)
+    return figure(samples, info)
 
 
 def _figures(ratio: float, pcfg: dict) -> dict:
+    """What the real runner measures (runners/perf.perf_variant), completed by the real
+    runner's own complete_variant: the result has its shape (tests/test_fake_gpu.py)."""
+    from mpkbuild.runners.perf import complete_variant
     base_us = json.loads(os.environ.get("FAKE_GPU_BASELINE", "{}"))
     hot, base = _fig(2.0 * ratio, 0.0), _fig(2.0, 1.0)
-    baselines = {"torch": {"hot": base, "cold": dict(base)}}
-    for b in pcfg.get("baselines", []):
-        f = _fig(base_us.get(b["name"], 2.0), 2.0)
-        baselines[b["name"]] = {"hot": f, "cold": dict(f), "compile": b.get("compile", False)}
-    return {"hot": hot, "cold": dict(hot), "baseline_hot": base, "baseline_cold": dict(base),
-            "baselines": baselines, "ceiling": {"mix": "1:1", "Bps": 4.0e12},
-            "slowcta": {"slowest_task_us": ratio}, "vs_baseline_hot": ratio, "vs_baseline_cold": ratio,
-            "hot_bandwidth_fraction": 0.95, "cold_bandwidth_fraction": 0.95}
+    from mpkbuild.util.perfspec import PRIMARY, baselines as spec_baselines
+    baselines = {}
+    for b in spec_baselines(pcfg):      # the entries the runner makes (runners/perf.prepared_baselines)
+        f = base if b["name"] == PRIMARY else _fig(base_us.get(b["name"], 2.0), 2.0)
+        baselines[b["name"]] = {**b, "hot": f, "cold": dict(f)}
+    # bytes: what makes 95% of the fake copy bandwidth at this hot time
+    nbytes = 0.95 * 4.0e12 * hot["median_us"] * 1e-6
+    result = {"bytes": nbytes, "bytes_read": nbytes / 2, "bytes_written": nbytes / 2,
+              "ceiling": {"mix": "1:1", "Bps": 4.0e12}, "baselines": baselines,
+              "hot": hot, "cold": dict(hot), "cold_sets": 2, "cold_launches": 2,
+              "slowcta": {"slowest_task_us": ratio, "all_tasks_us": ratio,
+                          "slowest_range_us": [ratio, ratio], "repeats": pcfg["repeats"]}}
+    complete_variant(result, ("hot", "cold"))
+    result["timings_s"] = {}
+    return result
 
 
 def _holds(pattern: str, variant: str, config: dict) -> bool:

@@ -13,9 +13,12 @@ from pathlib import Path
 from typing import Callable
 
 from mpkbuild.util import config
+from mpkbuild.util.closure import CodeDigests
 from mpkbuild.util.fsutil import ReadOnce, repo_rel
 
 PKG = config.PACKAGE_DIR
+CHANGED = object()          # a predicted output whose new bytes cannot be known in advance
+CODE_CACHE = ".code-digests.json"       # build/<this>: util.closure.CodeDigests
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,11 @@ class Node:
     side_effects: tuple[str, ...] = ()
     always: str | None = None        # why it runs on every build (AlwaysBuild), if it does
     silent: bool = False             # bookkeeping (gate checks): prints no action line
+    verdict_at: int | None = None    # which target is the JSON with its verdict (a gate's), if any
+
+    @property
+    def verdict_file(self) -> str | None:
+        return None if self.verdict_at is None else self.targets[self.verdict_at]
 
 
 @dataclass
@@ -52,6 +60,9 @@ class Graph:
     # what planning reads (stored results, for the verdict and the tamper check), each file
     # once; status judges the nodes with the same reads
     files: ReadOnce | None = None
+    code: CodeDigests | None = None          # the package files' normalised digests
+    stage_modules: dict = field(default_factory=dict)   # stage -> its code modules (the table's)
+    untrusted: list[str] = field(default_factory=list)  # why outputs on disk are not trusted
     _rels: dict = field(default_factory=dict, repr=False, compare=False)   # str(path) -> rel (memo)
     _producers: tuple | None = field(default=None, repr=False, compare=False)  # (node count, producers())
 
@@ -62,6 +73,32 @@ class Graph:
     def __post_init__(self):
         if self.files is None:
             self.files = ReadOnce(self.root)
+        if self.code is None:
+            self.code = CodeDigests(Path(self.root) / config.BUILD_DIRNAME / CODE_CACHE)
+
+    def edited(self, *targets: str) -> str | None:
+        """Why a node runs although its inputs did not change: one of its outputs is not the
+        bytes its build wrote (a hand edit of a generated file is made again, never
+        compiled and reported fresh). None when every output is as recorded."""
+        for target in targets:
+            if self.tampered(target):
+                return self.distrust(f"{target} is not what its build wrote (edited by hand, or "
+                                     "written by a build killed before it was recorded): it is made again")
+        return None
+
+    def distrust(self, message: str) -> str:
+        """Note why an output on disk is not trusted (the build says so); returns it."""
+        self.untrusted.append(message)
+        return message
+
+    def code_fact(self, name: str, modules) -> str:
+        """`code: <name> <digest>`: the code of the modules' import closure (plumbing left
+        out, comments and docstrings ignored) as the fact a node depends on."""
+        return f"code: {name} {self.code.digest(tuple(modules))}"
+
+    def stage_code(self, stage: str) -> str:
+        """The code fact of a stage's nodes, from its row's code modules."""
+        return self.code_fact(stage, self.stage_modules[stage])
 
     def rel(self, path: Path | str) -> str:
         """A path as the graph declares it: repo-relative. Kernels give theirs as strings
@@ -140,24 +177,3 @@ def rel(root: Path, path: Path | str) -> str:
     if p.startswith(r) and p[len(r):len(r) + 1] == os.sep:
         return repo_rel(p[len(r) + 1:])
     return os.path.relpath(path, root)
-
-
-def build(root: Path, kernels: list, fingerprint, wire_request, with_summary: bool,
-          tampered=lambda rel: False, sanitize: str | None = None,
-          files: ReadOnce | None = None) -> Graph:
-    """The whole graph for these kernels on this GPU (fingerprint None: no GPU), declared by
-    the stage modules in table order; then the nodes no kernel owns (a GPU's copy
-    bandwidth goes first, the summary last). files: the planning run's reads (default: a
-    new ReadOnce)."""
-    from mpkbuild import stages
-    g = Graph(root=root, gpu_key=fingerprint.key if fingerprint else "no-gpu",
-              fingerprint=fingerprint, wire_request=wire_request, sanitize=sanitize,
-              tampered=tampered, files=files)
-    rows = [(stage.impl, stage.name) for stage in stages.STAGES]
-    for k in kernels:
-        for impl, name in rows:
-            impl.nodes(g, k, name)
-    for module in stages.modules():
-        if hasattr(module, "shared_nodes"):
-            module.shared_nodes(g, kernels, with_summary)
-    return g

@@ -40,7 +40,7 @@ _TENSOR = {
     "required": ["name", "dtype", "shape", "partition"],
     "properties": {
         "name": {"type": "string", "pattern": C_IDENT},
-        "dtype": {"enum": ["bf16", "fp16", "fp32", "int32", "int64"]},
+        "dtype": {"enum": list(config.DTYPES)},
         "shape": {"type": "array", "minItems": 1, "maxItems": 4, "items": INT_OR_EXPR,
                   "description": "extents: integers or expressions over variant symbols"},
         "partition": _PARTITION,
@@ -328,7 +328,7 @@ def full_schema() -> dict:
     """The spec schema including sections contributed by other stages (wiring)."""
     schema = copy.deepcopy(SPEC_SCHEMA)
     try:
-        from mpkbuild.wire import WIRING_SCHEMA  # the wire stage owns its section's schema
+        from mpkbuild.wire.section import WIRING_SCHEMA  # the wire stage owns its section's schema
     except ImportError:
         return schema
     schema["properties"]["wiring"] = copy.deepcopy(WIRING_SCHEMA)

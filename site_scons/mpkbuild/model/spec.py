@@ -27,7 +27,7 @@ from mpkbuild.util.fsutil import dump_json, read_bytes, sha256_bytes, sha256_jso
 # status reads cached specs and never needs them.
 
 # Section name -> the top-level spec keys it holds. Each stage reads only its sections
-# (see stages.py), so editing one section re-runs only the stages that read it.
+# (the stage table, stages/__init__.py), so editing one section re-runs only the stages that read it.
 SECTIONS = {
     "codegen": ("kernel", "op", "family", "codegen"),
     "generators": ("generators",),
@@ -41,10 +41,9 @@ OPTIONAL_SECTIONS = {"wiring": ("archs", "wiring"),
 COSMETIC_KEYS = {"description"}
 # what a generator may draw for an input of each dtype: float -> largest finite magnitude,
 # int -> (lowest, highest) value
-DTYPE_RANGE = {"bf16": 3.3895313892515355e38, "fp16": 65504.0, "fp32": config.FLOAT32_MAX,
-               "int32": (-2**31, 2**31 - 1), "int64": (-2**63, 2**63 - 1)}
+DTYPE_RANGE = {name: d["range"] for name, d in config.DTYPES.items()}
 INT64_MAX = 2**63 - 1
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8}
+DTYPE_BYTES = config.DTYPE_BYTES
 
 
 class SpecError(Exception):
@@ -466,7 +465,7 @@ def _semantic_errors(data: dict, root: Path, stem: str):
     yield from _tune_problems(data, consts)
     # wiring (owned by the wire stage)
     if "wiring" in data:
-        from mpkbuild import wire
+        from mpkbuild.wire import section as wire
         for path, message in wire.check_section(data):
             yield tuple(str(path).split(".")), message
 
@@ -527,7 +526,6 @@ def _product(values) -> int | float:
     return out
 
 
-@functools.lru_cache(maxsize=None)
 @functools.lru_cache(maxsize=None)
 def loader_version() -> str:
     """Changes whenever the code that validates and normalises specs changes (the import

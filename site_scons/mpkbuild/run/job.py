@@ -6,7 +6,10 @@ subprocess in its own session, under compute-sanitizer when asked) and `supervis
 watchdog for any child, cold or warm: past the timeout the whole group is killed and the
 verdict is `hang` with the last lines of output; a runner that dies without writing its
 result is a `crash` with the CUDA error text from its output. `watch` is the one
-poll-and-kill loop (the ssh executor waits on its ssh client through it too).
+poll-and-kill loop (the ssh executor waits on its ssh client through it too). The dask
+executor's waits are not process waits: its client polls a future (nothing to kill; the
+deadline starts when a worker reports the gate started), and the function it ships runs on
+a worker where mpkbuild is not importable.
 """
 from __future__ import annotations
 
@@ -50,6 +53,9 @@ class GateJob:
     sanitize: str | None = None  # compute-sanitizer tool for validate, or None
     share_gpu: bool = False     # the spec lets this gate share a GPU with other sharing gates
     runner_package: str | None = field(default=None, compare=False)
+    # the runner modules a warm server imports once, when this job starts one (the build's
+    # gates: stages.runner_names); a runner that acts on import is never among them
+    preload: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def job_file(self) -> Path:

@@ -143,7 +143,3 @@ def acquire(gpus: list[Gpu], *, shared: bool = False, should_stop=lambda: False,
             raise Interrupted("interrupted while waiting for a free GPU")
         time.sleep(poll_s)
 
-
-def try_acquire(gpus: list[Gpu]) -> Lease | None:
-    """One of `gpus` exclusively if one is free right now, else None (never waits)."""
-    return _take_one(_folder(), gpus, False, time.monotonic()) if gpus else None

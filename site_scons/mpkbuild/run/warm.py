@@ -69,7 +69,7 @@ def _connect(path: Path) -> socket.socket | None:
         return None
 
 
-def _ensure_server(path: Path, package: str, env: dict) -> socket.socket:
+def _ensure_server(path: Path, package: str, env: dict, preload: tuple[str, ...] = ()) -> socket.socket:
     conn = _connect(path)
     if conn is not None:
         return conn
@@ -83,7 +83,7 @@ def _ensure_server(path: Path, package: str, env: dict) -> socket.socket:
         server_env = ex.runner_env(env)
         server_env.pop("MPK_LIFELINE_PID", None)    # the server outlives this build
         log = open(path.with_suffix(".log"), "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "mpkbuild.run.warm", str(path), package],
+        proc = subprocess.Popen([sys.executable, "-m", "mpkbuild.run.warm", str(path), package, *preload],
                                 env=server_env, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
@@ -139,7 +139,7 @@ def run(job: ex.GateJob, gpu_uuid: str, env: dict, should_stop) -> dict:
     job_file = ex.write_job(job)
     started = time.monotonic()
     try:
-        conn = _ensure_server(socket_path(gpu_uuid, package), package, env)
+        conn = _ensure_server(socket_path(gpu_uuid, package), package, env, job.preload)
         request = {"gate": job.gate, "job_file": str(job_file), "log_file": str(job.log_file),
                    "client_pid": os.getpid(), "env": env}
         conn.sendall((json.dumps(request) + "\n").encode())
@@ -188,14 +188,14 @@ def _child(request: dict, package: str) -> None:
             os._exit(code)
 
 
-def serve(path: Path, package: str, idle_s: float) -> None:
+def serve(path: Path, package: str, idle_s: float, preload: tuple[str, ...] = ()) -> None:
     """One GPU's server: accept a request, fork its child, answer its client with the
-    child's exit status when the child is reaped; exit after `idle_s` without a gate."""
+    child's exit status when the child is reaped; exit after `idle_s` without a gate.
+    `preload`: the runner modules (of `package`) imported once, here, before any fork."""
     import torch  # noqa: F401  (the point: import once; CUDA stays uninitialised)
-    from mpkbuild.stages.gates import GATES     # a gate runs its package's module of that name
-    for gate in GATES:
+    for name in preload:
         try:
-            importlib.import_module(f"{package}.{gate}")
+            importlib.import_module(f"{package}.{name}")
         except ImportError:
             pass
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -271,4 +271,5 @@ def serve(path: Path, package: str, idle_s: float) -> None:
 
 
 if __name__ == "__main__":
-    serve(Path(sys.argv[1]), sys.argv[2], float(os.environ.get("MPK_WARM_IDLE_S", "900")))
+    serve(Path(sys.argv[1]), sys.argv[2], float(os.environ.get("MPK_WARM_IDLE_S", "900")),
+          tuple(sys.argv[3:]))

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
+from ..util import config
 from ..util.fsutil import write_json_atomic
 from ..util.expr import tensor_shape, variant_symbols
 from . import gpuwait
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
-          "int32": torch.int32, "int64": torch.int64}
+DTYPES = {name: getattr(torch, d["torch"]) for name, d in config.DTYPES.items()}
 # Unwritten outputs keep these exact bit patterns (NaN payloads a kernel will not produce).
 POISON_BITS = {torch.bfloat16: (torch.int16, 0x7FAB), torch.float16: (torch.int16, 0x7E5B),
                torch.float32: (torch.int32, 0x7FADBEEF), torch.int32: (torch.int32, 0x7EADBEEF),

@@ -8,7 +8,7 @@ vCPUs slow each other by up to 1.8x. Blocking sync costs a wake-up per wait (mic
 of host time, none of the GPU time the events measure).
 
 The flag belongs to the primary context, so it must be set before the context exists:
-a warm spare sets it before it makes its context, a cold runner before torch makes one.
+the warm server's child sets it before it makes its context, a cold runner before torch makes one.
 Driver calls only (no torch), so a spare that only loads the driver can use it too.
 
 The same goes for the number of hardware work queues a context opens

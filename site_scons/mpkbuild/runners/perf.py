@@ -12,7 +12,7 @@
 - bandwidth: the spec's bytes per launch over the time, against the GPU's measured ceiling
   for the spec's read:write mix (the bandwidth node's result, util.perfspec.ceiling).
 The runner only times; the build turns the figures into the verdict with the spec's
-thresholds (mpkbuild.perfcheck), also when several GPUs shared the gate's variants.
+thresholds (mpkbuild/stages/perf/judge.py), also when several GPUs shared the gate's variants.
 
 A tune trial (runners/trial.py) times through the same functions with `only_figure`: that
 one figure (hot or cold, the tune's `figure`), the kernel paired with the primary baseline
@@ -161,10 +161,21 @@ def perf_variant(harness, job, variant, bandwidth, l2_bytes, nvml=None, only_fig
         for b, f in zip(bases, figs[1:]):
             result["baselines"][b["name"]]["cold"] = f
         del in_sets, out_sets, set_inputs
+    del bases
+    complete_variant(result, figures)
+    result["timings_s"] = phases          # where the gate's own time goes (not the kernel's)
+    return result
+
+
+def complete_variant(result: dict, figures) -> dict:
+    """What a variant's result derives from its timed figures: bandwidth and its fraction
+    of the ceiling, each baseline's paired comparison, the primary baseline's figure and
+    ratio. The stand-in GPU executor of the tests completes its figures with this too, so
+    its results have the real runner's shape."""
     for key in figures:
-        bw = nbytes / (result[key]["median_us"] * 1e-6)
+        bw = result["bytes"] / (result[key]["median_us"] * 1e-6)
         result[f"{key}_bandwidth_Bps"] = bw
-        result[f"{key}_bandwidth_fraction"] = bw / roof["Bps"]
+        result[f"{key}_bandwidth_fraction"] = bw / result["ceiling"]["Bps"]
         for b in result["baselines"].values():
             if key in b:
                 b[f"vs_{key}"] = paired_figure(result[key], b[key])
@@ -172,8 +183,6 @@ def perf_variant(harness, job, variant, bandwidth, l2_bytes, nvml=None, only_fig
     for key in figures:                               # the primary baseline, as before
         result[f"baseline_{key}"] = primary[key]
         result[f"vs_baseline_{key}"] = paired_ratio(result[key], primary[key])
-    del bases
-    result["timings_s"] = phases          # where the gate's own time goes (not the kernel's)
     return result
 
 
@@ -183,7 +192,7 @@ def _grid(codegen, sym) -> int:
 
 def main(job: dict, only_figure: str | None = None) -> dict:
     """Times every variant and reports them as "timed": the build applies the spec's
-    thresholds (perfcheck.judge). `only_figure`: a tune trial's (perf_variant)."""
+    thresholds (stages/perf/judge.py). `only_figure`: a tune trial's (perf_variant)."""
     torch.cuda.init()
     facts = device_facts()
     nvml = Nvml()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import os
 import statistics
-import sys
 import time
 
 import torch

@@ -127,22 +127,28 @@ def time_graphs(graphs: list, launches: int, repeats: int, warmup: int,
         elif len(history) >= 4 and crit > 0.95 * history[-4]:
             stop = "plateau"
         batch = max(minimum, r // 4)
+    info = sampling_info(kept, clocks, r, stop, history[-1], cfg, time.perf_counter() - started, floor, nvml)
+    return [figure([times[j] for j in kept], info) for times in samples]
+
+
+def sampling_info(kept: list[int], clocks: list, taken: int, stop: str, half_width: float, cfg: dict,
+                  elapsed_s: float, floor, nvml=None) -> dict:
+    """How a figure's samples were taken: how many, why sampling stopped, the clock check."""
     rejected = [{"index": j, "sm_clock_mhz": clocks[j]} for j in range(len(clocks)) if j not in set(kept)]
-    info = {"samples": len(kept), "taken": r, "stop": stop, "half_width": history[-1],
+    return {"samples": len(kept), "taken": taken, "stop": stop, "half_width": half_width,
             "capture_floor": cfg.get("capture_floor"),
-            "target": cfg["target"], "elapsed_s": round(time.perf_counter() - started, 4),
+            "target": cfg["target"], "elapsed_s": round(elapsed_s, 4),
             "clock_floor_mhz": floor, "rejected": rejected,
             "sm_clock_mhz": [clocks[j] for j in kept] if floor is not None else None,
             "clock_note": None if floor is not None else
             (getattr(nvml, "why", None) or "no NVML: samples not clock-checked")}
-    out = []
-    for times in samples:
-        kept_times = [times[j] for j in kept]
-        med, lo, hi = stats.median_ci(kept_times)
-        out.append({"median_us": med, "ci_us": [lo, hi], "min_us": min(kept_times),
-                    "max_us": max(kept_times), "spread": (max(kept_times) - min(kept_times)) / med,
-                    "samples_us": kept_times, "sampling": info})
-    return out
+
+
+def figure(times: list[float], info: dict) -> dict:
+    """One timed figure from its kept samples (us per launch) and their sampling_info."""
+    med, lo, hi = stats.median_ci(times)
+    return {"median_us": med, "ci_us": [lo, hi], "min_us": min(times), "max_us": max(times),
+            "spread": (max(times) - min(times)) / med, "samples_us": list(times), "sampling": info}
 
 
 def warm_up(steps: list, rounds: int) -> None:

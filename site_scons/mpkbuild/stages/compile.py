@@ -7,47 +7,20 @@ trust. The nvcc version and every flag are part of the stage's signature (see
 """
 from __future__ import annotations
 
-import functools
 import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from mpkbuild.util import config
+from mpkbuild.util.toolchain import toolchain_fact, toolchain_fingerprint  # noqa: F401 (re-exported)
 from mpkbuild.model.graph import Node
 from mpkbuild.util.fsutil import sha256_file, write_atomic, write_json_atomic
 
 
 class CompileError(Exception):
     """nvcc failed, or the resource gate failed; the message carries nvcc's output or the numbers."""
-
-
-# nvcc reads these from the environment and adds them to every command line it runs
-NVCC_ENV_FLAGS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
-
-
-def toolchain_fingerprint(nvcc: str = "nvcc") -> str:
-    """'nvcc 13.0.88 (cuda_13.0.r13.0/compiler.36424714_0)', or 'nvcc: not found'; with
-    ' with NVCC_APPEND_FLAGS=...' when the environment adds flags, since they change what
-    nvcc builds as much as a flag on the command line does (status names the change)."""
-    extra = [f"{name}={value}" for name in NVCC_ENV_FLAGS if (value := os.environ.get(name, "")).strip()]
-    return _nvcc_version(nvcc) + (f" with {' '.join(extra)}" if extra else "")
-
-
-@functools.lru_cache(maxsize=None)
-def _nvcc_version(nvcc: str) -> str:
-    exe = shutil.which(nvcc)
-    if exe is None:
-        return "nvcc: not found"
-    try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"nvcc: unusable ({exc})"
-    version = re.search(r"release [\d.]+, V([\d.]+)", out)
-    build = re.search(r"Build (\S+)", out)
-    return f"nvcc {version.group(1) if version else '?'} ({build.group(1) if build else '?'})"
 
 
 def gencode(arch: str) -> str:
@@ -168,13 +141,6 @@ def run_compile(job: CompileJob, command: list[str], cwd: Path) -> dict:
     return result
 
 
-_FLAGS = " ".join(config.NVCC_BASE_FLAGS)
-
-
-def toolchain_fact() -> str:
-    return f"toolchain: {toolchain_fingerprint()}; flags: {_FLAGS}"
-
-
 def nodes(g, k, stage: str) -> None:
     generated = list(k.rel.generated.values())
     compiled = []
@@ -182,8 +148,9 @@ def nodes(g, k, stage: str) -> None:
         cmd = nvcc_command(arch, k.rel.generated["harness"], k.rel.gen_dir, k.rel.library(arch))
         node = g.add(Node(f"compile {k.name} {arch}", "compile", stage, k.name,
                           (k.rel.library(arch), k.rel.resources(arch), k.rel.compile_log(arch)),
-                          (*generated, g.pkg("stages", "compile.py")), (toolchain_fact(),),
-                          opts=(("MPK_ARCH", arch), ("MPK_NVCC_CMD", cmd))))
+                          tuple(generated), (toolchain_fact(), g.stage_code(stage)),
+                          opts=(("MPK_ARCH", arch), ("MPK_NVCC_CMD", cmd)),
+                          always=g.edited(k.rel.resources(arch)), verdict_at=1))
         compiled += node.targets[:2]
     g.requested[(k.name, stage)] = compiled
 

@@ -1,82 +1,35 @@
-"""The GPU gates (validate, perf) and the copy-bandwidth node, as the build runs them.
+"""The GPU gates (validate, perf, and the runtime gate's run) and the copy-bandwidth node,
+as the build runs them.
 
-What one gate is lives in one row of GATES: the runner it runs, the Python file of the
-kernel it loads, the build-side judge of its figures, what it needs first, whether it can
-run under compute-sanitizer or share a GPU. Its code inputs are computed from the import
-closure of its runner (and judge), so an edit to any module a runner imports makes its
-results stale.
+What one gate is lives in its stage's row (stages.STAGES, `gate=`): the runner it runs, the
+Python file of the kernel it loads, the build-side judge of its figures, what it needs
+first, whether it can run under compute-sanitizer or share a GPU. Its code input is the
+`code:` fact of its stage (the import closure of this module, its runner and its judge).
 
 A gate result records the signatures of every input it was made from (sections, library,
-reference, runner code, GPU fingerprint), written atomically together with the verdict,
-so a later reader can tell whether it still matches the sources. A gate that could not run
-(no GPU) writes nothing: nothing is ever shown as passed that did not run.
+reference, code, GPU fingerprint), written atomically together with the verdict, so a later
+reader can tell whether it still matches the sources. A gate that could not run (no GPU)
+writes nothing: nothing is ever shown as passed that did not run.
 """
 from __future__ import annotations
 
 import datetime as _dt
-import functools
+import importlib
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
+from mpkbuild import stages
 from mpkbuild.gpu import NO_GPU_HELP, GpuFingerprint
-from mpkbuild.model.graph import Node, rel
-from mpkbuild.model.kernel import bandwidth_file, bandwidth_rel
-from mpkbuild.stages.compile import toolchain_fact
+from mpkbuild.model.graph import CHANGED, Node
+from mpkbuild.model.paths import bandwidth_file, bandwidth_rel
+from mpkbuild.util.toolchain import toolchain_fact
 from mpkbuild.util import config
-from mpkbuild.util.closure import module_files
 from mpkbuild.util.console import say
 from mpkbuild.util.fsutil import (dump_json, read_json, repo_rel, sha256_bytes, sha256_or_missing,
-                                  write_atomic)
+                                  write_atomic, written_mark)
 
-
-
-@dataclass(frozen=True)
-class GateKind:
-    name: str
-    runner: str                   # mpkbuild.runners.<runner>: the GPU side
-    python_file: str | None       # the spec field naming the kernel's Python it loads
-    judge: str | None = None      # build-side module whose judge() turns figures into a verdict
-    needs_pass: tuple[str, ...] = ()   # gates whose verdict must be pass before it runs
-    uses_bandwidth: bool = False  # reads the GPU's copy bandwidth node
-    can_sanitize: bool = False    # sanitize= applies to it
-    can_share_gpu: bool = False   # the spec may let it share a GPU (`share_gpu`)
-    timeout_s: float | None = None  # fixed watchdog (else the spec section's timeout_s)
-    uses_history: bool = False    # judged against the kernel's ledger (perf_history/)
-    section: str | None = None    # the spec section with its settings (default: the gate's name)
-    library: str = "harness"      # what it loads: the harness library, or the runtime's megakernel
-
-    @property
-    def settings(self) -> str:
-        return self.section or self.name
-
-    @functools.lru_cache(maxsize=None)
-    def code(self) -> tuple[Path, ...]:
-        """The package files whose code makes this gate's result."""
-        files = set(module_files(f"mpkbuild.runners.{self.runner}"))
-        if self.judge:
-            files.update(module_files(self.judge))
-        return tuple(sorted(files))
-
-    @functools.lru_cache(maxsize=None)
-    def code_rels(self, root: Path) -> tuple[str, ...]:
-        """code(), relative to the repository at root (as the graph declares it)."""
-        return tuple(rel(root, p) for p in self.code())
-
-
-GATES = {
-    "validate": GateKind("validate", "validate", "validate.reference", can_sanitize=True,
-                         can_share_gpu=True),
-    "perf": GateKind("perf", "perf", "perf.baseline", judge="mpkbuild.stages.perfcheck",
-                     needs_pass=("validate",), uses_bandwidth=True, uses_history=True),
-    "bandwidth": GateKind("bandwidth", "bandwidth", None, timeout_s=300),
-    # the tune stage's: one candidate validated, then timed (its nodes: stages/tune.py)
-    "trial": GateKind("trial", "trial", "validate.reference", uses_bandwidth=True),
-    # the variants as tasks of the real MPK persistent kernel (stages/runtime.py builds it);
-    # judged by validate's reference and tolerances, so it reads the validate section
-    "runtime": GateKind("runtime", "runtime", "validate.reference", section="validate",
-                        library="megakernel"),
-}
+# the GPU's copy bandwidth: a node per GPU profile that perf reads, not a stage of its own
+BANDWIDTH = stages.Gate("bandwidth", timeout_s=300)
 
 
 class GateCannotRun(Exception):
@@ -87,23 +40,23 @@ def gpu_fact(fingerprint) -> str:
     return f"gpu: {fingerprint.signature() if fingerprint else 'none'}"
 
 
-def python_file(k, kind: GateKind) -> Path:
+def python_file(k, gate: stages.Gate) -> Path:
     """The Python file of the kernel the gate's spec field names."""
-    return k.root / python_rels(k, kind)[0]
+    return k.root / python_rels(k, gate)[0]
 
 
-def python_rels(k, kind: GateKind) -> list[str]:
+def python_rels(k, gate: stages.Gate) -> list[str]:
     """Every Python file of the kernel the gate loads, repo-relative: the one its spec field
     names, and perf's extra baselines too."""
-    section, field = kind.python_file.split(".")
+    section, field = gate.python_file.split(".")
     files = [k.spec.data[section][field]]
-    if kind.python_file == "perf.baseline":
+    if gate.python_file == "perf.baseline":
         files += [b["function"] for b in k.spec.data["perf"].get("baselines", [])]
     return list(dict.fromkeys(repo_rel(f.rsplit(":", 1)[0]) for f in files))
 
 
-def python_files(k, kind: GateKind) -> list[Path]:
-    return [k.root / rel for rel in python_rels(k, kind)]
+def python_files(k, gate: stages.Gate) -> list[Path]:
+    return [k.root / rel for rel in python_rels(k, gate)]
 
 
 def input_lock(root: Path, sources: list[tuple[str, str | Path]]) -> dict:
@@ -144,12 +97,6 @@ def require_gpu(fingerprint: GpuFingerprint | None, absence: str, kernel: str, s
     return fingerprint
 
 
-def written_mark(result_path: Path) -> Path:
-    """Where record() keeps the digest of the result bytes it wrote."""
-    result_path = Path(result_path)
-    return result_path.with_name(f".{result_path.name}.written")
-
-
 def record(result: dict, *, gate: str, kernel: str, fingerprint: GpuFingerprint, lock: dict,
            result_path: Path, verdict_path: Path | None) -> dict:
     """Write result + verdict files (each atomic); the verdict file holds only the word."""
@@ -185,22 +132,21 @@ def nodes(g, k, stage: str) -> None:
 def gate_nodes(g, k, stage: str, library: str | None = None, extra_facts: tuple = ()) -> None:
     """The gate node and its check; `library`: what it loads (default: the harness's
     resources.json, which carries the library's hash)."""
-    from mpkbuild import stages
-    kind, row = GATES[stage], stages.BY_NAME[stage]
+    row = stages.BY_NAME[stage]
+    kind = row.gate
     key = g.gpu_key
     run_arch = config.ARCH_FOR_CC.get(g.fingerprint.cc) if g.fingerprint else None
     if library is None:
         library = k.rel.resources(run_arch if run_arch in k.archs else k.archs[0])
     result = k.rel.gate_result(stage, key)
     sources = [library, *k.rel.generated.values(), *(k.rel.section_file(s) for s in row.reads),
-               *kind.code_rels(g.root), *python_rels(k, kind)]
+               *python_rels(k, kind)]
     if kind.uses_bandwidth:
         sources.append(bandwidth_rel(key))
     sources += [k.rel.gate_verdict(gate, key) for gate in kind.needs_pass]
-    facts = (gpu_fact(g.fingerprint), toolchain_fact(), *extra_facts)
-    if kind.uses_history:
-        from mpkbuild import history
-        facts += (history.fact(g.root, key, k.name, g.files),)
+    facts = (gpu_fact(g.fingerprint), toolchain_fact(), g.stage_code(stage), *extra_facts)
+    if kind.ledger:     # by name: only the gate judged against a ledger has its code
+        facts += (importlib.import_module(kind.ledger).fact(g.root, key, k.name, g.files),)
     if g.sanitize and kind.can_sanitize:
         # a sanitized validate is a different gate run: its verdict says so, and a plain run redoes it
         facts += (f"sanitize: {g.sanitize}",)
@@ -209,31 +155,23 @@ def gate_nodes(g, k, stage: str, library: str | None = None, extra_facts: tuple 
     if verdict not in (None, "pass"):
         always = f"its last verdict was {verdict}: failures are never cached"
     elif verdict is not None and (why := g.tampered(result)):
-        always = (f"{result} was modified after its gate wrote it (signature mismatch): "
-                  "it is not trusted, the gate runs again") if why == "tampered" else (
+        always = g.distrust(f"{result} was modified after its gate wrote it (signature mismatch): "
+                            "it is not trusted, the gate runs again") if why == "tampered" else (
                   f"{result} was written by a build that was killed before SCons "
                   "recorded it: the gate runs again")
     node = g.add(Node(f"{stage} {k.name} {key}", "gate", stage, k.name,
                       (result, k.rel.gate_verdict(stage, key), k.rel.gate_log(stage, key)),
-                      tuple(sources), facts, opts=(("MPK_GATE", stage),), always=always))
+                      tuple(sources), facts, opts=(("MPK_GATE", stage),), always=always,
+                      verdict_at=0))
     check = g.add(Node(f"check {stage} {k.name}", "check", stage, k.name,
                        (k.rel.gate_stamp(stage, key),), (node.targets[0],),
                        opts=(("MPK_GATE", stage),), silent=True))
     g.requested[(k.name, stage)] = [check.targets[0]]
 
 
-def shared_nodes(g, kernels, with_summary: bool) -> None:
-    """The GPU's copy bandwidth: one node per GPU profile, first in the graph."""
-    g.nodes.insert(0, Node(f"bandwidth {g.gpu_key}", "bandwidth", "perf", None,
-                           (bandwidth_rel(g.gpu_key),),
-                           GATES["bandwidth"].code_rels(g.root),
-                           (gpu_fact(g.fingerprint),)))
-
-
 def predict(node, k, predictor) -> dict:
     """A gate is assumed to keep its verdict: the verdict word and the stamp stay put."""
     keep = [t for t in node.targets if t.endswith((".verdict", ".ok"))]
-    from mpkbuild.status import CHANGED
     return {t: CHANGED for t in node.targets if t not in keep}
 
 
@@ -242,7 +180,7 @@ def run_bandwidth(build, info, target, source) -> int:
     from mpkbuild.run.job import GateJob
     root = build.root
     job = GateJob("bandwidth", "-", {"root": str(root)}, Path(target[0].abspath).parent,
-                  timeout_s=GATES["bandwidth"].timeout_s, root=root)
+                  timeout_s=BANDWIDTH.timeout_s, root=root, preload=stages.runner_names())
     try:
         fp = build.ready_gpu("all", "perf")
         result = build.run_gate(job)
@@ -262,7 +200,8 @@ def run_gate(build, info, target, source) -> int:
     from mpkbuild.run.job import GateJob
     k = build.kernels[info["MPK_KERNEL"]]
     gate = info["MPK_GATE"]
-    kind = GATES[gate]
+    row = stages.BY_NAME[gate]
+    kind = row.gate
     try:
         fp = build.ready_gpu(k.name, gate)
         arch = arch_for(fp, k.archs, k.name)
@@ -272,11 +211,11 @@ def run_gate(build, info, target, source) -> int:
     payload = {"root": str(k.root), "library": str(library),
                "codegen": read_json(k.section_file("codegen")),
                "generators": read_json(k.section_file("generators")),
-               kind.settings: read_json(k.section_file(kind.settings))}
-    if kind.library == "megakernel":
-        from mpkbuild.stages import runtime
-        library = runtime.library_path(k, arch)
-        payload.update(library=str(library), runtime=runtime.job_payload(k, build))
+               row.settings: read_json(k.section_file(row.settings))}
+    # a stage whose gate loads something else than the harness library says what, and adds
+    # to the job (the runtime gate: its megakernel and the graphs)
+    if hasattr(row.impl, "gate_job"):
+        library = row.impl.gate_job(k, build, arch, payload)
     workdir = Path(target[0].abspath).parent
     blocked = [g for g in kind.needs_pass
                if (workdir / f"{g}.verdict").read_text().strip() != "pass"]
@@ -291,22 +230,21 @@ def run_gate(build, info, target, source) -> int:
         if kind.uses_bandwidth:
             payload["bandwidth_file"] = str(bandwidth_file(k.root, fp.key))
             inputs.append(bandwidth_file(k.root, fp.key))
-        section = payload[kind.settings][kind.settings]
+        section = payload[row.settings][row.settings]
         job = GateJob(
             gate, k.name, payload, workdir, section["timeout_s"], root=k.root,
             inputs=tuple(dict.fromkeys(os.path.relpath(p, k.root) for p in inputs)),
             sanitize=build.sanitize if kind.can_sanitize else None,
-            share_gpu=kind.can_share_gpu and bool(section.get("share_gpu", False)))
+            share_gpu=kind.can_share_gpu and bool(section.get("share_gpu", False)),
+            preload=stages.runner_names())
         try:
             result = build.run_gate(job)
         except GateCannotRun as exc:
             return build.fail(str(exc))
         if kind.judge:      # the runners time; the verdict is made here, the same for every executor
-            import importlib
             extra = {}
-            if kind.uses_history:
-                from mpkbuild import history
-                extra = {"history": history.last_entry(k.root, fp.key, k.name)}
+            if kind.ledger:
+                extra = {"history": importlib.import_module(kind.ledger).last_entry(k.root, fp.key, k.name)}
                 if "max_regression" in section:
                     extra["max_regression"] = section["max_regression"]
             result = importlib.import_module(kind.judge).judge(

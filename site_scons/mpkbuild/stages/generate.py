@@ -11,13 +11,10 @@ import sys
 from pathlib import Path
 
 from mpkbuild.util import config, expr
+from mpkbuild.util.config import CTYPES
 from mpkbuild.model.graph import Node
 from mpkbuild.util.fsutil import write_atomic
 from mpkbuild.model.spec import grid_size, smem_layout, tensor_shape, variant_symbols, variant_tensors
-
-CTYPES = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float",
-          "int32": "int32_t", "int64": "int64_t"}
-
 
 class TemplateError(Exception):
     """A template that does not render: names template file and line."""
@@ -186,7 +183,8 @@ def nodes(g, k, stage: str) -> None:
     for role, path in k.rel.generated.items():
         generated.append(path)
         g.add(Node(f"generate {k.name} {path.rsplit('/', 1)[1]}", "generate", stage, k.name, (path,),
-                   sources[role] + (g.pkg("stages", "generate.py"),), opts=(("MPK_ROLE", role),)))
+                   sources[role], (g.stage_code(stage),), opts=(("MPK_ROLE", role),),
+                   always=g.edited(path)))
     g.requested[(k.name, stage)] = generated
 
 

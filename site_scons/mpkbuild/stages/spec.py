@@ -14,11 +14,20 @@ def spec_fact(k) -> str:
     return f"spec: {k.spec.digest}"
 
 
+def tuned_fact(k) -> tuple[str, ...]:
+    """The fact of the tuned file a kernel's spec has its values from, if any (the spec
+    node's and review's)."""
+    if not k.tuned:
+        return ()
+    return (f"tuned: {k.tuned['path']} sha256 {k.tuned['sha256'][:12]}",)
+
+
 def nodes(g, k, stage: str) -> None:
     sections = [k.rel.section_file(s) for s in k.spec.sections]
-    from mpkbuild.stages.tune import tuned_fact
     node = g.add(Node(f"spec {k.name}", "spec", stage, k.name,
-                      (k.rel.spec_json, *sections), (), (spec_fact(k), *tuned_fact(k))))
+                      (k.rel.spec_json, *sections), (),
+                      (spec_fact(k), *tuned_fact(k), g.stage_code(stage)),
+                      always=g.edited(k.rel.spec_json, *sections)))
     g.requested[(k.name, stage)] = list(node.targets)
 
 

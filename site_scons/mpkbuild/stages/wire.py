@@ -44,8 +44,8 @@ def task_sources(k: Kernel) -> dict:
 
 def render_manifest(k: Kernel, request: WireRequest, wiring_root: Path) -> tuple[dict, dict]:
     """Render mode (no checkout): (manifest, fragments), computed without writing anything."""
-    from mpkbuild import wire  # the wire package loads only when a wire node runs or is predicted
-    fragments = wire.render(k.spec.data, wiring_root, sources=task_sources(k))
+    from mpkbuild.wire import blocks  # the engine loads only when a wire node runs or is predicted
+    fragments = blocks.render(k.spec.data, wiring_root, sources=task_sources(k))
     manifest = {"mode": "render", "verdict": "pass",
                 "message": f"{len(fragments)} fragments rendered; give mpk_root= for "
                            "TaskType numbers and a diff against a checkout"}
@@ -60,24 +60,24 @@ def _finish(manifest: dict, k: Kernel, request: WireRequest, fragments: dict) ->
 
 def run_wire(k: Kernel, all_specs: list[dict], request: WireRequest, wiring_root: Path) -> dict:
     """Run the stage for one kernel; returns the manifest written to build/<K>/wiring/wire.json."""
-    from mpkbuild import wire
+    from mpkbuild.wire import errors, fsio, patch
     frag_dir = k.wiring_dir / "fragments"
     diff_path = k.wiring_dir / "mpk.diff"
     k.wire_result.unlink(missing_ok=True)
     try:
         if request.mpk_root is None:
             manifest, fragments = render_manifest(k, request, wiring_root)
-            wire.write_fragments(frag_dir, fragments)
+            fsio.write_fragments(frag_dir, fragments)
         else:
             root = request.mpk_root
             if request.unwire:
-                plan = wire.plan_unwire(root, [k.name], wiring_root)
+                plan = patch.plan_unwire(root, [k.name], wiring_root)
                 fragments = {}
             else:
-                plan = wire.plan(root, all_specs, wiring_root, [k.name],
+                plan = patch.plan(root, all_specs, wiring_root, [k.name],
                                  sources={k.name: task_sources(k)})
                 fragments = plan.fragments.get(k.name, {})
-                wire.write_fragments(frag_dir, fragments)
+                fsio.write_fragments(frag_dir, fragments)
             write_atomic(diff_path, plan.diff())
             changed = sorted(c for c in plan.new_contents)
             # coherence was judged on the would-be result: refuse before writing anything
@@ -86,7 +86,7 @@ def run_wire(k: Kernel, all_specs: list[dict], request: WireRequest, wiring_root
                                      f"{'nothing was written' if request.apply else 'diff only'}):"
                                      "\n  " + "\n  ".join(plan.problems))
             if request.apply:
-                wire.apply(plan)
+                patch.apply(plan)
             verb = ("unwired from" if request.unwire else "applied to") if request.apply else \
                 ("would unwire from" if request.unwire else "would change")
             manifest = {"mode": "unwire" if request.unwire else ("apply" if request.apply else "diff"),
@@ -97,7 +97,7 @@ def run_wire(k: Kernel, all_specs: list[dict], request: WireRequest, wiring_root
                         "message": f"{verb} {len(changed)} files in {root}"
                                    + ("" if request.apply else " (apply=1 writes them)")
                                    + "".join(f"\n            note: {n}" for n in plan.notes)}
-    except wire.WireError as exc:     # drift errors carry their diff in the message
+    except errors.WireError as exc:     # drift errors carry their diff in the message
         raise WireGateFailed(f"{k.name}: {exc}") from exc
     if request.mpk_root is not None:
         manifest = _finish(manifest, k, request, fragments)
@@ -110,20 +110,25 @@ def nodes(g, k, stage: str) -> None:
     if not k.has_wiring:
         g.requested[(k.name, stage)] = []
         return
+    from mpkbuild import stages
     request = g.wire_request
-    wiring_files = sorted(g.rel(p) for p in (g.root / "wiring").rglob("*") if p.is_file())
     node = g.add(Node(f"wire {k.name}", "wire", stage, k.name, (k.rel.wire_result,),
-                      (k.rel.section_file("wiring"), k.rel.section_file("codegen"),
-                       k.rel.section_file("validate"), k.rel.section_file("generators"),
-                       g.pkg("stages", "wire.py"), k.rel.body_source,
-                       g.pkg("stages", "generate.py"), g.pkg("templates", "spec_header.h.j2"),
-                       *wiring_files,
-                       *sorted(g.rel(p) for p in (config.PACKAGE_DIR / "wire").glob("*.py"))),
-                      (f"wire: {request.describe()}",),
+                      (*(k.rel.section_file(s) for s in stages.BY_NAME[stage].reads),
+                       k.rel.body_source, g.pkg("templates", "spec_header.h.j2"),
+                       *wiring_files(g)),
+                      (f"wire: {request.describe()}", g.stage_code(stage)),
                       side_effects=(g.rel(g.root / config.BUILD_DIRNAME / ".wire-in-use"),),
                       always="mpk_root= is given: the checkout is re-planned on every run"
-                      if request.mpk_root is not None else None))
+                      if request.mpk_root is not None else None, verdict_at=0))
     g.requested[(k.name, stage)] = list(node.targets)
+
+
+def wiring_files(g) -> list[str]:
+    """What the wire stage reads of wiring/: surface.yaml and the templates folder (a
+    note or another file beside them re-runs nothing)."""
+    folder = g.root / config.WIRING_DIRNAME
+    return [g.rel(folder / config.WIRING_SURFACE),
+            *sorted(g.rel(p) for p in (folder / config.WIRING_TEMPLATES).rglob("*") if p.is_file())]
 
 
 def all_wired_kernels(build) -> list[Kernel]:

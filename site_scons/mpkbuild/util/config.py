@@ -9,8 +9,24 @@ TEMPLATE_DIR = PACKAGE_DIR / "templates"
 BUILD_DIRNAME = "build"
 SPEC_DIRNAME = "specs"
 KERNEL_DIRNAME = "kernels"
+WIRING_DIRNAME = "wiring"               # the registration surface: wiring/surface.yaml
+WIRING_SURFACE = "surface.yaml"
+WIRING_TEMPLATES = "templates"
 
 ARCHS = ("sm_90a", "sm_100a")
+FLOAT32_MAX = 3.4028234663852886e38  # float params: `constexpr float` in K_spec.h
+# The one dtype table: a spec dtype's size, its C++ type in generated code, its torch dtype
+# (by name: the build never imports torch) and what a generator may draw (float: the largest
+# finite magnitude; int: the lowest and highest value)
+DTYPES = {
+    "bf16": {"bytes": 2, "ctype": "__nv_bfloat16", "torch": "bfloat16", "range": 3.3895313892515355e38},
+    "fp16": {"bytes": 2, "ctype": "__half", "torch": "float16", "range": 65504.0},
+    "fp32": {"bytes": 4, "ctype": "float", "torch": "float32", "range": FLOAT32_MAX},
+    "int32": {"bytes": 4, "ctype": "int32_t", "torch": "int32", "range": (-2**31, 2**31 - 1)},
+    "int64": {"bytes": 8, "ctype": "int64_t", "torch": "int64", "range": (-2**63, 2**63 - 1)},
+}
+CTYPES = {name: d["ctype"] for name, d in DTYPES.items()}
+DTYPE_BYTES = {name: d["bytes"] for name, d in DTYPES.items()}
 # MPK's worker block on both archs (WORKER_NUM_THREADS in persistent_kernel.cuh); a task
 # body runs on its spec's codegen.threads of them
 MPK_WORKER_THREADS = 256
@@ -34,4 +50,3 @@ MAX_YAML_DEPTH = 16                  # nesting of mappings/sequences (the schema
 MAX_VARIANTS = 256                   # each is a __global__ + launchers in one harness.cu
 MAX_TIMEOUT_S = 24 * 3600            # a gate watchdog that never fires is no watchdog
 INT32_MAX = 2**31 - 1                # symbols, params, grid: `constexpr int` in K_spec.h
-FLOAT32_MAX = 3.4028234663852886e38  # float params: `constexpr float` in K_spec.h

@@ -104,6 +104,13 @@ def write_json_atomic(path: Path | str, obj, *, only_if_changed: bool = False) -
     return write_atomic(path, dump_json(obj), only_if_changed=only_if_changed)
 
 
+def written_mark(result_path: Path | str) -> Path:
+    """Where a gate's result keeps the digest of the bytes its gate wrote: a result SCons
+    never recorded (the build was killed first) is then told from one edited by hand."""
+    result_path = Path(result_path)
+    return result_path.with_name(f".{result_path.name}.written")
+
+
 def sha256_bytes(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
 

@@ -63,6 +63,20 @@ def median_ci(values, confidence: float = CONFIDENCE) -> tuple[float, float, flo
     return statistics.median(xs), xs[k - 1], xs[n - k]
 
 
+def median_interval(values, floor: float = 0.0, confidence: float = CONFIDENCE) -> dict:
+    """{median, lo, hi, confidence, n, floor}: median_ci as a record, widened by `floor` x
+    the median each side (CAPTURE_FLOOR for a paired ratio of two captures)."""
+    med, lo, hi = median_ci(values, confidence)
+    n = len(values)
+    return {"median": med, "lo": lo - floor * med, "hi": hi + floor * med,
+            "confidence": round(coverage(n, median_rank(n, confidence)), 4), "n": n, "floor": floor}
+
+
+def below(a: dict, b: dict) -> bool:
+    """Whether interval a lies wholly below interval b (a's figure is smaller, beyond noise)."""
+    return a["hi"] < b["lo"]
+
+
 def relative_half_width(values, confidence: float = CONFIDENCE) -> float:
     med, lo, hi = median_ci(values, confidence)
     return (hi - lo) / 2.0 / med if med else math.inf

@@ -23,28 +23,33 @@ package only interprets it. Public API (everything else is internal):
   ``plan`` runs the same check on the would-be result: ``Plan.problems`` are the ones the
   plan would add (``apply`` refuses such a plan), ``Plan.notes`` what it skipped and what
   was incoherent upstream already.
-- ``task_sources(spec, project_root)`` -- the body and spec header wire installs.
 
 Nothing here writes outside the build folder except :func:`apply` and :func:`unwire`.
 Every failure is a :class:`WireError` subclass (see :mod:`.errors`).
 """
 from __future__ import annotations
 
-from .coherence import check_coherence
-from .errors import (AnchorAmbiguous, AnchorNotFound, DriftError, Incoherent, MarkerError, NameClash,
-                     NoFreeNumber, NotACheckout, NumberClash, NumberOutOfRange, SectionError,
-                     StalePlan, SurfaceError, TargetMissing, TargetReadOnly, TemplateError,
-                     WireError)
-from .fsio import write_fragments
-from .patch import Plan, apply, plan, plan_unwire, unwire
-from .render import render, task_sources
-from .section import DEFAULT_WIRING_ROOT, WIRING_SCHEMA, check_section
+import importlib
 
-__all__ = [
-    "WIRING_SCHEMA", "DEFAULT_WIRING_ROOT", "check_section", "render", "task_sources",
-    "write_fragments",
-    "plan", "plan_unwire", "apply", "unwire", "check_coherence", "Plan",
-    "WireError", "SurfaceError", "TemplateError", "SectionError", "NotACheckout",
-    "TargetMissing", "TargetReadOnly", "AnchorNotFound", "AnchorAmbiguous", "MarkerError",
-    "DriftError", "Incoherent", "NumberClash", "NameClash", "NumberOutOfRange", "NoFreeNumber", "StalePlan",
-]
+# The public names, from the submodule that defines each. They load on first use (PEP 562):
+# the spec loader needs only section.py, and a module's code input is the closure of what it
+# imports (util/closure.py), so code that uses the wire engine imports its submodules by name.
+_EXPORTS = {
+    "check_coherence": "coherence",
+    "write_fragments": "fsio",
+    "Plan": "patch", "apply": "patch", "plan": "patch", "plan_unwire": "patch", "unwire": "patch",
+    "render": "blocks",
+    "DEFAULT_WIRING_ROOT": "section", "WIRING_SCHEMA": "section", "check_section": "section",
+    **{name: "errors" for name in (
+        "AnchorAmbiguous", "AnchorNotFound", "DriftError", "Incoherent", "MarkerError", "NameClash",
+        "NoFreeNumber", "NotACheckout", "NumberClash", "NumberOutOfRange", "SectionError",
+        "StalePlan", "SurfaceError", "TargetMissing", "TargetReadOnly", "TemplateError", "Unsupported",
+        "WireError")},
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .checkout import Checkout
-from .render import site_file
+from .blocks import site_file
 from .surface import load_surface
 
 

@@ -91,16 +91,5 @@ MANIFEST = ".wire-fragments"
 
 
 def _atomic(target: Path, raw: bytes) -> bool:
-    if target.is_file() and target.read_bytes() == raw:
-        return False
-    from mpkbuild.util.fsutil import FILE_MODE, temp_name
-    fd, tmp = tempfile.mkstemp(prefix=temp_name(target), suffix=".tmp", dir=target.parent)
-    os.fchmod(fd, FILE_MODE)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(raw)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return True
+    from mpkbuild.util.fsutil import write_atomic
+    return write_atomic(target, raw, only_if_changed=True)

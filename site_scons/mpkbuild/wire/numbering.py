@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .checkout import Checkout, EnumEntry
 from .errors import AnchorNotFound, NameClash, NoFreeNumber, NumberClash, NumberOutOfRange
-from .render import site_file
+from .blocks import site_file
 from .section import Wiring
 
 

@@ -25,7 +25,7 @@ from .errors import (AnchorNotFound, DriftError, Incoherent, NameClash, StalePla
 from .fsio import commit
 from .markers import Block, split_key
 from .numbering import assign_numbers, check_names
-from .render import RenderedBlock, render_blocks, site_file
+from .blocks import RenderedBlock, render_blocks, site_file
 from .section import resolve
 from .surface import load_surface
 

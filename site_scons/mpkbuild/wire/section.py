@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..util import expr
+from ..util import config, expr
 from .errors import SectionError
 from .surface import Surface, load_surface
 
@@ -287,11 +287,11 @@ def _resolve(spec: dict, surface: Surface, problems: list) -> Wiring | None:
             tensors.append({"name": name, "role": role, "ops": ops, "index": i,
                             "dtype": t.get("dtype"), "shape": list(t.get("shape") or []),
                             "ndims": ndims, "partition": part, "forloop_dim": fl,
-                            "ctype": surface.call["ctypes"].get(t.get("dtype")),
-                            "pytype": surface.python["dtypes"].get(t.get("dtype"))})
+                            "ctype": config.CTYPES.get(t.get("dtype")),
+                            "pytype": (config.DTYPES.get(t.get("dtype")) or {}).get("torch")})
             if tensors[-1]["ctype"] is None or tensors[-1]["pytype"] is None:
                 problems.append((f"codegen.{role}s.{i}.dtype", f"dtype {t.get('dtype')!r} has no "
-                                 "C++/Python type in wiring/surface.yaml (call.ctypes, python.dtypes)"))
+                                 "C++/Python type (util/config.py DTYPES)"))
     tail = [surface.text(a, "call.tail_args", kernel=kernel) for a in surface.call.get("tail_args", [])]
     guard = surface.text(surface.call["guard"], "call.guard", kernel=kernel) \
         if surface.call.get("guard") else None

@@ -124,7 +124,7 @@ def manifest(job, options: dict | None = None) -> dict:
     return {"format": FORMAT, "gate": job.gate, "kernel": job.kernel, "payload": payload,
             "paths": paths, "timeout_s": job.timeout_s, "inputs": sorted(files), "sha256": files,
             "sanitize": job.sanitize, "share_gpu": job.share_gpu,
-            "runner_package": job.runner_package, "options": opts}
+            "runner_package": job.runner_package, "preload": list(job.preload), "options": opts}
 
 
 def job_root(job) -> Path | None:
@@ -224,7 +224,8 @@ def load_job(folder: Path, timeout_s: float | None = None):
     job = GateJob(gate=meta["gate"], kernel=meta["kernel"], payload=payload,
                   workdir=folder / RUN_DIR, timeout_s=float(timeout_s or meta["timeout_s"]),
                   root=tree, inputs=tuple(meta["inputs"]), sanitize=meta.get("sanitize"),
-                  share_gpu=bool(meta.get("share_gpu")), runner_package=meta.get("runner_package"))
+                  share_gpu=bool(meta.get("share_gpu")), runner_package=meta.get("runner_package"),
+                  preload=tuple(meta.get("preload") or ()))
     return job, meta.get("options") or {}
 
 

@@ -5,7 +5,7 @@ Each gate becomes one dask task needing the worker resource `GPU=1` (workers run
 task carries the gate's bundle (bundle.py: the job, exactly its input files and mpkbuild's
 source) and a small function shipped *by value*, so a worker needs Python, torch and dask
 and nothing of ours. On the worker that function starts the same stdlib bootstrap the ssh
-backend uses (remote.py) as a subprocess, feeds it the bundle on stdin and keeps stdin open:
+backend uses (run/remote/bootstrap.py) as a subprocess, feeds it the bundle on stdin and keeps stdin open:
 the bootstrap leases a GPU of that machine and runs the runner under the shared watchdog,
 so a CUDA fault kills a runner, never the worker. Closing stdin (the future was cancelled,
 the build was interrupted or died, the worker itself died) kills the runner at once.

@@ -1,7 +1,7 @@
 """The ssh backend: GPU gates on a remote GPU box (`gpu_host=user@host`).
 
 One ssh call per gate: the job bundle (bundle.py: the gate's inputs and mpkbuild's own
-source) streams to a standard-library bootstrap run by the remote Python (remote.py),
+source) streams to a standard-library bootstrap run by the remote Python (run/remote/bootstrap.py),
 which leases a GPU there, runs the gate with the shared watchdog, and answers with the
 result and the log on its last stdout line. Nothing of ours needs to be installed there:
 Python 3.10+ with torch, nvidia-smi and the CUDA driver are enough.
@@ -30,7 +30,7 @@ import threading
 import time
 
 from mpkbuild.run.remote import bundle, bootstrap as remote
-from mpkbuild.run.job import ExecutorError, GateInterrupted, GateJob
+from mpkbuild.run.job import ExecutorError, GateJob, watch
 from mpkbuild.gpu import GpuFingerprint, parse_smi
 
 DEFAULT_CONNECT_TIMEOUT_S = 8
@@ -88,6 +88,19 @@ def _ssh_error(host: str, stderr: str, opts_hint: str) -> str:
             return (f"gpu_host={host}: cannot reach the host ({last}). Check the host name, that "
                     f"sshd runs there and the port (ssh_opts='-p PORT'){opts_hint}")
     return f"gpu_host={host}: ssh failed ({last}){opts_hint}"
+
+
+class _SshChild:
+    """The ssh client as run/job.watch's child: wait(timeout) and kill()."""
+
+    def __init__(self, proc, kill):
+        self.proc, self._kill = proc, kill
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        self._kill(self.proc)
 
 
 class _Pipe(threading.Thread):
@@ -232,29 +245,18 @@ class SshExecutor:
         writer = threading.Thread(target=self._send, args=(proc, remote.frame(data)), daemon=True)
         writer.start()
         try:
-            while True:
-                try:
-                    code = proc.wait(0.25)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                if should_stop():
-                    self._kill(proc)
-                    raise GateInterrupted("the build was interrupted; the remote gate on "
-                                          f"{self.host} was stopped")
-                if time.monotonic() - started > limit:
-                    self._kill(proc)
-                    out.join(1.0)
-                    job.workdir.mkdir(parents=True, exist_ok=True)
-                    job.log_file.write_text(out.text() + err.text())
-                    return {"verdict": "hang", "elapsed_s": round(time.monotonic() - started, 3),
-                            "message": f"{job.gate} on {self.host}: no answer within {limit:.0f} s "
-                                       f"(the gate's {job.watchdog_s:g} s timeout plus transfer "
-                                       "margin); the ssh session was killed, which stops the remote "
-                                       f"runner\nlast ssh output:\n{err.text()[-2000:]}"}
-        except BaseException:
-            self._kill(proc)
-            raise
+            # the one watchdog loop (run/job.watch): the ssh client is the child it kills
+            code = watch(_SshChild(proc, self._kill), started + limit, should_stop,
+                         f"the build was interrupted; the remote gate on {self.host} was stopped")
+            if code is None:
+                out.join(1.0)
+                job.workdir.mkdir(parents=True, exist_ok=True)
+                job.log_file.write_text(out.text() + err.text())
+                return {"verdict": "hang", "elapsed_s": round(time.monotonic() - started, 3),
+                        "message": f"{job.gate} on {self.host}: no answer within {limit:.0f} s "
+                                   f"(the gate's {job.watchdog_s:g} s timeout plus transfer "
+                                   "margin); the ssh session was killed, which stops the remote "
+                                   f"runner\nlast ssh output:\n{err.text()[-2000:]}"}
         finally:
             try:
                 proc.stdin.close()

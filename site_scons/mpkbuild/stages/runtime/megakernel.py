@@ -1,23 +1,7 @@
-"""The runtime gate, build side: the kernel's variants as tasks of the real MPK persistent
-kernel of a checkout (`mpk_root=`), generated, compiled and then run on the GPU.
-
-Nodes per kernel (only with mpk_root=, and only for Hopper: the checkout's runtime is
-compiled for the GPU's arch):
-  megakernel K          build/K/runtime/megakernel.cu   jinja2, computed in memory by predict()
-  megakernel-compile K  build/K/runtime/<arch>/libK_mpk.so (+ compile.log)   nvcc with the
-                        include paths and macros of Mirage's get_compile_command; its
-                        sources are the checkout's runtime headers, so a header edit there
-                        makes it stale; one compile covers every variant of the kernel
-  runtime K <gpu>       the gate (stages/gates.py row "runtime", runner runners/runtime.py)
-
-The generated file includes persistent_kernel.cuh and supplies what Mirage's compile()
-would write: `_init_persistent_kernel` (one graph per variant: terminate task, begin-graph
-task whose launch-dependent event starts every task of the variant, each task triggering
-the end-of-graph event, which is the last event) and `_execute_task`, whose branches are
-the very call the wire stage registers (wire.section's call lines with the variant's
-symbols substituted). A chain graph (two kernels, the event between them) is added for
-kernels named in CHAINS.
-"""
+"""What the runtime gate takes from MPK: a checkout (its runtime headers, CUTLASS and json),
+the compile flags of Mirage's get_compile_command, the worker/scheduler grid for a GPU, and
+the megakernel source: one graph per variant (and a chain graph), whose task dispatch is the
+very call the wire stage registers."""
 from __future__ import annotations
 
 import os
@@ -26,30 +10,38 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mpkbuild.model.graph import Node
 from mpkbuild.util import config
-from mpkbuild.util.console import say
-from mpkbuild.util.fsutil import temp_name, write_atomic, write_json_atomic
+from mpkbuild.util.fsutil import temp_name, write_atomic
+
 
 # A task type for the gated task: strictly inside the Hopper compute range and unused by
 # the pinned checkout's enum (the dispatch is this file's own; nothing is registered).
 TASK_TYPE = 197
+
+
 # MPK's worker/scheduler split by SM count (mirage/utils.py get_configurations_from_gpu:
 # a worker per SM up to a table's count, 4 schedulers per remaining SM)
 WORKER_TABLE = ((160, 144), (144, 128), (132, 128), (108, 96), (68, 64), (40, 30), (0, 20))
+
+
 # Mirage's compile command sizes a scheduler's per-worker array from the grid; 128 (its
 # value when no grid is given) holds for any grid, so one compile serves every GPU
 MAX_WORKER_PER_SCHEDULER = 128
+
+
 # production sizes the runtime's MODE_OFFLINE build expects; test mode uses none of them
 MODE_MACROS = ("-DMODE_OFFLINE", "-DMPK_TEST_MODE", "-DMPK_MAX_NUM_BATCHED_REQUESTS=1",
                "-DMPK_MAX_NUM_BATCHED_TOKENS=8", "-DMPK_MAX_NUM_PAGES=16", "-DMPK_PAGE_SIZE=64",
                "-DMPK_MAX_SEQ_LENGTH=64")
+
+
 # chain mode: kernel -> (producer kernel, producer variant, this kernel's variant,
 # {this kernel's input: producer's output}); the graph runs both as two layers
 CHAINS = {
     "linear_v2": ("rmsnorm_v2", None, None, None),
 }
-ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8}
+
+
 ITERATIONS = 3           # at least; validate.steps when larger
 
 
@@ -149,7 +141,7 @@ def _layer(spec: dict, variant: str, dispatch_id: int, tensor_index: list[int]) 
     return {"id": dispatch_id, "kernel": spec["kernel"], "variant": variant,
             "tasks": view["grid"], "num_inputs": len(ins), "num_outputs": len(outs),
             "tensors": tensor_index,
-            "strides": [t["task_stride"] * ELEMENT_BYTES[dtypes[t["name"]]] for t in ins + outs],
+            "strides": [t["task_stride"] * config.DTYPE_BYTES[dtypes[t["name"]]] for t in ins + outs],
             "tensor_names": [t["name"] for t in ins + outs]}
 
 
@@ -259,19 +251,6 @@ def producer_for(k, kernels: dict):
     return None
 
 
-# ---------------------------------------------------------------- paths
-def runtime_dir(k) -> Path:
-    return k.build_dir / "runtime"
-
-
-def source_path(k) -> Path:
-    return runtime_dir(k) / "megakernel.cu"
-
-
-def library_path(k, arch: str = "sm_90a") -> Path:
-    return runtime_dir(k) / arch / f"lib{k.name}_mpk.so"
-
-
 # ---------------------------------------------------------------- compiling
 def compile_megakernel(checkout: Checkout, source: Path, gen_dirs: list[Path], out: Path,
                        log: Path) -> tuple[bool, str, float]:
@@ -291,96 +270,13 @@ def compile_megakernel(checkout: Checkout, source: Path, gen_dirs: list[Path], o
     return True, text, took
 
 
-# ---------------------------------------------------------------- the stage's nodes
-def nodes(g, k, stage: str) -> None:
-    """The megakernel source, its compile and the gate (with mpk_root= and a Hopper arch)."""
-    from mpkbuild.stages import gates
-    request = g.wire_request
-    mpk_root = request.mpk_root if request is not None else None
-    if mpk_root is None or "sm_90a" not in k.archs or not k.has_wiring:
-        g.requested[(k.name, stage)] = []
-        return
-    try:
-        checkout = Checkout.find(mpk_root)
-    except FileNotFoundError:
-        g.requested[(k.name, stage)] = []
-        return
-    gen = [k.rel.generated["spec_header"], k.rel.generated["body"]]
-    producer = CHAINS.get(k.name)
-    extra = []
-    if producer is not None and (g.root / config.SPEC_DIRNAME / f"{producer[0]}.yaml").is_file():
-        pdir = g.root / config.BUILD_DIRNAME / producer[0]
-        extra = [g.rel(pdir / "spec" / "codegen.json"), g.rel(pdir / "spec" / "wiring.json"),
-                 g.rel(pdir / "gen" / f"{producer[0]}_spec.h"), g.rel(pdir / "gen" / f"{producer[0]}.cuh")]
-    fact = runtime_fact(mpk_root)
-    src = g.add(Node(f"megakernel {k.name}", "megakernel", stage, k.name, (g.rel(source_path(k)),),
-                     (k.rel.section_file("codegen"), k.rel.section_file("wiring"), *gen, *extra,
-                      g.pkg("templates", "megakernel.cu.j2"), g.pkg("stages", "runtime.py"),
-                      g.rel(g.root / "wiring" / "surface.yaml")),
-                     (fact,)))
-    from mpkbuild.stages.compile import toolchain_fact
-    lib = library_path(k)
-    comp = g.add(Node(f"megakernel-compile {k.name} sm_90a", "megakernel_compile", stage, k.name,
-                      (g.rel(lib), g.rel(lib.parent / "compile.log")),
-                      (src.targets[0], *gen, *[p for p in extra if p.endswith((".h", ".cuh"))],
-                       *(g.rel(p) for p in checkout.headers())),
-                      (toolchain_fact(), fact)))
-    gates.gate_nodes(g, k, stage, library=comp.targets[0], extra_facts=(fact,))
-
-
-def run_source(build, info, target, source) -> int:
-    from mpkbuild.stages.generate import TemplateError
-    k = build.kernels[info["MPK_KERNEL"]]
-    try:
-        text = render(k, k.root / "wiring", build.wire_request.mpk_root,
-                      producer_for(k, build.kernels))
-    except TemplateError as exc:
-        return build.fail(str(exc))
-    write_atomic(Path(target[0].abspath), text, only_if_changed=True)
-    return 0
-
-
-def run_compile(build, info, target, source) -> int:
-    k = build.kernels[info["MPK_KERNEL"]]
-    checkout = Checkout.find(build.wire_request.mpk_root)
-    gen_dirs = [k.gen_dir]
-    producer = producer_for(k, build.kernels)
-    if producer is not None:
-        gen_dirs.append(producer.gen_dir)
-    ok, text, took = compile_megakernel(checkout, source_path(k), gen_dirs,
-                                        Path(target[0].abspath), Path(target[1].abspath))
-    if not ok:
-        return build.fail(f"megakernel-compile {k.name}: nvcc failed ({took:.0f} s), see "
-                          f"{os.path.relpath(target[1].abspath, build.root)}\n"
-                          + "\n".join(l for l in text.splitlines() if "error" in l)[:4000])
-    say(f"          megakernel {k.name}: compiled in {took:.1f} s")
-    return 0
-
-
-def predict(node, k, predictor) -> dict:
-    from mpkbuild.status import CHANGED
-    if node.kind == "megakernel":
-        producer = producer_for(k, {})
-        return {node.targets[0]: render(k, predictor.wiring_root,
-                                        predictor.wire_request.mpk_root, producer).encode()}
-    if node.kind in ("gate", "check"):
-        from mpkbuild.stages import gates
-        return gates.predict(node, k, predictor)
-    return {t: CHANGED for t in node.targets}
-
-
-ACTIONS = {"megakernel": run_source, "megakernel_compile": run_compile}
-
-
 # ---------------------------------------------------------------- the job
-# launch knobs (runners/runtime.py FLAG_*). Measured on an H200 (132 SMs, 128 workers, 16
-# schedulers), rmsnorm_v2's 8 graphs, 3 launches each, each in a gate's own process
-# (2026-12-01): 0, 2 (the scheduler kernel preferring the full shared-memory carveout) and 2
-# with CUDA_MODULE_LOADING=EAGER -> the first launch call never returns; 8 (preload: every
-# kernel loaded, the stack sized for the scheduler kernel's 1088-byte frame), 2|8 and 1|2
-# (a warm-up launch of each kernel alone grows the stack too) -> every launch completes.
-# 8 is the fix; 2 stays because every catalog run on the GPU was made with 2|8.
+# launch knobs (runners/runtime.py FLAG_*): 8 loads every kernel and sizes the stack before
+# the first launch, without which the host hangs in it (bench/RESULTS.md §15); 2 stays
+# because every catalog run on the GPU was made with 2|8
 LAUNCH_FLAGS = 2 | 8
+
+
 LAUNCH_TIMEOUT_S = 20.0
 
 

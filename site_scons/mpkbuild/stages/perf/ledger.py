@@ -3,10 +3,10 @@ gpu_profiles/ (perf_history/<gpu key>/<kernel>.json).
 
 A result is accepted explicitly, after a perf gate passed and its numbers were looked at:
 
-    python -m mpkbuild.history accept KERNEL [--gpu KEY] [--note TEXT]
-    python -m mpkbuild.history show KERNEL [--gpu KEY]
+    python -m mpkbuild.stages.perf.ledger accept KERNEL [--gpu KEY] [--note TEXT]
+    python -m mpkbuild.stages.perf.ledger show KERNEL [--gpu KEY]
 
-The perf gate compares with the last accepted entry for its GPU (stages/perfcheck.
+The perf gate compares with the last accepted entry for its GPU (stages/perf/judge.
 history_delta) and fails a regression that both the cold time and its ratio to the
 baseline confirm; `scons status` shows the delta of the last perf result. The last entry's hash is a fact of the perf node: accepting
 a result re-judges (and so re-times) the gate once, against what was accepted.
@@ -58,15 +58,15 @@ def fact(root: Path, gpu_key: str | None, kernel: str, files=None) -> str:
 
 
 def _interval(fig: dict) -> dict:
-    from mpkbuild.stages.perfcheck import time_interval
+    from mpkbuild.stages.perf.judge import time_interval
     med, lo, hi = time_interval(fig)
     return {"median_us": med, "lo": lo, "hi": hi, "n": len(fig.get("samples_us") or [])}
 
 
 def _vs_baseline(r: dict) -> dict:
     """The kernel / primary baseline paired ratio per figure, with its interval: the later
-    check compares ratios as well as times (stages/perfcheck.history_delta)."""
-    from mpkbuild.stages.perfcheck import FIGURES, comparison
+    check compares ratios as well as times (stages/perf/judge.history_delta)."""
+    from mpkbuild.stages.perf.judge import FIGURES, comparison
     from mpkbuild.util.perfspec import PRIMARY
     out = {}
     for fig in FIGURES:
@@ -120,7 +120,7 @@ def _gpu_keys(root: Path, kernel: str) -> list[str]:
 
 def main(argv=None) -> int:
     import argparse              # the command line only: every build and status imports this module
-    ap = argparse.ArgumentParser(prog="python -m mpkbuild.history", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m mpkbuild.stages.perf.ledger", description=__doc__.splitlines()[0])
     ap.add_argument("action", choices=("accept", "show"))
     ap.add_argument("kernel")
     ap.add_argument("--gpu", help="GPU profile key (default: the only one with a perf result)")

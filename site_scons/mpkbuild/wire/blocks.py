@@ -9,7 +9,7 @@ unnumbered here and are filled in by :mod:`.patch` once the checkout's enum is k
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 from .markers import Markers, block_key, indent_body
 from .section import Wiring, resolve
@@ -34,19 +34,6 @@ class RenderedBlock:
 def site_file(surface: Surface, site: Site, arch: str | None, kernel: str) -> str:
     ctx = {"kernel": kernel, "arch": surface.archs[arch].as_dict() if arch else {}}
     return surface.text(site.file, f"site {site.id} file", **ctx)
-
-
-def task_sources(spec: dict, project_root: Path) -> dict[str, str]:
-    """The kernel's body and spec header as the generate stage renders them (in memory).
-
-    These are the bytes wire installs into the checkout, so the runtime compiles the very
-    body the harness gates ran."""
-    from mpkbuild.stages import generate as codegen
-    section = {k: spec[k] for k in ("kernel", "op", "family", "codegen")}
-    spec_file = f"specs/{spec['kernel']}.yaml"
-    body = Path(project_root) / spec["codegen"]["body"]
-    return {role: codegen.render_file(role, section, spec_file, body, Path(project_root))
-            for role in ("body", "spec_header")}
 
 
 def context(w: Wiring, surface: Surface, arch: str | None, numbers: dict,

@@ -1,0 +1,137 @@
+"""The runtime gate, build side: the kernel's variants as tasks of the real MPK persistent
+kernel of a checkout (`mpk_root=`), generated, compiled and then run on the GPU.
+
+Nodes per kernel (only with mpk_root=, and only for Hopper: the checkout's runtime is
+compiled for the GPU's arch):
+  megakernel K          build/K/runtime/megakernel.cu   jinja2, computed in memory by predict()
+  megakernel-compile K  build/K/runtime/<arch>/libK_mpk.so (+ compile.log)   nvcc with the
+                        include paths and macros of Mirage's get_compile_command; its
+                        sources are the checkout's runtime headers, so a header edit there
+                        makes it stale; one compile covers every variant of the kernel
+  runtime K <gpu>       the gate (stages/gates.py row "runtime", runner runners/runtime.py)
+
+The generated file includes persistent_kernel.cuh and supplies what Mirage's compile()
+would write: `_init_persistent_kernel` (one graph per variant: terminate task, begin-graph
+task whose launch-dependent event starts every task of the variant, each task triggering
+the end-of-graph event, which is the last event) and `_execute_task`, whose branches are
+the very call the wire stage registers (wire.section's call lines with the variant's
+symbols substituted). A chain graph (two kernels, the event between them) is added for
+kernels named in CHAINS. What is MPK's (the checkout, its compile flags, the graphs, the
+megakernel source) is megakernel.py; this module is the stage: its nodes and actions.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mpkbuild.model.graph import Node
+from mpkbuild.util import config
+from mpkbuild.util.console import say
+from mpkbuild.util.fsutil import write_atomic
+from mpkbuild.stages.runtime.megakernel import (CHAINS, Checkout, compile_megakernel, job_payload,
+                                                producer_for, render, runtime_fact)
+
+
+# ---------------------------------------------------------------- paths
+def runtime_dir(k) -> Path:
+    return k.build_dir / "runtime"
+
+
+def source_path(k) -> Path:
+    return runtime_dir(k) / "megakernel.cu"
+
+
+def library_path(k, arch: str = "sm_90a") -> Path:
+    return runtime_dir(k) / arch / f"lib{k.name}_mpk.so"
+
+
+# ---------------------------------------------------------------- the stage's nodes
+def nodes(g, k, stage: str) -> None:
+    """The megakernel source, its compile and the gate (with mpk_root= and a Hopper arch)."""
+    from mpkbuild.stages import gates
+    request = g.wire_request
+    mpk_root = request.mpk_root if request is not None else None
+    if mpk_root is None or "sm_90a" not in k.archs or not k.has_wiring:
+        g.requested[(k.name, stage)] = []
+        return
+    try:
+        checkout = Checkout.find(mpk_root)
+    except FileNotFoundError:
+        g.requested[(k.name, stage)] = []
+        return
+    gen = [k.rel.generated["spec_header"], k.rel.generated["body"]]
+    producer = CHAINS.get(k.name)
+    extra = []
+    if producer is not None and (g.root / config.SPEC_DIRNAME / f"{producer[0]}.yaml").is_file():
+        pdir = g.root / config.BUILD_DIRNAME / producer[0]
+        extra = [g.rel(pdir / "spec" / "codegen.json"), g.rel(pdir / "spec" / "wiring.json"),
+                 g.rel(pdir / "gen" / f"{producer[0]}_spec.h"), g.rel(pdir / "gen" / f"{producer[0]}.cuh")]
+    fact = runtime_fact(mpk_root)
+    src = g.add(Node(f"megakernel {k.name}", "megakernel", stage, k.name, (g.rel(source_path(k)),),
+                     (k.rel.section_file("codegen"), k.rel.section_file("wiring"), *gen, *extra,
+                      g.pkg("templates", "megakernel.cu.j2"),
+                      g.rel(g.root / config.WIRING_DIRNAME / config.WIRING_SURFACE)),
+                     (fact, g.code_fact("megakernel", (f"{__name__}.megakernel",))),
+                     always=g.edited(g.rel(source_path(k)))))
+    from mpkbuild.util.toolchain import toolchain_fact
+    lib = library_path(k)
+    comp = g.add(Node(f"megakernel-compile {k.name} sm_90a", "megakernel_compile", stage, k.name,
+                      (g.rel(lib), g.rel(lib.parent / "compile.log")),
+                      (src.targets[0], *gen, *[p for p in extra if p.endswith((".h", ".cuh"))],
+                       *(g.rel(p) for p in checkout.headers())),
+                      (toolchain_fact(), fact, g.code_fact("megakernel", (f"{__name__}.megakernel",)))))
+    gates.gate_nodes(g, k, stage, library=comp.targets[0], extra_facts=(fact,))
+
+
+def run_source(build, info, target, source) -> int:
+    from mpkbuild.stages.generate import TemplateError
+    k = build.kernels[info["MPK_KERNEL"]]
+    try:
+        text = render(k, k.root / "wiring", build.wire_request.mpk_root,
+                      producer_for(k, build.kernels))
+    except TemplateError as exc:
+        return build.fail(str(exc))
+    write_atomic(Path(target[0].abspath), text, only_if_changed=True)
+    return 0
+
+
+def run_compile(build, info, target, source) -> int:
+    k = build.kernels[info["MPK_KERNEL"]]
+    checkout = Checkout.find(build.wire_request.mpk_root)
+    gen_dirs = [k.gen_dir]
+    producer = producer_for(k, build.kernels)
+    if producer is not None:
+        gen_dirs.append(producer.gen_dir)
+    ok, text, took = compile_megakernel(checkout, source_path(k), gen_dirs,
+                                        Path(target[0].abspath), Path(target[1].abspath))
+    if not ok:
+        return build.fail(f"megakernel-compile {k.name}: nvcc failed ({took:.0f} s), see "
+                          f"{os.path.relpath(target[1].abspath, build.root)}\n"
+                          + "\n".join(l for l in text.splitlines() if "error" in l)[:4000])
+    say(f"          megakernel {k.name}: compiled in {took:.1f} s")
+    return 0
+
+
+def predict(node, k, predictor) -> dict:
+    from mpkbuild.model.graph import CHANGED
+    if node.kind == "megakernel":
+        producer = producer_for(k, {})
+        return {node.targets[0]: render(k, predictor.wiring_root,
+                                        predictor.wire_request.mpk_root, producer).encode()}
+    if node.kind in ("gate", "check"):
+        from mpkbuild.stages import gates
+        return gates.predict(node, k, predictor)
+    return {t: CHANGED for t in node.targets}
+
+
+ACTIONS = {"megakernel": run_source, "megakernel_compile": run_compile}
+
+
+def gate_job(k, build, arch: str, payload: dict) -> Path:
+    """The gate loads the megakernel, not the harness library, and the runner needs the
+    graphs (stages/gates.run_gate asks the stage): returns the library it loads."""
+    library = library_path(k, arch)
+    payload.update(library=str(library), runtime=job_payload(k, build))
+    return library
+
+

@@ -1,0 +1,147 @@
+"""The tune stage: each kernel's configuration space searched, validated, timed and cached
+per GPU profile; the winners committed as tuned/<gpu-profile>/<kernel>.json.
+
+Nodes, per kernel with a `tune` section and GPU profile (all in the one graph, so SCons
+decides what runs and -jN spreads them):
+
+    tunecc K <cid>         one per candidate: the candidate's one-variant sources rendered
+                           and compiled for the profile's arch, resource-gated; a candidate
+                           that spills or exceeds SMEM (or does not compile) is recorded as
+                           rejected (resources.json, verdict fail), never timed
+    trial K <cid> <gpu>    one per candidate: validate, and time the survivors, through the
+                           executor (a GPU lease per trial; a variant's trials take turns, so
+                           -jN with gpus=0,1 runs two variants' at once)
+    tune K <gpu>           picks per variant from every trial (util/stats.py judges
+                           "faster"), writes the tuned file: the winners, every candidate
+                           with its verdict and numbers (the ledger), and the key it was made from
+
+A candidate is the spec's own configuration or one of the nearest others (fewest symbols
+changed) in `tune.space` that meets the constraints and the loader's rules for a variant.
+A trial times only what the pick compares (the tune's figure against the primary baseline),
+and reads only what it times with, so a new threshold re-times nothing. The spec's
+configuration is timed twice, first and after every other candidate of its variant, and a
+candidate wins only when it is faster than both by ratio and by time (`winner`): a baseline
+that moved between trials, or a first trial slowed while the clocks come up, fooled a pick
+that looked at one figure once (bench/RESULTS.md §14). `tune.budget.seconds` bounds a
+variant's trials; a trial past it is `not run`, never cached. A build for the GPU profile
+of tuned/<profile>/<K>.json uses its values (`apply_tuned`); the file's key makes a tune
+from other inputs stale on any clone. README.md (Tune) has the user's account.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from mpkbuild.model.graph import Node
+from mpkbuild.util import config
+from mpkbuild.util.fsutil import read_json, sha256_json
+from mpkbuild.stages.tune.apply import (SECTIONS_READ, TUNED_DIRNAME, apply_tuned, key_changes,  # noqa: F401
+                                        tune_key, tuned_file)
+from mpkbuild.stages.tune.pick import (clearly_faster, ledger_entry, pick, run_pick,  # noqa: F401
+                                       spec_measurements, winner)
+from mpkbuild.stages.tune.space import Candidate, candidate_fact, candidate_section, space  # noqa: F401
+from mpkbuild.stages.tune.trials import (MIN_TRIAL_TIMEOUT_S, NOT_RUN, TRIAL, _candidate,  # noqa: F401
+                                         budget_spent, candidate_dir, run_compile, run_trial,
+                                         trial_dir, trial_files, trial_perf, trial_result)
+
+
+def nodes(g, k, stage: str) -> None:
+    from mpkbuild.model.paths import bandwidth_file
+    from mpkbuild.stages.compile import nvcc_command
+    from mpkbuild.util.toolchain import toolchain_fact
+    from mpkbuild.stages.gates import gpu_fact
+    base = k.base
+    if "tune" not in base.sections:
+        return
+    run_arch = config.ARCH_FOR_CC.get(g.fingerprint.cc) if g.fingerprint else None
+    arch = run_arch if run_arch in k.archs else k.archs[0]
+    sp = space(base.data)
+    # a trial's result is its runner's (the pick and the ledger are the tune node's)
+    trial_code = g.code_fact("trial", TRIAL.code())
+    refs = [g.rel(p) for p in trial_files(k)]
+    # a trial reads the generators and validate sections; of perf and tune what it times
+    # with (a fact: the figure, the repeats, the perf settings less thresholds and other
+    # baselines), so a wider space or a new threshold re-times nothing already timed
+    sections = [g.rel(k.section_file(s)) for s in ("generators", "validate")]
+    perf = trial_perf(base.data)
+    settings = (f"trial: figure={base.data['tune']['figure']} repeats={perf['repeats']}; "
+                f"perf settings {sha256_json(perf)[:16]}")
+    compile_sources = (g.rel(k.body_source), g.pkg("templates", "spec_header.h.j2"),
+                       g.pkg("templates", "harness.cu.j2"))
+    compile_code = g.code_fact("tunecc", ("mpkbuild.stages.tune.trials",))
+    trials = []
+
+    def always_for(result: Path) -> str | None:
+        verdict = g.previous_verdict(result)
+        if verdict in ("crash", "hang"):
+            return f"its last verdict was {verdict}: failures are never cached"
+        if verdict == NOT_RUN:
+            return "it was not run (its variant's time budget was spent): it checks the budget again"
+        if verdict is not None and g.tampered(g.rel(result)):
+            return f"{g.rel(result)} was modified after its trial wrote it: the trial runs again"
+        return None
+
+    for variant, entry in sp.items():
+        timeout = max(MIN_TRIAL_TIMEOUT_S, base.data["tune"]["budget"]["seconds"] / len(entry["candidates"]))
+        others, current = [], None       # the variant's other trials; the spec config's inputs
+        for cand in entry["candidates"]:
+            cdir, tdir = candidate_dir(k, arch, cand), trial_dir(k, g.gpu_key, cand)
+            fact = candidate_fact(base.data, cand)
+            lib = cdir / f"lib{k.name}.so"
+            cmd = nvcc_command(arch, g.rel(cdir / "gen" / "harness.cu"), g.rel(cdir / "gen"), g.rel(lib))
+            cc = g.add(Node(f"tunecc {k.name} {cand.cid}", "tune_compile", stage, k.name,
+                            (g.rel(cdir / "resources.json"), g.rel(lib), g.rel(cdir / "compile.log")),
+                            compile_sources, (toolchain_fact(), fact, compile_code),
+                            opts=(("MPK_CID", cand.cid), ("MPK_ARCH", arch), ("MPK_NVCC_CMD", cmd))))
+            result = trial_result(k, g.gpu_key, cand)
+            inputs = (cc.targets[0], *sections, *refs, g.rel(bandwidth_file(g.root, g.gpu_key)))
+            facts = (gpu_fact(g.fingerprint), toolchain_fact(), fact, settings, trial_code)
+            node = g.add(Node(f"trial {k.name} {cand.cid} {g.gpu_key}", "trial", stage, k.name,
+                              (g.rel(result), g.rel(tdir / "trial.log")), inputs, facts,
+                              opts=(("MPK_CID", cand.cid), ("MPK_ARCH", arch),
+                                    ("MPK_TIMEOUT", timeout)), always=always_for(result), verdict_at=0))
+            trials.append(node.targets[0])
+            if cand.current:
+                current = (cand, inputs, facts)
+            else:
+                others.append(node.targets[0])
+        if current is not None and others:
+            cand, inputs, facts = current
+            result = trial_result(k, g.gpu_key, cand, again=True)
+            node = g.add(Node(f"trial {k.name} {cand.cid} again {g.gpu_key}", "trial", stage, k.name,
+                              (g.rel(result), g.rel(result.parent / "trial.log")),
+                              (*inputs, *others), facts,
+                              opts=(("MPK_CID", cand.cid), ("MPK_ARCH", arch),
+                                    ("MPK_TIMEOUT", timeout), ("MPK_AGAIN", 1)),
+                              always=always_for(result), verdict_at=0))
+            trials.append(node.targets[0])
+    out = tuned_file(g.root, g.gpu_key, k.name)
+    always = None
+    record = read_json(out)
+    if record and g.fingerprint is not None:
+        changes = key_changes(record.get("key") or {}, tune_key(k, g.fingerprint))
+        if changes:
+            always = f"{g.rel(out)} was tuned from other inputs: " + "; ".join(changes)
+    node = g.add(Node(f"tune {k.name} {g.gpu_key}", "tune", stage, k.name, (g.rel(out),),
+                      (*trials, g.rel(k.section_file("tune")), g.rel(k.body_source)),
+                      (gpu_fact(g.fingerprint), toolchain_fact(), g.stage_code(stage)), always=always,
+                      verdict_at=0))
+    g.requested[(k.name, stage)] = list(node.targets)
+
+
+def predict(node, k, predictor) -> dict | None:
+    """nvcc, the GPU and the pick cannot be known without running them; a trial the budget
+    skipped can: with the budget and the earlier trials' recorded times as they are, it
+    leaves its result as it is (were an earlier trial to run, the pick is stale from it)."""
+    if node.kind != "trial" or k is None:
+        return None
+    old = read_json(predictor.root / node.targets[0])
+    if not old or old.get("verdict") != NOT_RUN:
+        return None
+    gpu_key = node.label.rsplit(" ", 1)[1]
+    why = budget_spent(k, gpu_key, _candidate(k, dict(node.opts)["MPK_CID"]))
+    same = why is not None and old.get("message") == why and \
+        old.get("budget_s") == k.base.data["tune"]["budget"]["seconds"]
+    return {} if same else None
+
+
+ACTIONS = {"tune_compile": run_compile, "trial": run_trial, "tune": run_pick}

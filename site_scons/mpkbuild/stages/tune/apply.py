@@ -1,0 +1,113 @@
+"""The tuned file: where it lives, the key it was made from (any change makes it stale),
+and applying its values to the codegen section of a build for its GPU profile."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from mpkbuild.util.fsutil import dump_json, read_json, sha256_file, sha256_json, sha256_or_missing
+from mpkbuild.stages.tune.space import candidate_problem, space
+from mpkbuild.stages.tune.trials import trial_baseline_files, trial_perf
+
+
+TUNED_DIRNAME = "tuned"
+
+
+SECTIONS_READ = ("tune", "generators", "validate", "perf")   # "tune" holds the spec's codegen
+
+
+def tuned_file(root: Path | str, gpu_key: str, kernel: str) -> Path:
+    return Path(root) / TUNED_DIRNAME / gpu_key / f"{kernel}.json"
+
+
+# ---------------------------------------------------------------- the key
+def tune_key(k, fingerprint) -> dict:
+    """What a tune was made from: any change makes it stale (and says which)."""
+    from mpkbuild.util.toolchain import toolchain_fact
+    from mpkbuild import stages
+    from mpkbuild.stages.gates import python_file
+    base = k.base
+    sp = space(base.data)
+    sections = {s: base.signatures[s] for s in SECTIONS_READ}
+    sections["perf"] = sha256_json(trial_perf(base.data))     # what the trials read of it
+    return {
+        "body": sha256_or_missing(k.body_source),
+        "sections": sections,
+        "reference": sha256_or_missing(python_file(k, stages.BY_NAME["validate"].gate)),
+        # every baseline file the trials read (the same list as their inputs)
+        "baseline": {os.path.relpath(p, k.root): sha256_or_missing(p) for p in trial_baseline_files(k)},
+        "toolchain": toolchain_fact(),
+        "gpu": fingerprint.signature() if fingerprint else "none",
+        "space": sha256_json({v: [c.cid for c in s["candidates"]] for v, s in sp.items()})[:16],
+        "candidates": sum(len(s["candidates"]) for s in sp.values()),
+    }
+
+
+KEY_WORDS = {"body": "the body source changed", "reference": "the reference changed",
+             "baseline": "the torch baseline changed"}
+
+
+def key_changes(old: dict, new: dict) -> list[str]:
+    out = []
+    for field in ("body", "reference", "baseline"):
+        if old.get(field) != new.get(field):
+            was, now = old.get(field), new.get(field)
+            files = sorted(f for f in set(was or {}) | set(now) if (was or {}).get(f) != now.get(f)) \
+                if isinstance(now, dict) and isinstance(was, dict) else []
+            out.append(KEY_WORDS[field] + (f" ({', '.join(files)})" if files else ""))
+    for s, sig in new["sections"].items():
+        if (old.get("sections") or {}).get(s) != sig:
+            out.append(f"spec section {s if s != 'tune' else 'tune (or the codegen it tunes)'} changed")
+    if old.get("toolchain") != new["toolchain"]:
+        out.append(f"toolchain {str(old.get('toolchain')).split(';')[0]} -> {new['toolchain'].split(';')[0]}")
+    if old.get("gpu") != new["gpu"]:
+        out.append(f"GPU {old.get('gpu')} -> {new['gpu']}")
+    if old.get("space") != new["space"]:
+        out.append(f"search space changed ({old.get('candidates')} -> {new['candidates']} candidates)")
+    return out
+
+
+# ---------------------------------------------------------------- using a tuned file
+def apply_tuned(k, fingerprint):
+    """The kernel as the build for this GPU profile sees it: the spec's codegen with the
+    tuned file's values, or the kernel unchanged (no profile, no file, no tune section).
+    A variant whose tuned values no longer make a valid variant keeps the spec's."""
+    if fingerprint is None or "tune" not in k.base.sections:
+        return k
+    path = tuned_file(k.root, fingerprint.key, k.name)
+    record = read_json(path)
+    if not record or not isinstance(record.get("variants"), dict):
+        return k
+    data = copy.deepcopy(k.base.data)
+    cg = data["codegen"]
+    applied, skipped = [], {}
+    levers = {n: bool(v) for n, v in (record.get("levers") or {}).items() if n in cg.get("levers", {})}
+    for name, value in levers.items():
+        cg["levers"][name]["default"] = value
+    for variant, entry in record["variants"].items():
+        if variant not in cg["variants"]:
+            skipped[variant] = "no such variant in the spec"
+            continue
+        values = {s: v for s, v in (entry.get("config") or {}).items() if s in cg["variants"][variant]}
+        why = candidate_problem(data, variant, values, constraints=False)
+        if why:
+            skipped[variant] = why
+            continue
+        if any(cg["variants"][variant][s] != v for s, v in values.items()):
+            cg["variants"][variant] = {**cg["variants"][variant], **values}
+            applied.append(variant)
+    rel = os.path.relpath(path, k.root)
+    tuned = {"path": rel, "sha256": sha256_file(path), "applied": applied, "skipped": skipped,
+             "levers": levers}
+    if not applied and not any(levers.values()):
+        return replace(k, tuned=tuned)
+    from mpkbuild.model.spec import SECTIONS
+    data = json.loads(dump_json(data))
+    sections = dict(k.base.sections)
+    sections["codegen"] = {key: data[key] for key in SECTIONS["codegen"]}
+    signatures = {**k.base.signatures, "codegen": sha256_json(sections["codegen"])}
+    spec = replace(k.base, data=data, sections=sections, signatures=signatures)
+    return replace(k, spec=spec, base_spec=k.base, tuned=tuned)

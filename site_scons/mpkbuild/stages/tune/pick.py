@@ -1,0 +1,181 @@
+"""The pick: a candidate replaces the spec's configuration only when its intervals (ratio
+and time, util/stats.py, the perf gate's floor) lie below both of the spec's trials."""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from pathlib import Path
+
+from mpkbuild.util import config, stats
+from mpkbuild.util.console import say
+from mpkbuild.util.fsutil import read_json, write_json_atomic
+from mpkbuild.stages.tune.apply import tune_key
+from mpkbuild.stages.tune.space import Candidate, space
+from mpkbuild.stages.tune.trials import NOT_RUN, trial_result
+
+
+INTERVAL = ("median of the paired kernel/baseline ratios, sign-test interval widened by the "
+            "per-capture floor (util/stats.py), as the perf gate judges")
+
+
+# ---------------------------------------------------------------- the pick
+def ledger_entry(res: dict | None, cand: Candidate, figure: str, rel: str) -> dict:
+    """One candidate as the ledger keeps it: verdict, message, the figure with its interval."""
+    entry = {"cid": cand.cid, "config": cand.values, "current": cand.current,
+             "verdict": (res or {}).get("verdict", NOT_RUN),
+             "message": (res or {}).get("message", "no trial result"), "trial": rel}
+    if entry["verdict"] == NOT_RUN and "budget_s" in (res or {}):
+        entry["budget_s"] = res["budget_s"]          # skipped by the budget: neither timed nor lost
+    if entry["verdict"] != "timed":
+        return entry
+    try:
+        fig = res["perf"]["variants"][cand.variant]
+        # the perf gate's interval: two trials are two captures, so the ratio gets its floor
+        ratios = stats.paired_ratios(fig[figure]["samples_us"], fig[f"baseline_{figure}"]["samples_us"])
+        entry["ratio"] = stats.median_interval(ratios, floor=stats.CAPTURE_FLOOR)
+        entry["time_us"] = stats.median_interval(fig[figure]["samples_us"])
+        entry["baseline_us"] = fig[f"baseline_{figure}"]["median_us"]
+    except (KeyError, TypeError, ValueError) as exc:
+        entry.update(verdict="rejected", message=f"no paired {figure} samples in the trial result ({exc})")
+    return entry
+
+
+def _simplicity(entry: dict, current: dict) -> tuple:
+    levers_on = sum(1 for v in entry["config"].values() if v is True)
+    changed = sum(1 for k, v in entry["config"].items() if current.get(k) != v)
+    return (levers_on, changed)
+
+
+def clearly_faster(a: dict, b: dict) -> bool:
+    """a beats b by its interval of paired ratios to the baseline and by its interval of
+    times: two trials are not paired with each other and the baseline can move between
+    them (bench/RESULTS.md §14); a change both figures agree on is one drift cannot make."""
+    if not stats.below(a["ratio"], b["ratio"]):
+        return False
+    return "time_us" not in a or "time_us" not in b or stats.below(a["time_us"], b["time_us"])
+
+
+def spec_measurements(row: dict) -> list[dict]:
+    """The spec's configuration's timed trials: the first and, if timed, the one after
+    every other candidate."""
+    again = row.get("again") or {}
+    return [row] + ([again] if again.get("verdict") == "timed" else [])
+
+
+def winner(entries: list[dict]) -> dict | None:
+    """The fastest candidate that is clearly faster than the spec's configuration (by ratio
+    and by time, than each of its two trials: `again`); among those that cannot be told
+    apart from it, the simplest (fewest levers on, fewest symbols changed); with nothing
+    clearly faster, the spec's configuration."""
+    timed = [e for e in entries if e["verdict"] == "timed"]
+    if not timed:
+        return None
+    current = next((e for e in timed if e["current"]), None)
+    spec_cfg = next((e["config"] for e in entries if e["current"]), {})
+    ref = current or min(timed, key=lambda e: (_simplicity(e, spec_cfg), e["ratio"]["median"]))
+    refs = spec_measurements(ref)
+    better = [e for e in timed if all(clearly_faster(e, r) for r in refs)]
+    if not better:
+        return ref
+    best = min(better, key=lambda e: e["ratio"]["median"])
+    close = [e for e in better if not clearly_faster(best, e)]
+    return min(close, key=lambda e: (_simplicity(e, spec_cfg), e["ratio"]["median"]))
+
+
+def pick(ledger: dict[str, list[dict]], lever_names: list[str]) -> tuple[dict, dict]:
+    """({variant: winning entry or None}, {lever: on}). A lever is kernel-wide (one body
+    render serves every variant): it is on only if, with it free, every tuned variant's
+    winner has it on; the winners are then picked among candidates with the levers so set."""
+    fixed: dict = {}
+
+    def among(entries):
+        return [e for e in entries if all(e["config"].get(n, v) == v for n, v in fixed.items())]
+
+    for name in lever_names:
+        wins = [winner(among(entries)) for entries in ledger.values()]
+        wins = [w for w in wins if w is not None]
+        fixed[name] = bool(wins) and all(w["config"].get(name) is True for w in wins)
+    return {v: winner(among(entries)) for v, entries in ledger.items()}, fixed
+
+
+def run_pick(build, info, target, source) -> int:
+    from mpkbuild.stages.gates import GateCannotRun, lock_for
+    k = build.kernels[info["MPK_KERNEL"]]
+    try:
+        fp = build.ready_gpu(k.name, "tune")
+    except GateCannotRun as exc:
+        return build.fail(str(exc))
+    data = k.base.data
+    t, cg = data["tune"], data["codegen"]
+    figure = t["figure"]
+    sp = space(data)
+    arch = config.ARCH_FOR_CC.get(fp.cc)
+    ledger, notes = {}, {}
+    for variant, entry in sp.items():
+        rows = []
+        for cand in entry["candidates"]:
+            path = trial_result(k, fp.key, cand)
+            row = ledger_entry(read_json(path), cand, figure, os.path.relpath(path, k.root))
+            again = trial_result(k, fp.key, cand, again=True)
+            if cand.current and again.exists():
+                row["again"] = ledger_entry(read_json(again), cand, figure, os.path.relpath(again, k.root))
+            rows.append(row)
+        for values, why in entry["static_rejected"]:
+            rows.append({"cid": None, "config": values, "current": False, "verdict": "rejected",
+                         "message": f"not a valid variant: {why}"})
+        ledger[variant] = rows
+        notes[variant] = {"excluded_by_constraints": entry["excluded_by_constraints"],
+                          "over_budget": entry["over_budget"],
+                          "not_run": sum(1 for r in rows if "budget_s" in r),
+                          "budget_s": t["budget"]["seconds"]}
+    lever_names = [n for n in t["space"] if n in cg.get("levers", {})]
+    wins, levers = pick(ledger, lever_names)
+    variants, failed = {}, []
+    for variant, rows in ledger.items():
+        w = wins[variant]
+        spec_row = next(r for r in rows if r["current"])
+        for r in rows:
+            if "ratio" in r and w is not None:
+                r["vs_winner"] = round(r["ratio"]["median"] / w["ratio"]["median"], 4)
+        if w is None:
+            failed.append(variant)
+            variants[variant] = {"config": None, "message": "no candidate was timed"}
+            continue
+        symbols = {s: v for s, v in w["config"].items() if s not in cg.get("levers", {})}
+        variants[variant] = {
+            "config": symbols, "spec": {s: cg["variants"][variant][s] for s in symbols},
+            "cid": w["cid"], "from": "spec" if w["current"] else "tune",
+            "time_us": w["time_us"], "ratio": w["ratio"],
+            # a change against the spec's faster trial: what it gains at the least
+            "vs_spec": (1.0 if w["current"] else
+                        round(w["ratio"]["median"] / min(r["ratio"]["median"]
+                                                         for r in spec_measurements(spec_row)), 4)
+                        if "ratio" in spec_row else None)}
+    out = Path(target[0].abspath)
+    changed = [v for v, e in variants.items() if e.get("from") == "tune"]
+    not_run = sum(n["not_run"] for n in notes.values())
+    full = {
+        "kernel": k.name, "gpu_profile": fp.key, "gpu": fp.to_json(), "arch": arch,
+        "verdict": "fail" if failed else "pass",
+        "message": (f"no candidate timed for {', '.join(failed)}" if failed else
+                    f"{len(changed)} of {len(variants)} variants tuned away from the spec"
+                    + (f"; levers on: {', '.join(n for n, on in levers.items() if on)}"
+                       if any(levers.values()) else ""))
+                   + (f"; {not_run} candidate{'s' if not_run != 1 else ''} not run: "
+                      f"the time budget ({t['budget']['seconds']:g} s per variant) was spent"
+                      if not_run else ""),
+        "figure": figure, "interval": INTERVAL, "levers": levers, "variants": variants,
+        "ledger": ledger, "space": notes, "key": tune_key(k, fp),
+        "inputs": lock_for(source, k.root, fp),
+        "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    write_json_atomic(out, full)
+    for variant, e in variants.items():
+        if e.get("config") is None:
+            say(f"          tune {k.name} {variant}: no candidate timed")
+            continue
+        cfg = " ".join(f"{s}={v}" for s, v in e["config"].items())
+        tu = e["time_us"]
+        say(f"          tune {k.name} {variant}: {cfg} ({e['from']}) {tu['median']:.2f} us "
+              f"[{tu['lo']:.2f}, {tu['hi']:.2f}]" + (f", {e['vs_spec']:.3f}x the spec's" if e["vs_spec"] else ""))
+    say(f"          tune {k.name}: {full['message']} -> {os.path.relpath(out, k.root)}")
+    return 0

@@ -1,0 +1,48 @@
+"""The tune stage's part of the review: what won per variant, what lost and by how much,
+the spec's two trials, the levers."""
+from __future__ import annotations
+
+from mpkbuild.stages.tune.pick import spec_measurements
+
+
+def _cfg(values: dict | None) -> str:
+    return " ".join(f"{k}={('on' if v else 'off') if isinstance(v, bool) else v}"
+                    for k, v in (values or {}).items())
+
+
+def _interval_us(e: dict | None) -> str | None:
+    t = (e or {}).get("time_us")
+    return f"{t['median']:.2f} [{t['lo']:.2f}, {t['hi']:.2f}]" if t else None
+
+
+def tune_review(record: dict | None, codegen: dict, applied: dict | None, link: str) -> dict | None:
+    """What won, what lost and by how much, per tuned variant; the levers' state."""
+    if not record:
+        return None
+    levers = {name: {"default": bool(l.get("default")), "applied": bool((applied or {}).get(name, l.get("default"))),
+                     "tuned": ("on" if record.get("levers", {}).get(name) else "off")
+                     if name in record.get("levers", {}) else "not in the space"}
+              for name, l in codegen.get("levers", {}).items()}
+    variants = {}
+    for v, w in (record.get("variants") or {}).items():
+        rows = record.get("ledger", {}).get(v, [])
+        losers = sorted((e for e in rows if e.get("cid") != w.get("cid") or e.get("cid") is None),
+                        key=lambda e: (e.get("verdict") != "timed", e.get("vs_winner") or 0))
+        timed = [e for e in losers if e.get("verdict") == "timed"]
+        spec = next((e for e in rows if e.get("current")), None)
+        variants[v] = {
+            "config": _cfg(w.get("config")), "spec": _cfg(w.get("spec")), "from": w.get("from"),
+            "time": _interval_us(w),
+            # the spec's config, timed first and again after the others (stages/tune.py)
+            "spec_times": [t for t in map(_interval_us, spec_measurements(spec)) if t] if spec else [],
+            "vs_spec": f"{w['vs_spec']:.3f}×" if w.get("vs_spec") else None,
+            "runner_up": (f"{_cfg(timed[0]['config'])}, +{100 * (timed[0]['vs_winner'] - 1):.1f}%"
+                          if timed and timed[0].get("vs_winner") else None),
+            "rejected": sum(1 for e in rows if e.get("verdict") == "rejected"),
+            "losers": [{"config": _cfg(e.get("config")), "verdict": e.get("verdict"),
+                        "time": _interval_us(e),
+                        "vs_winner": f"{e['vs_winner']:.3f}×" if e.get("vs_winner") else None,
+                        "message": (e.get("message") or "").replace("|", "/")[:160]} for e in losers]}
+    return {"verdict": record.get("verdict", "?"), "message": record.get("message", ""),
+            "figure": record.get("figure"), "interval": record.get("interval"), "levers": levers,
+            "variants": variants, "file": link.rsplit("/", 1)[-1], "link": link}

@@ -1,0 +1,45 @@
+"""The nvcc toolchain as a fact: what every node that compiles or runs compiled code
+depends on (the compile stage, the GPU gates, the runtime gate's megakernel)."""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+
+from mpkbuild.util import config
+
+# nvcc reads these from the environment and adds them to every command line it runs
+NVCC_ENV_FLAGS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
+
+
+def toolchain_fingerprint(nvcc: str = "nvcc") -> str:
+    """'nvcc 13.0.88 (cuda_13.0.r13.0/compiler.36424714_0)', or 'nvcc: not found'; with
+    ' with NVCC_APPEND_FLAGS=...' when the environment adds flags, since they change what
+    nvcc builds as much as a flag on the command line does (status names the change)."""
+    extra = [f"{name}={value}" for name in NVCC_ENV_FLAGS if (value := os.environ.get(name, "")).strip()]
+    return _nvcc_version(nvcc) + (f" with {' '.join(extra)}" if extra else "")
+
+
+@functools.lru_cache(maxsize=None)
+def _nvcc_version(nvcc: str) -> str:
+    exe = shutil.which(nvcc)
+    if exe is None:
+        return "nvcc: not found"
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"nvcc: unusable ({exc})"
+    version = re.search(r"release [\d.]+, V([\d.]+)", out)
+    build = re.search(r"Build (\S+)", out)
+    return f"nvcc {version.group(1) if version else '?'} ({build.group(1) if build else '?'})"
+
+
+_FLAGS = " ".join(config.NVCC_BASE_FLAGS)
+
+
+def toolchain_fact() -> str:
+    return f"toolchain: {toolchain_fingerprint()}; flags: {_FLAGS}"
+
+
