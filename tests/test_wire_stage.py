@@ -71,3 +71,66 @@ def test_not_a_checkout_is_a_clear_error(project, tmp_path):
 def test_review_shows_the_wire_stage(built):
     review = (built.root / "build" / K / "review.md").read_text()
     assert "## wire: pass" in review and "fragments rendered" in review
+
+
+@pytest.fixture
+def two(tmp_path):
+    """A project with two wired kernels (their numbers are "auto")."""
+    from conftest import copy_project, stop_warm_servers
+    proj = copy_project(tmp_path / "proj2", kernels=("rmsnorm_v2", "silu_mul_v2"))
+    yield proj
+    stop_warm_servers(proj.root)
+
+
+def wire_json(project, name: str) -> dict:
+    import json
+    return json.loads((project.root / "build" / name / "wiring" / "wire.json").read_text())
+
+
+def test_the_preview_shows_the_numbers_apply_writes(two, checkout):
+    two.scons("kernel=all", "stage=wire", f"mpk_root={checkout}")
+    preview = {n: wire_json(two, n)["numbers"] for n in ("rmsnorm_v2", "silu_mul_v2")}
+    assert preview["rmsnorm_v2"] != preview["silu_mul_v2"]
+    two.scons("kernel=all", "stage=wire", f"mpk_root={checkout}", "apply=1")
+    assert {n: wire_json(two, n)["numbers"] for n in preview} == preview
+    header = (checkout / "include/mirage/persistent_kernel/runtime_header.h").read_text()
+    assert f"TASK_SILU_MUL_V2_HOPPER = {preview['silu_mul_v2']['sm_90a']}," in header
+
+
+def test_a_refusal_in_one_kernel_writes_nothing_for_any(two, checkout):
+    """All or nothing per run: a number clash in the second kernel is found before the
+    first is written."""
+    before = snapshot(checkout)
+    two.edit("specs/silu_mul_v2.yaml", "wiring:\n", "wiring:\n  number: {sm_90a: 152, sm_100a: auto}\n")
+    run = two.scons("kernel=all", "stage=wire", f"mpk_root={checkout}", "apply=1", "-k", check=False)
+    assert run.returncode != 0
+    assert "152" in run.stderr and "Nothing was written" in run.stderr
+    assert "rmsnorm_v2:" in run.stderr and "planned together with" in run.stderr
+    assert snapshot(checkout) == before
+
+
+def test_a_read_only_file_during_unwire_changes_nothing(two, checkout):
+    two.scons("kernel=all", "stage=wire", f"mpk_root={checkout}", "apply=1")
+    wired = snapshot(checkout)
+    body = checkout / "include/mirage/persistent_kernel/tasks/hopper/silu_mul_v2.cuh"
+    body.chmod(0o444)
+    try:
+        run = two.scons("kernel=all", "stage=wire", f"mpk_root={checkout}", "apply=1", "unwire=1",
+                        check=False)
+    finally:
+        body.chmod(0o644)
+    assert run.returncode != 0 and "silu_mul_v2.cuh" in run.stderr
+    assert snapshot(checkout) == wired
+
+
+def test_a_clash_after_wiring_fails_unless_renumber_is_asked(two, checkout):
+    two.scons("kernel=all", "stage=wire", f"mpk_root={checkout}", "apply=1")
+    n = wire_json(two, "rmsnorm_v2")["numbers"]["sm_90a"]
+    header = checkout / "include/mirage/persistent_kernel/runtime_header.h"
+    header.write_text(header.read_text().replace("  TASK_HOPPER_TASK_END", f"  TASK_OWNERS_OWN = {n},\n  TASK_HOPPER_TASK_END", 1))
+    owned = snapshot(checkout)
+    run = two.scons("kernel=all", "stage=wire", f"mpk_root={checkout}", "apply=1", check=False)
+    assert run.returncode != 0 and "TASK_OWNERS_OWN" in run.stderr and "renumber=1" in run.stderr
+    assert snapshot(checkout) == owned
+    two.scons("kernel=all", "stage=wire", f"mpk_root={checkout}", "apply=1", "renumber=1")
+    assert wire_json(two, "rmsnorm_v2")["numbers"]["sm_90a"] != n

@@ -40,7 +40,7 @@ COMMANDS = ("status", "check", "dag")
 # extra ones in a class attribute OPTIONS (a tuple of names).
 ARGUMENT_NAMES = (
     "kernel", "stage", "why", "new", "family", "cache", "gpu",          # what to build or show
-    "apply", "unwire", "mpk_root",                                      # stage=wire, stage=runtime
+    "apply", "unwire", "renumber", "mpk_root",                          # stage=wire, stage=runtime
     "executor", "gpus", "warm", "sanitize",                             # GPU gates (local)
     "gpu_host", "gpu_workdir", "gpu_python", "ssh_opts", "ssh_connect_timeout",   # ssh
     "scheduler", "scheduler_file", "scheduler_timeout",                 # dask
@@ -62,6 +62,7 @@ class Build:
     wire_request: WireRequest | None = None
     keep_going: bool = False
     failed_gate: str | None = None          # the first gate of this run that did not pass
+    wire_run: object = None                 # the run's one wire plan (stages/wire.run_plan)
     info: dict[str, dict] = field(default_factory=dict)   # first target -> node parameters
 
     @staticmethod
@@ -149,15 +150,16 @@ def parse_request(build: Build) -> tuple[list[str], str, bool]:
 def wire_request() -> WireRequest:
     from mpkbuild.run.local import flag
     apply, unwire = flag(ARGUMENTS, "apply", False), flag(ARGUMENTS, "unwire", False)
+    renumber = flag(ARGUMENTS, "renumber", False)
     root = ARGUMENTS.get("mpk_root")
     if root is None:
-        if apply or unwire:
-            fail_early("apply=1 and unwire=1 need mpk_root=PATH (an MPK checkout)")
+        if apply or unwire or renumber:
+            fail_early("apply=1, unwire=1 and renumber=1 need mpk_root=PATH (an MPK checkout)")
         return WireRequest(None, False, False)
     path = Path(SCons.Script.GetLaunchDir(), root).resolve()
     if not path.is_dir():
         fail_early(f"mpk_root={root}: {path} is not a folder")
-    return WireRequest(path, apply, unwire)
+    return WireRequest(path, apply, unwire, renumber)
 
 
 def runtime_request(request: WireRequest) -> None:
@@ -213,7 +215,7 @@ def help_text(root: Path) -> str:
              "         executor=ssh gpu_host=USER@HOST [gpu_workdir=DIR] [gpu_python=python3]",
              "         executor=dask scheduler=tcp://HOST:8786   (pip install -e .[dask])",
              "         executor=module:Class   (your own; see docs/executors.md)",
-             "       scons stage=wire mpk_root=PATH [apply=1] [unwire=1]   registration edits",
+             "       scons stage=wire mpk_root=PATH [apply=1] [unwire=1] [renumber=1]   registration edits",
              "       scons -jN stage=tune kernel=K [gpu=PROFILE] [gpus=0,1]   search tune.space: "
              "tuned/<profile>/K.json",
              "       scons stage=runtime mpk_root=PATH   each variant inside that checkout's persistent kernel (GPU)",

@@ -1,9 +1,11 @@
 """The wire stage as the build runs it: fragments always, a checkout diff on request, and
 edits to the checkout only with apply=1.
 
-Writes build/<K>/wiring/ (fragments/, mpk.diff, wire.json). Only :func:`run_wire` with
-``apply=True`` touches anything outside build/, through :func:`mpkbuild.wire.apply` /
-:func:`mpkbuild.wire.unwire`, which write each file via a temp file and a rename.
+Writes build/<K>/wiring/ (fragments/, mpk.diff, wire.json). Against a checkout the whole
+request is one plan (:func:`run_plan`): every requested kernel is planned and checked, and
+only then, with apply=1, written, all of it through :func:`mpkbuild.wire.apply` (temp files,
+then renames) or nothing: a refusal in any kernel leaves the checkout byte-identical. The
+preview shows the numbers apply would write.
 """
 from __future__ import annotations
 
@@ -22,12 +24,28 @@ class WireRequest:
     mpk_root: Path | None     # an MPK checkout, or None: render fragments only
     apply: bool               # write the edits into the checkout
     unwire: bool              # remove this kernel's blocks instead of adding them
+    renumber: bool = False    # an already-wired kernel whose number was taken moves
 
     def describe(self) -> str:
         """The request as a fact the wire node depends on (changing it re-runs wire)."""
         if self.mpk_root is None:
             return "render"
-        return f"mpk_root={self.mpk_root}; apply={int(self.apply)}; unwire={int(self.unwire)}"
+        return (f"mpk_root={self.mpk_root}; apply={int(self.apply)}; unwire={int(self.unwire)}"
+                + ("; renumber=1" if self.renumber else ""))
+
+
+@dataclass
+class RunPlan:
+    """The one plan of a build's wire request against a checkout: every requested kernel
+    planned and checked together (numbers, names, permissions, the would-be tree's
+    coherence), then written together or not at all. The first wire node of the run makes
+    it; every wire node reports its kernel's part (wire nodes share a side effect, so
+    SCons runs them one at a time)."""
+    kernels: tuple[str, ...]
+    plan: object = None                 # wire.patch.Plan
+    error: str | None = None            # why nothing was (or would be) written
+    applied: bool = False
+    noted: bool = False                 # the run's notes were printed once
 
 
 class WireGateFailed(Exception):
@@ -58,51 +76,94 @@ def _finish(manifest: dict, k: Kernel, request: WireRequest, fragments: dict) ->
     return manifest
 
 
-def run_wire(k: Kernel, all_specs: list[dict], request: WireRequest, wiring_root: Path) -> dict:
-    """Run the stage for one kernel; returns the manifest written to build/<K>/wiring/wire.json."""
-    from mpkbuild.wire import errors, fsio, patch
+def run_plan(build, request: WireRequest, wiring_root: Path) -> RunPlan:
+    """This build's RunPlan (made once): every kernel of the request that has a wiring
+    section, planned together against every wired spec (numbers and names must not clash)."""
+    cached = getattr(build, "wire_run", None)
+    if cached is not None:
+        return cached
+    from mpkbuild.wire import errors, patch
+    mine = [k for k in build.kernels.values() if k.has_wiring]
+    run = RunPlan(tuple(sorted(k.name for k in mine)))
+    try:
+        if request.unwire:
+            run.plan = patch.plan_unwire(request.mpk_root, list(run.kernels), wiring_root)
+        else:
+            specs = [x.spec.data for x in all_wired_kernels(build)]
+            run.plan = patch.plan(request.mpk_root, specs, wiring_root, list(run.kernels),
+                                  sources={k.name: task_sources(k) for k in mine},
+                                  renumber=request.renumber)
+        # coherence was judged on the would-be result: refuse before writing anything
+        if run.plan.problems:
+            run.error = ("the result would be incoherent:\n  " + "\n  ".join(run.plan.problems))
+        elif request.apply:
+            patch.apply(run.plan)          # every file checked writable first, then all renamed
+            run.applied = True
+    except errors.WireError as exc:       # drift errors carry their diff in the message
+        run.error = str(exc)
+    build.wire_run = run
+    return run
+
+
+def _blocks_of(kernel: str, plan) -> list[str]:
+    """The files of a plan's changes that hold (or held) a block of this kernel."""
+    tag = f"mpk-wire {kernel}/"
+    return sorted(rel for rel, c in plan.changes.items()
+                  if tag in (c.new or "") or tag in (c.old or ""))
+
+
+def run_wire(k: Kernel, run: RunPlan | None, request: WireRequest, wiring_root: Path) -> dict:
+    """Write one kernel's manifest (build/<K>/wiring/wire.json): its fragments, and against
+    a checkout its part of the run's plan. Raises WireGateFailed when the run's plan was
+    refused (then nothing was written to the checkout, for any kernel)."""
+    from mpkbuild.wire import fsio
     frag_dir = k.wiring_dir / "fragments"
     diff_path = k.wiring_dir / "mpk.diff"
     k.wire_result.unlink(missing_ok=True)
-    try:
-        if request.mpk_root is None:
-            manifest, fragments = render_manifest(k, request, wiring_root)
-            fsio.write_fragments(frag_dir, fragments)
-        else:
-            root = request.mpk_root
-            if request.unwire:
-                plan = patch.plan_unwire(root, [k.name], wiring_root)
-                fragments = {}
-            else:
-                plan = patch.plan(root, all_specs, wiring_root, [k.name],
-                                 sources={k.name: task_sources(k)})
-                fragments = plan.fragments.get(k.name, {})
-                fsio.write_fragments(frag_dir, fragments)
-            write_atomic(diff_path, plan.diff())
-            changed = sorted(c for c in plan.new_contents)
-            # coherence was judged on the would-be result: refuse before writing anything
-            if plan.problems:
-                raise WireGateFailed(f"{k.name}: the result would be incoherent ("
-                                     f"{'nothing was written' if request.apply else 'diff only'}):"
-                                     "\n  " + "\n  ".join(plan.problems))
-            if request.apply:
-                patch.apply(plan)
-            verb = ("unwired from" if request.unwire else "applied to") if request.apply else \
-                ("would unwire from" if request.unwire else "would change")
-            manifest = {"mode": "unwire" if request.unwire else ("apply" if request.apply else "diff"),
-                        "verdict": "pass", "mpk_root": str(root),
-                        "numbers": plan.numbers.get(k.name, {}), "files": changed,
-                        "coherence": [], "notes": list(plan.notes),
-                        "diff": str(diff_path.relative_to(k.build_dir)),
-                        "message": f"{verb} {len(changed)} files in {root}"
-                                   + ("" if request.apply else " (apply=1 writes them)")
-                                   + "".join(f"\n            note: {n}" for n in plan.notes)}
-    except errors.WireError as exc:     # drift errors carry their diff in the message
-        raise WireGateFailed(f"{k.name}: {exc}") from exc
-    if request.mpk_root is not None:
-        manifest = _finish(manifest, k, request, fragments)
+    if request.mpk_root is None:
+        manifest, fragments = render_manifest(k, request, wiring_root)
+        fsio.write_fragments(frag_dir, fragments)
+        write_json_atomic(k.wire_result, manifest)
+        return manifest
+    root = request.mpk_root
+    others = [n for n in run.kernels if n != k.name]
+    together = f" (planned together with {', '.join(others)})" if others else ""
+    if run.error is not None:
+        raise WireGateFailed(f"{k.name}: {run.error}\n{'Nothing was written to ' + str(root) if request.apply else 'diff only'}"
+                             f" for any kernel of this run{together}")
+    plan = run.plan
+    fragments = plan.fragments.get(k.name, {})
+    if not request.unwire:
+        fsio.write_fragments(frag_dir, fragments)
+    write_atomic(diff_path, plan.diff())
+    files = _blocks_of(k.name, plan)
+    verb = ("unwired from" if request.unwire else "applied to") if request.apply else \
+        ("would unwire from" if request.unwire else "would change")
+    notes = [] if run.noted else list(plan.notes)
+    run.noted = True
+    manifest = {"mode": "unwire" if request.unwire else ("apply" if request.apply else "diff"),
+                "verdict": "pass", "mpk_root": str(root),
+                "numbers": plan.numbers.get(k.name, {}), "files": files, "run": list(run.kernels),
+                "coherence": [], "notes": list(plan.notes),
+                "diff": str(diff_path.relative_to(k.build_dir)),
+                "message": f"{verb} {len(files)} files in {root}{together}"
+                           + (f"; numbers {', '.join(f'{a} {n}' for a, n in sorted(plan.numbers.get(k.name, {}).items()))}"
+                              if plan.numbers.get(k.name) else "")
+                           + ("" if request.apply else
+                              f" (the diff of the whole run: {k.rel.wiring_dir}/mpk.diff; apply=1 writes it)")
+                           + "".join(f"\n            note: {_short_note(n)}" for n in notes)}
+    manifest = _finish(manifest, k, request, fragments)
     write_json_atomic(k.wire_result, manifest)
     return manifest
+
+
+def _short_note(note: str) -> str:
+    """A note as the build prints it: the upstream problems counted, not listed (wire.json
+    keeps them whole)."""
+    head, sep, rest = note.partition(":\n")
+    if sep and "already upstream" in head:
+        return f"{head} (listed in wire.json)"
+    return note
 
 
 # ---------------------------------------------------------------- the stage's nodes
@@ -145,9 +206,10 @@ def all_wired_kernels(build) -> list[Kernel]:
 def run(build, info, target, source) -> int:
     k = build.kernels[info["MPK_KERNEL"]]
     request = build.wire_request
-    specs = [x.spec.data for x in all_wired_kernels(build)] if request.mpk_root else []
+    wiring_root = k.root / config.WIRING_DIRNAME
+    run_ = run_plan(build, request, wiring_root) if request.mpk_root is not None else None
     try:
-        manifest = run_wire(k, specs, request, k.root / "wiring")
+        manifest = run_wire(k, run_, request, wiring_root)
     except WireGateFailed as exc:
         return build.fail(str(exc))
     say(f"          wire {k.name}: {manifest['message']}")

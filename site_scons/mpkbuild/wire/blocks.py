@@ -22,8 +22,10 @@ class RenderedBlock:
     site: Site
     arch: str | None
     file: str            # path relative to the MPK checkout
-    body: str            # indented body lines
+    body: str            # indented body lines (the site's default indent: the fragment)
     text: str            # body wrapped in its marker lines
+    raw: str = ""        # the template's output, unindented (placed in a checkout at its indent)
+    raw_joined: str | None = None   # the same when the anchor line closes it (site.join)
 
     @property
     def fragment_name(self) -> str:
@@ -37,10 +39,12 @@ def site_file(surface: Surface, site: Site, arch: str | None, kernel: str) -> st
 
 
 def context(w: Wiring, surface: Surface, arch: str | None, numbers: dict,
-            sources: dict | None = None) -> dict:
-    """Everything a template may use; StrictUndefined makes any other name an error."""
+            sources: dict | None = None, joined: bool = False) -> dict:
+    """Everything a template may use; StrictUndefined makes any other name an error.
+    `joined`: the block goes before an anchor line that also closes it (`} else {`)."""
     sources = sources or {}
     ctx = {
+        "joined": joined,
         "body_source": sources.get("body", "// (body not rendered: no task sources given)\n"),
         "spec_header_source": sources.get("spec_header",
                                           "// (spec header not rendered: no task sources given)\n"),
@@ -80,12 +84,15 @@ def render_blocks(w: Wiring, surface: Surface, numbers: dict | None = None,
             if not _wanted(site, w, surface, arch, numbers):
                 continue
             indent = 0 if site.kind == "new_file" else site.indent
-            ctx = context(w, surface, arch, numbers, sources)
-            body = indent_body(surface.render(site.template, ctx), indent)
+            raw = surface.render(site.template, context(w, surface, arch, numbers, sources))
+            joined = surface.render(site.template, context(w, surface, arch, numbers, sources, True)) \
+                if site.join else None
+            body = indent_body(raw, indent)
             key = block_key(w.kernel, arch, site.id)
             out.append(RenderedBlock(key=key, site=site, arch=arch,
                                      file=site_file(surface, site, arch, w.kernel), body=body,
-                                     text=markers.make(key, body, indent, site.comment)))
+                                     text=markers.make(key, body, indent, site.comment),
+                                     raw=raw, raw_joined=joined))
     return out
 
 

@@ -108,9 +108,11 @@ class Checkout:
         return out
 
     def find_anchor(self, rel: str, lines: list[str], site: Site, anchor: str, scope: str | None) -> int:
-        """Index of the anchor line in lines (outside every marked block)."""
+        """Index of the anchor line in lines (outside every marked block). Anchors and scopes
+        match the line as normalised_line has it: not one layout's whitespace."""
         blocks = self.markers.find(lines, rel)
         hidden = {i for b in blocks for i in range(b.start, b.end + 1)}
+        lines = [normalised_line(ln, rel) for ln in lines]
         first = 0
         if scope:
             sc = re.compile(scope)
@@ -131,6 +133,55 @@ class Checkout:
                                   f"{', '.join(str(h + 1) for h in hits)} ({anchor!r}); tighten "
                                   "it or add a scope in wiring/surface.yaml")
         return hits[0]
+
+
+    def meets(self, req) -> bool:
+        """Whether the checkout has what a Requirement names (whitespace-insensitive; with a
+        scope, inside the braces that follow the scope's first line)."""
+        text = self.text(req.file)
+        if text is None:
+            return False
+        if req.scope:
+            m = re.search(req.scope, text, re.M)
+            if m is None:
+                return False
+            text = braced(text, m.end())
+        return re.search(req.pattern, text, re.M) is not None
+
+
+def normalised_line(line: str, rel: str) -> str:
+    """A line as anchors see it: runs of whitespace are one space, and a C++ line's indent
+    is one space or none (whether it is indented at all is structure, a top-level
+    definition; how far is clang-format's choice); a Python line keeps its indent, which is
+    structure."""
+    body = " ".join(line.split())
+    lead = line[:len(line) - len(line.lstrip())]
+    if rel.endswith(".py"):
+        return lead.expandtabs(8) + body
+    return (" " if lead.strip("\r\n") else "") + body
+
+
+def braced(text: str, start: int) -> str:
+    """The text from the first "{" at or after start to its matching "}" (to the end when
+    unbalanced)."""
+    i = text.find("{", start)
+    if i < 0:
+        return ""
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i:j + 1]
+    return text[i:]
+
+
+def indent_of(line: str) -> int:
+    """The width of a line's leading spaces (a tab counts as 8, as clang-format's TabWidth)."""
+    expanded = line.expandtabs(8)
+    return len(expanded) - len(expanded.lstrip(" "))
 
 
 def site_file_plain(surface: Surface, site: Site) -> str:

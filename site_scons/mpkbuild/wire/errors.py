@@ -87,3 +87,8 @@ class Incoherent(WireError):
 
 class StalePlan(WireError):
     """A target file changed between plan() and apply(); plan again."""
+
+
+class Unsupported(WireError):
+    """The checkout lacks what a block's code needs (a field, a function): nothing is
+    written, rather than a tree that does not compile."""

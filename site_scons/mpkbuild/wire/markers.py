@@ -1,10 +1,16 @@
 """Marked blocks: the only text the wire stage ever adds to, or removes from, a checkout.
 
 A block is whole lines: a begin marker comment carrying the block key
-(`<kernel>/<arch>/<site>`, arch `any` for per-kernel sites) and the sha of the body as
-written, the body, and an end marker with the same key. Owns making a block, finding all
-blocks in a file (refusing half-deleted or interleaved ones with :class:`MarkerError`) and
-telling whether a block's body still matches its recorded sha (drift).
+(`<kernel>/<arch>/<site>`, arch `any` for per-kernel sites) and the sha of the body's code,
+the body, and an end marker with the same key. Owns making a block, finding all blocks in a
+file (refusing half-deleted or interleaved ones with :class:`MarkerError`) and telling
+whether a block's body still is the code its sha vouches for (drift).
+
+The sha is of the body's token stream (:func:`code_tokens`: comments dropped, whitespace and
+line breaks ignored, adjacent string literals joined), not of its bytes: a tree reformatted
+by its owner (any clang-format style, re-indented, re-wrapped) keeps every block ours, and
+only a change to the code itself is a hand edit. A block written by an older version, whose
+sha is of the bytes, is recognised too.
 """
 from __future__ import annotations
 
@@ -27,7 +33,42 @@ def split_key(key: str) -> tuple[str, str, str]:
 
 
 def body_sha(body: str) -> str:
+    """The sha of a body's bytes (what markers recorded before they recorded code_sha)."""
     return hashlib.sha256(body.encode()).hexdigest()[:12]
+
+
+_STRING = r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\''
+_C_TOKEN = re.compile(rf"{_STRING}|/\*.*?\*/|//[^\n]*|\w+|\S", re.S)
+_PY_TOKEN = re.compile(rf"{_STRING}|#[^\n]*|\w+|\S", re.S)
+
+
+def comment_style(path: str) -> str:
+    """"#" for Python files, "//" for the C++ family."""
+    return "#" if path.endswith(".py") else "//"
+
+
+def code_tokens(text: str, style: str = "//") -> list[str]:
+    """The code of a text as tokens: comments dropped (// and /* */ for C++, # for Python),
+    whitespace and line breaks ignored, adjacent string literals joined (what clang-format
+    does when it wraps a long literal)."""
+    out: list[str] = []
+    for m in (_PY_TOKEN if style == "#" else _C_TOKEN).finditer(text):
+        tok = m.group(0)
+        if tok.startswith(("//", "/*") if style != "#" else "#"):
+            continue
+        if out and tok[:1] in "\"'" and out[-1][:1] == tok[:1] and len(out[-1]) > 1 and len(tok) > 1:
+            out[-1] = out[-1][:-1] + tok[1:]
+            continue
+        out.append(tok)
+    return out
+
+
+def code_sha(body: str, style: str = "//") -> str:
+    return hashlib.sha256("\x00".join(code_tokens(body, style)).encode()).hexdigest()[:12]
+
+
+def same_code(a: str, b: str, style: str = "//") -> bool:
+    return code_tokens(a, style) == code_tokens(b, style)
 
 
 def indent_body(text: str, indent: int) -> str:
@@ -44,6 +85,7 @@ class Block:
     start: int            # line index of the begin marker
     end: int              # line index of the end marker
     body: str             # lines between the markers, as they are now
+    style: str = "//"     # the file's comment leader (its language)
 
     @property
     def kernel(self) -> str:
@@ -51,7 +93,8 @@ class Block:
 
     @property
     def drifted(self) -> bool:
-        return body_sha(self.body) != self.sha
+        """Whether the code was edited by hand (formatting is not an edit)."""
+        return self.sha not in (code_sha(self.body, self.style), body_sha(self.body))
 
 
 class Markers:
@@ -70,9 +113,13 @@ class Markers:
 
     def make(self, key: str, body: str, indent: int, comment: str) -> str:
         pad = " " * indent
-        begin = self.begin_fmt.format(key=key, sha=body_sha(body))
+        begin = self.begin_fmt.format(key=key, sha=code_sha(body, comment))
         end = self.end_fmt.format(key=key)
         return f"{pad}{comment} {begin}\n{body}{pad}{comment} {end}\n"
+
+    def is_marker(self, line: str) -> bool:
+        text = line.rstrip("\r\n")
+        return bool(self._begin.match(text) or self._end.match(text))
 
     def find(self, lines: list[str], path: str) -> list[Block]:
         """All blocks in a file's lines (keepends); MarkerError for broken ones."""
@@ -95,7 +142,7 @@ class Markers:
                         "begin marker (half-deleted block?). Restore the begin line or "
                         "remove the block's remaining lines by hand, then re-run")
                 blocks.append(Block(key=open_[1], sha=open_[2], start=open_[0], end=i,
-                                    body="".join(lines[open_[0] + 1:i])))
+                                    body="".join(lines[open_[0] + 1:i]), style=comment_style(path)))
                 open_ = None
         if open_ is not None:
             raise MarkerError(

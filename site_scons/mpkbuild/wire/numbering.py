@@ -86,8 +86,10 @@ def _ranges_text(checkout: Checkout, arch: str, lo: int, hi: int) -> str:
 
 
 def assign_numbers(checkout: Checkout, wirings: dict[str, Wiring],
-                   planned: list[str]) -> dict[str, dict[str, int]]:
-    """{kernel: {arch: number}} for the planned kernels; raise on any clash."""
+                   planned: list[str], renumber: bool = False) -> dict[str, dict[str, int]]:
+    """{kernel: {arch: number}} for the planned kernels; raise on any clash. An "auto"
+    kernel already wired keeps its number; when that number was taken since (the owner
+    added an entry there), that is a NumberClash naming both, unless `renumber`."""
     entries = checkout.enum_entries()
     rel = site_file(checkout.surface, checkout.site("enum"), None, "")
     planned_set = set(planned)
@@ -140,9 +142,25 @@ def assign_numbers(checkout: Checkout, wirings: dict[str, Wiring],
     for k, a in autos:
         lo, hi = arch_range(checkout, entries, a)
         prev = held.get((k, a))
-        if prev is not None and lo < prev < hi and prev not in set(taken) | set(explicit) | set(used):
+        if prev is None or not lo < prev < hi:
+            continue
+        if prev not in set(taken) | set(explicit) | set(used):
             out[k][a] = prev
             used[prev] = (k, a)
+            continue
+        if renumber:
+            continue                      # the second pass gives it the next free number
+        mine = next(e for e in entries if e.owner == k and e.arch == a)
+        other = taken.get(prev)
+        who = (f"{other.name} at {rel}:{other.line} "
+               f"({'wired by kernel ' + other.owner if other.owner else 'not wired by mpkbuild'})"
+               if other is not None else
+               f"kernel {(explicit.get(prev) or used.get(prev))[0]}'s explicit number")
+        raise NumberClash(
+            f"TaskType number {prev} of kernel {k} ({a}: {mine.name} at {rel}:{mine.line}) is now "
+            f"also claimed by {who}. Moving {k} to another number would change what code built "
+            f"against it expects: free {prev}, give {k} an explicit wiring.number, or pass "
+            "renumber=1 to move it to the next free number. Nothing was changed")
     # second pass: the rest take the lowest free number of the first of their arch's
     # auto sub-ranges that has one (the whole range where surface.yaml names none)
     for k, a in autos:

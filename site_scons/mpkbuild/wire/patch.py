@@ -18,12 +18,12 @@ from pathlib import Path
 import os
 import re
 
-from .checkout import Checkout
+from .checkout import Checkout, indent_of, normalised_line
 from .coherence import problems_of
 from .errors import (AnchorNotFound, DriftError, Incoherent, NameClash, StalePlan,
-                     TargetMissing, WireError)
+                     TargetMissing, Unsupported, WireError)
 from .fsio import commit
-from .markers import Block, split_key
+from .markers import Block, comment_style, indent_body, same_code, split_key
 from .numbering import assign_numbers, check_names
 from .blocks import RenderedBlock, render_blocks, site_file
 from .section import resolve
@@ -135,13 +135,9 @@ class _Editor:
             if not self._drifted(b, None):
                 del lines[b.start:b.end + 1]
         for rb in wanted:
-            current = {b.key: b for b in find(lines, self.rel)}
-            new = rb.text.splitlines(keepends=True)
-            if rb.key in current:
-                b = current[rb.key]
-                if not self._drifted(b, rb.body):
-                    lines[b.start:b.end + 1] = new
+            if not self._supported(rb):
                 continue
+            current = {b.key: b for b in find(lines, self.rel)}
             ctx = {"arch": self.co.surface.archs[rb.arch].as_dict() if rb.arch else {},
                    "kernel": split_key(rb.key)[0]}
             anchor = self.co.surface.text(rb.site.anchor, f"site {rb.site.id} anchor", **ctx)
@@ -150,17 +146,73 @@ class _Editor:
             try:
                 i = self.co.find_anchor(self.rel, lines, rb.site, anchor, scope)
             except AnchorNotFound as exc:
+                if rb.key in current:           # ours already: keep its place and indent
+                    b = current[rb.key]
+                    self._replace(lines, b, rb, _placed(self.co, rb, indent_of(lines[b.start]),
+                                                        indent_of(lines[b.start]), False))
+                    continue
                 if not rb.site.optional:
                     raise
                 self._unsupported(rb, str(exc).split(": ", 1)[-1].split(". ")[0])
                 continue
-            if rb.site.where == "after":
-                if not lines[i].endswith("\n"):
-                    raise WireError(f"{self.rel}:{i + 1}: anchor line for site {rb.site.id} is "
-                                    "the last line and has no newline; add one, then re-run")
-                i += 1
-            lines[i:i] = new
+            if rb.site.where == "after" and not lines[i].endswith("\n"):
+                raise WireError(f"{self.rel}:{i + 1}: anchor line for site {rb.site.id} is "
+                                "the last line and has no newline; add one, then re-run")
+            new = self._place(lines, i, rb, current.get(rb.key))
+            if rb.key in current:
+                self._replace(lines, current[rb.key], rb, new)
+                continue
+            at = i + 1 if rb.site.where == "after" else i
+            lines[at:at] = new.splitlines(keepends=True)
         return "".join(lines)
+
+    def _supported(self, rb: RenderedBlock) -> bool:
+        """Whether the checkout has what the block's code uses (Surface.requires): a block
+        whose site is optional is skipped with a note, any other refuses the plan."""
+        for rid in rb.site.needs:
+            req = self.co.surface.requires[rid]
+            if req.if_used and not re.search(req.if_used, rb.raw or rb.body):
+                continue
+            if self.co.meets(req):
+                continue
+            if rb.site.optional:
+                self._unsupported(rb, req.what)
+                return False
+            raise Unsupported(f"{self.rel}: site {rb.site.id} of {rb.key} is not supported on this "
+                              f"checkout: {req.what} (looked for in {req.file}); nothing was written")
+        return True
+
+    def _place(self, lines: list[str], i: int, rb: RenderedBlock, existing: Block | None) -> str:
+        """The block as it goes in at anchor line i: at the indent of the code around it
+        (before: the anchor's; after: the next code line's), joined to an anchor line that
+        also closes it (site.join: `} else {`), its markers where clang-format puts them."""
+        anchor = lines[i]
+        joined = bool(rb.site.join and rb.raw_joined is not None
+                      and re.search(rb.site.join, normalised_line(anchor, self.rel)))
+        if rb.site.where == "after":
+            nxt = next((ln for ln in lines[i + 1:] if ln.strip() and not self.co.markers.is_marker(ln)), None)
+            base = indent_of(nxt) if nxt is not None and not nxt.lstrip().startswith(("}", ")", "]")) \
+                else indent_of(anchor)
+            return _placed(self.co, rb, base, base, False)
+        base = indent_of(anchor)
+        if not joined:
+            return _placed(self.co, rb, base, base, False)
+        # the markers sit inside the branch the block closes: at its inner indent
+        prev_i = (existing.start if existing is not None else i) - 1
+        prev = next((lines[j] for j in range(prev_i, -1, -1) if lines[j].strip()), None)
+        inner = indent_of(prev) if prev is not None and indent_of(prev) > base else base + 2
+        return _placed(self.co, rb, base, inner, True)
+
+    def _replace(self, lines: list[str], b: Block, rb: RenderedBlock, new: str) -> None:
+        """An existing block of ours: left as it is when its code is the new code (however
+        the tree's owner formatted it), replaced when the code changed, refused when it was
+        edited by hand."""
+        body = "".join(new.splitlines(keepends=True)[1:-1])      # between its two marker lines
+        if self._drifted(b, body):
+            return
+        if same_code(b.body, body, comment_style(self.rel)):
+            return
+        lines[b.start:b.end + 1] = new.splitlines(keepends=True)
 
     def _is_own_file(self) -> bool:
         """True when the whole file is one block of a planned kernel (a new_file site)."""
@@ -182,6 +234,12 @@ class _Editor:
         if self._drifted(b, rb.body if rb else None):
             return self.old
         return rb.text if rb else None
+
+
+def _placed(co: Checkout, rb: RenderedBlock, base: int, marker_indent: int, joined: bool) -> str:
+    """A rendered block's text at an indent: its body at `base`, its markers at `marker_indent`."""
+    body = indent_body(rb.raw_joined if joined else rb.raw, base)
+    return co.markers.make(rb.key, body, marker_indent, rb.site.comment)
 
 
 def _build(co: Checkout, kernels: list[str], blocks: list[RenderedBlock],
@@ -226,13 +284,15 @@ def _unplaced(problem: str) -> str:
 
 
 def plan(mpk_root, specs: list[dict], wiring_root, kernels: list[str],
-         sources: dict | None = None) -> Plan:
+         sources: dict | None = None, renumber: bool = False) -> Plan:
     """What applying these kernels' wiring would change; reads, never writes.
 
     `specs` are ALL kernels' normalized specs (names and explicit numbers of the others
     are reserved); `kernels` are the ones to wire. `sources` maps a kernel to its rendered
-    body and spec header ({"body": ..., "spec_header": ...}, see :func:`task_sources`);
+    body and spec header ({"body": ..., "spec_header": ...}, see mpkbuild.stages.wire.task_sources);
     a kernel without them gets its registration edits only, and a note saying so.
+    `renumber`: an already-wired "auto" kernel whose number was taken since moves to the
+    next free one (otherwise that is a NumberClash naming both entries).
     """
     surface = load_surface(wiring_root)
     co = Checkout(mpk_root, surface)
@@ -248,7 +308,7 @@ def plan(mpk_root, specs: list[dict], wiring_root, kernels: list[str],
                         f"{', '.join(sorted(wirings)) or 'none'}")
     kernels = sorted(set(kernels))
     check_names(co, wirings, kernels)
-    numbers = assign_numbers(co, wirings, kernels)
+    numbers = assign_numbers(co, wirings, kernels, renumber)
     blocks, fragments, notes = [], {}, []
     for k in kernels:
         src = (sources or {}).get(k)

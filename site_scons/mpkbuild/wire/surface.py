@@ -17,12 +17,11 @@ from pathlib import Path
 import jinja2
 import yaml
 
+from ..util.config import WIRING_SURFACE as SURFACE_FILE, WIRING_TEMPLATES as TEMPLATE_DIR
 from .errors import SurfaceError, TemplateError
-
-SURFACE_FILE = "surface.yaml"
-TEMPLATE_DIR = "templates"
 _SITE_KEYS = {"id", "file", "per_arch", "anchor", "where", "indent", "comment", "template",
-              "when", "scope", "kind", "claim", "optional"}
+              "when", "scope", "kind", "claim", "optional", "join", "needs"}
+_REQUIRE_KEYS = {"file", "scope", "pattern", "what", "if_used"}
 _WHEN = {None, "tma", "tile_indexed"}
 
 
@@ -61,6 +60,21 @@ class Site:
     when: str | None = None
     claim: tuple | None = None  # (scan key, wiring value name) checked for clashes
     optional: str | None = None  # why a checkout may lack it (then the site is skipped)
+    join: str | None = None    # regex: an anchor line it matches closes the block before it
+    needs: tuple[str, ...] = ()  # requirements (Surface.requires) the checkout must meet
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """Something of the checkout a site's code uses (a field, a function): checked before a
+    block that needs it is written, so a checkout without it is "not supported", never a
+    tree that does not compile."""
+    id: str
+    file: str                  # relative to the checkout
+    pattern: str               # a regex over the code (whitespace-insensitive: \s+ there)
+    what: str                  # what the code needs, for the message
+    scope: str | None = None   # regex: only inside the braces after the first line matching it
+    if_used: str | None = None  # regex: checked only for a block whose code matches it
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,7 @@ class Surface:
     scan: dict                 # name -> compiled regex
     call: dict
     python: dict
+    requires: dict = None      # id -> Requirement
 
     def env(self) -> jinja2.Environment:
         return _env(str(self.root / TEMPLATE_DIR))
@@ -179,7 +194,8 @@ def load_surface(wiring_root: Path | str) -> Surface:
                           comment=s["comment"], per_arch=bool(s.get("per_arch", True)),
                           kind=kind, anchor=s.get("anchor"), scope=s.get("scope"),
                           where=s.get("where", "before"), indent=int(s.get("indent", 0)),
-                          when=s.get("when"), optional=s.get("optional"),
+                          when=s.get("when"), optional=s.get("optional"), join=s.get("join"),
+                          needs=tuple(s.get("needs") or ()),
                           claim=(s["claim"]["scan"], s["claim"]["value"]) if s.get("claim") else None))
     scan = {}
     for key, pattern in _need(data, "scan", "top level").items():
@@ -192,8 +208,32 @@ def load_surface(wiring_root: Path | str) -> Surface:
                            or site.claim[1] not in ("task_type", "task_name", "layer")):
             raise SurfaceError(f"{SURFACE_FILE}: site {site.id}: claim {site.claim} needs a "
                                "scan key and one of task_type, task_name, layer")
+    requires = {}
+    for rid, r in (data.get("requires") or {}).items():
+        if not isinstance(r, dict) or set(r) - _REQUIRE_KEYS or not {"file", "pattern", "what"} <= set(r):
+            raise SurfaceError(f"{SURFACE_FILE}: requires.{rid}: needs file, pattern and what "
+                               f"(and may have scope); got {sorted(r) if isinstance(r, dict) else r!r}")
+        for key in ("pattern", "scope", "if_used"):
+            if r.get(key) is not None:
+                try:
+                    re.compile(r[key])
+                except re.error as exc:
+                    raise SurfaceError(f"{SURFACE_FILE}: requires.{rid}.{key}: bad regex: {exc}") from None
+        requires[rid] = Requirement(rid, r["file"], r["pattern"], r["what"], r.get("scope"),
+                                    r.get("if_used"))
+    for site in sites:
+        unknown = [n for n in site.needs if n not in requires]
+        if unknown:
+            raise SurfaceError(f"{SURFACE_FILE}: site {site.id}: needs {unknown}, which "
+                               "`requires` does not define")
+        if site.join is not None:
+            try:
+                re.compile(site.join)
+            except re.error as exc:
+                raise SurfaceError(f"{SURFACE_FILE}: site {site.id}: join: bad regex: {exc}") from None
     marker = _need(data, "marker", "top level")
     return Surface(root=root, archs=archs, layout=tuple(_need(data, "layout", "top level")),
                    marker_begin=_need(marker, "begin", "marker"),
                    marker_end=_need(marker, "end", "marker"), sites=tuple(sites), scan=scan,
-                   call=_need(data, "call", "top level"), python=_need(data, "python", "top level"))
+                   call=_need(data, "call", "top level"), python=_need(data, "python", "top level"),
+                   requires=requires)
