@@ -151,6 +151,8 @@ CASES: dict[str, Case] = {
                            "perf.bytes", "not a finite number", "bytes: \"1e308"),
     "a call": Case(replace("bytes: {read: (rows * hidden + hidden) * 2, write: rows * hidden * 2}", 'bytes: "__import__(\'os\')"'),
                    "perf.bytes", "unsupported function", "bytes: \"__import__"),
+    "include folder that is no folder": Case(replace("  threads: 128", "  include_dirs: [kernels/no_such_folder]\n  threads: 128"),
+                                              "codegen.include_dirs.0", "is not a folder", "include_dirs:"),
     # ranges: what becomes a C++ int, float or size
     "rows: 4294967296": Case(replace("{rows: 1, hidden: 4096}", "{rows: 4294967296, hidden: 4096}"),
                              "codegen.variants.decode_r1_h4096.rows",

@@ -7,6 +7,7 @@ descendants of an input (a file, or a spec field mapped to its section file).
 from __future__ import annotations
 
 import re
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -151,7 +152,7 @@ def inputs_for(query: str, g: Graph, kernels: list[str], specs: dict | None = No
     facts holding it), or `[kernel:]section.field`. specs: kernel name -> its spec data; a
     field no requested spec has is an error."""
     full = g.to_networkx()
-    path = query.strip().lstrip("./")
+    path = g.rel(os.path.normpath(os.path.join(os.getcwd(), query.strip())))
     if path in full and full.nodes[path].get("type") == "file":
         return [path]
     if (facts := code_facts_of(path, g)) or path.endswith(".py") and (g.root / path).is_file():

@@ -169,11 +169,14 @@ class Graph:
 
 
 def rel(root: Path, path: Path | str) -> str:
-    """path relative to root, as os.path.relpath gives it (a relative path is repo-relative
-    already); under root, a prefix cut, ~5x faster."""
+    """A path as the graph declares it, which is how SCons records it: under root, relative
+    to it (a relative path is repo-relative already; a prefix cut, ~5x faster than relpath);
+    outside the repository (an MPK checkout's headers, a spec's include folder), absolute."""
     p, r = os.fspath(path), os.fspath(root)
-    if not os.path.isabs(p):                 # repo-relative already
-        return repo_rel(p)
+    if not os.path.isabs(p):
+        if not p.startswith(".."):            # repo-relative already
+            return repo_rel(p)
+        p = os.path.normpath(os.path.join(r, p))
     if p.startswith(r) and p[len(r):len(r) + 1] == os.sep:
         return repo_rel(p[len(r) + 1:])
-    return os.path.relpath(path, root)
+    return os.path.normpath(p)

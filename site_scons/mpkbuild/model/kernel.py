@@ -5,6 +5,7 @@ The paths are model/paths.Layout's repo-relative strings (k.rel, what the graph 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -75,6 +76,11 @@ class Kernel:
     @property
     def spec_file(self) -> Path:
         return self.root / self.spec.file
+
+    @property
+    def include_dirs(self) -> list[Path]:
+        """codegen.include_dirs as folders (relative ones are the repository's)."""
+        return [Path(os.path.normpath(self.root / d)) for d in self.spec.data["codegen"].get("include_dirs", [])]
 
     @property
     def body_is_template(self) -> bool:

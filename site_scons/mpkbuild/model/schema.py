@@ -193,6 +193,13 @@ SPEC_SCHEMA: dict = {
             "properties": {
                 "body": {"type": "string", "pattern": REPO_PATH,
                          "description": "task body: a .cuh, or a .cuh.j2 rendered with the codegen section"},
+                # no default: a spec without include folders keeps its codegen signature
+                "include_dirs": {"type": "array", "maxItems": 16, "uniqueItems": True,
+                                 "items": {"type": "string", "minLength": 1, "maxLength": 4096},
+                                 "description": "folders the body's #includes are looked for in "
+                                                "(repo-relative or absolute: e.g. an MPK checkout's "
+                                                "include/mirage/persistent_kernel); every header "
+                                                "found there is an input of the compile"},
                 "threads": {"type": "integer", "minimum": 32, "maximum": 1024},
                 "params": {"type": "object", "default": {}, "maxProperties": 64,
                            "propertyNames": {"pattern": C_IDENT},

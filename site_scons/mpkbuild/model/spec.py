@@ -279,6 +279,9 @@ def _semantic_errors(data: dict, root: Path, stem: str):
         yield ("codegen", "body"), f"{body!r} must be a .cuh or a .cuh.j2 template"
     elif not target.is_file():
         yield ("codegen", "body"), f"file {body} does not exist"
+    for i, d in enumerate(cg.get("include_dirs", [])):
+        if "\x00" in d or not (root / d).is_dir():
+            yield ("codegen", "include_dirs", i), f"{d!r} is not a folder (relative to the repository, or absolute)"
     if cg["threads"] % 32:
         yield ("codegen", "threads"), f"threads={cg['threads']} is not a multiple of the warp size 32"
     consts = {"threads": cg["threads"], **{k: v for k, v in cg["params"].items()

@@ -141,14 +141,31 @@ def run_compile(job: CompileJob, command: list[str], cwd: Path) -> dict:
     return result
 
 
+def include_flags(k) -> tuple[str, ...]:
+    return tuple(f"-I{d}" for d in k.include_dirs)
+
+
+def include_inputs(g, k) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(headers, facts) of the body's include folders: every header the body reaches there
+    (an input like the body) and the folders themselves (they are nvcc flags)."""
+    if not k.include_dirs:
+        return (), ()
+    from mpkbuild.util.includes import headers
+    found = headers([k.body_source], k.include_dirs)
+    return (tuple(g.rel(p) for p in found),
+            (f"include_dirs: {' '.join(str(d) for d in k.include_dirs)}",))
+
+
 def nodes(g, k, stage: str) -> None:
     generated = list(k.rel.generated.values())
     compiled = []
+    headers, include_facts = include_inputs(g, k)
     for arch in k.archs:
-        cmd = nvcc_command(arch, k.rel.generated["harness"], k.rel.gen_dir, k.rel.library(arch))
+        cmd = nvcc_command(arch, k.rel.generated["harness"], k.rel.gen_dir, k.rel.library(arch),
+                           include_flags(k))
         node = g.add(Node(f"compile {k.name} {arch}", "compile", stage, k.name,
                           (k.rel.library(arch), k.rel.resources(arch), k.rel.compile_log(arch)),
-                          tuple(generated), (toolchain_fact(), g.stage_code(stage)),
+                          (*generated, *headers), (toolchain_fact(), g.stage_code(stage), *include_facts),
                           opts=(("MPK_ARCH", arch), ("MPK_NVCC_CMD", cmd)),
                           always=g.edited(k.rel.resources(arch)), verdict_at=1))
         compiled += node.targets[:2]

@@ -73,13 +73,17 @@ def nodes(g, k, stage: str) -> None:
                       g.rel(g.root / config.WIRING_DIRNAME / config.WIRING_SURFACE)),
                      (fact, g.code_fact("megakernel", (f"{__name__}.megakernel",))),
                      always=g.edited(g.rel(source_path(k)))))
+    from mpkbuild.stages.compile import include_inputs
     from mpkbuild.util.toolchain import toolchain_fact
     lib = library_path(k)
+    headers, include_facts = include_inputs(g, k)
+    runtime_headers = tuple(g.rel(p) for p in checkout.headers())
     comp = g.add(Node(f"megakernel-compile {k.name} sm_90a", "megakernel_compile", stage, k.name,
                       (g.rel(lib), g.rel(lib.parent / "compile.log")),
-                      (src.targets[0], *gen, *[p for p in extra if p.endswith((".h", ".cuh"))],
-                       *(g.rel(p) for p in checkout.headers())),
-                      (toolchain_fact(), fact, g.code_fact("megakernel", (f"{__name__}.megakernel",)))))
+                      tuple(dict.fromkeys((src.targets[0], *gen, *[p for p in extra if p.endswith((".h", ".cuh"))],
+                                           *runtime_headers, *headers))),
+                      (toolchain_fact(), fact, g.code_fact("megakernel", (f"{__name__}.megakernel",)),
+                       *include_facts)))
     gates.gate_nodes(g, k, stage, library=comp.targets[0], extra_facts=(fact,))
 
 
@@ -98,10 +102,10 @@ def run_source(build, info, target, source) -> int:
 def run_compile(build, info, target, source) -> int:
     k = build.kernels[info["MPK_KERNEL"]]
     checkout = Checkout.find(build.wire_request.mpk_root)
-    gen_dirs = [k.gen_dir]
+    gen_dirs = [k.gen_dir, *k.include_dirs]
     producer = producer_for(k, build.kernels)
     if producer is not None:
-        gen_dirs.append(producer.gen_dir)
+        gen_dirs += [producer.gen_dir, *producer.include_dirs]
     ok, text, took = compile_megakernel(checkout, source_path(k), gen_dirs,
                                         Path(target[0].abspath), Path(target[1].abspath))
     if not ok:

@@ -46,7 +46,7 @@ from mpkbuild.stages.tune.trials import (MIN_TRIAL_TIMEOUT_S, NOT_RUN, TRIAL, _c
 
 def nodes(g, k, stage: str) -> None:
     from mpkbuild.model.paths import bandwidth_file
-    from mpkbuild.stages.compile import nvcc_command
+    from mpkbuild.stages.compile import include_flags, include_inputs, nvcc_command
     from mpkbuild.util.toolchain import toolchain_fact
     from mpkbuild.stages.gates import gpu_fact
     base = k.base
@@ -68,6 +68,7 @@ def nodes(g, k, stage: str) -> None:
     compile_sources = (g.rel(k.body_source), g.pkg("templates", "spec_header.h.j2"),
                        g.pkg("templates", "harness.cu.j2"))
     compile_code = g.code_fact("tunecc", ("mpkbuild.stages.tune.trials",))
+    headers, include_facts = include_inputs(g, k)
     trials = []
 
     def always_for(result: Path) -> str | None:
@@ -87,10 +88,11 @@ def nodes(g, k, stage: str) -> None:
             cdir, tdir = candidate_dir(k, arch, cand), trial_dir(k, g.gpu_key, cand)
             fact = candidate_fact(base.data, cand)
             lib = cdir / f"lib{k.name}.so"
-            cmd = nvcc_command(arch, g.rel(cdir / "gen" / "harness.cu"), g.rel(cdir / "gen"), g.rel(lib))
+            cmd = nvcc_command(arch, g.rel(cdir / "gen" / "harness.cu"), g.rel(cdir / "gen"), g.rel(lib),
+                               include_flags(k))
             cc = g.add(Node(f"tunecc {k.name} {cand.cid}", "tune_compile", stage, k.name,
                             (g.rel(cdir / "resources.json"), g.rel(lib), g.rel(cdir / "compile.log")),
-                            compile_sources, (toolchain_fact(), fact, compile_code),
+                            (*compile_sources, *headers), (toolchain_fact(), fact, compile_code, *include_facts),
                             opts=(("MPK_CID", cand.cid), ("MPK_ARCH", arch), ("MPK_NVCC_CMD", cmd))))
             result = trial_result(k, g.gpu_key, cand)
             inputs = (cc.targets[0], *sections, *refs, g.rel(bandwidth_file(g.root, g.gpu_key)))
