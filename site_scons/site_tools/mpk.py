@@ -86,6 +86,8 @@ def _declare(env) -> list:
             env.SideEffect(side, declared)
         if node.always:
             env.AlwaysBuild(declared)
+        if node.precious:
+            env.Precious(declared)
         if node.kernel is None and SCons.Script.ARGUMENTS.get("kernel", "all") != "all":
             env.NoClean(declared)          # shared per-GPU nodes: only kernel=all cleans them
         if node.kind == "tune":            # tuned/<gpu>/K.json is committed: -c keeps it

@@ -35,6 +35,7 @@ class Node:
     always: str | None = None        # why it runs on every build (AlwaysBuild), if it does
     silent: bool = False             # bookkeeping (gate checks): prints no action line
     verdict_at: int | None = None    # which target is the JSON with its verdict (a gate's), if any
+    precious: bool = False           # a failed run keeps the old output (SCons deletes it first)
 
     @property
     def verdict_file(self) -> str | None:

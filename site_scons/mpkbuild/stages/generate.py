@@ -7,6 +7,8 @@ is written only when its bytes change, so an unchanged render never triggers nvc
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -165,11 +167,57 @@ def render_file(role: str, section: dict, spec_file: str, body_source: Path | No
     raise ValueError(f"unknown generated file role {role!r}")
 
 
+# The body contract the rendered body is held to before it reaches a GPU (README "The
+# spec", codegen.body): (what it catches, pattern, what to do instead). A line that says
+# `mpk-lint: allow` is left alone (the fault fixtures break the contract on purpose).
+BODY_RULES = (
+    ("identity from the block", r"\b(blockIdx|gridDim)\b",
+     "in MPK one worker block runs many tasks: a task is `task_index` and its pointers"),
+    ("a barrier over the whole block", r"__syncthreads(_count|_and|_or)?\s*\(|\bbar(rier)?\.sync(\.aligned)?\s+0\b",
+     "the body runs on the first THREADS threads of a larger worker block: use "
+     "{kernel}_spec::task_barrier() (a named barrier over those threads)"),
+    ("the block's size", r"\bblockDim\b",
+     "the block may be larger than the body's threads: use {kernel}_spec::THREADS"),
+    ("a literal thread count", r"\b(constexpr|const|static|#define)\b[^=;\n]*\b(THREADS|NUM_THREADS|BLOCK_SIZE)\b\s*=?\s*\d+\s*[;\n]",
+     "the count is the spec's codegen.threads: use {kernel}_spec::THREADS"),
+)
+_COMMENTS = re.compile(r'"(?:[^"\\\n]|\\.)*"|//[^\n]*|/\*.*?\*/', re.S)
+
+
+def lint_body(text: str, kernel: str, display: str) -> list[str]:
+    """'file:line: ...' for every line of a rendered body that breaks the body contract
+    (comments are not code)."""
+    # comments blanked (their lines kept); string literals kept: an asm string is code
+    code = _COMMENTS.sub(lambda m: m.group(0) if m.group(0).startswith('"') else
+                         re.sub(r"[^\n]", " ", m.group(0)), text)
+    raw = text.splitlines()
+    out = []
+    for what, pattern, instead in BODY_RULES:
+        for m in re.finditer(pattern, code):
+            line = code.count("\n", 0, m.start()) + 1
+            if "mpk-lint: allow" in raw[line - 1]:
+                continue
+            out.append(f"{display}:{line}: {what} ({raw[line - 1].strip()}): "
+                       + instead.format(kernel=kernel))
+    return sorted(out, key=lambda s: int(s.split(":")[1]))
+
+
+class ContractError(TemplateError):
+    """A rendered body that breaks the body contract: named by file and line."""
+
+
 def generate_file(role: str, section: dict, spec_file: str, body_source: Path | None,
                   root: Path, target: Path) -> bool:
-    """Render and write one file atomically; True when its bytes changed."""
-    return write_atomic(target, render_file(role, section, spec_file, body_source, root),
-                        only_if_changed=True)
+    """Render and write one file atomically; True when its bytes changed. A body that
+    breaks the contract is refused, and the previous file is left as it was."""
+    text = render_file(role, section, spec_file, body_source, root)
+    if role == "body":
+        problems = lint_body(text, section["kernel"], os.path.relpath(target, root))
+        if problems:
+            raise ContractError(f"{len(problems)} line(s) of the task body break its contract "
+                                "(one worker block runs many tasks, on more threads than the body's):\n  "
+                                + "\n  ".join(problems))
+    return write_atomic(target, text, only_if_changed=True)
 
 
 def nodes(g, k, stage: str) -> None:
@@ -184,7 +232,7 @@ def nodes(g, k, stage: str) -> None:
         generated.append(path)
         g.add(Node(f"generate {k.name} {path.rsplit('/', 1)[1]}", "generate", stage, k.name, (path,),
                    sources[role], (g.stage_code(stage),), opts=(("MPK_ROLE", role),),
-                   always=g.edited(path)))
+                   always=g.edited(path), precious=True))
     g.requested[(k.name, stage)] = generated
 
 
@@ -200,8 +248,10 @@ def run_generate(build, info, target, source) -> int:
 
 
 def predict(node, k, predictor) -> dict:
-    text = render_file(dict(node.opts)["MPK_ROLE"], k.spec.sections["codegen"], k.spec.file,
-                       k.body_source, k.root)
+    role = dict(node.opts)["MPK_ROLE"]
+    text = render_file(role, k.spec.sections["codegen"], k.spec.file, k.body_source, k.root)
+    if role == "body" and (problems := lint_body(text, k.name, node.targets[0])):
+        raise ContractError("; ".join(problems))
     return {node.targets[0]: text.encode()}
 
 

@@ -1,0 +1,63 @@
+"""The body contract, stated once and held before the GPU (issue 43): a rendered body that
+takes its identity from blockIdx, synchronises the whole block or hard-codes its thread
+count is refused at generate, naming the line; the previous generated body is kept; the
+docs state the contract the generated header defines."""
+import re
+
+import pytest
+
+from conftest import REPO
+from mpkbuild.stages.generate import lint_body
+
+K = "rmsnorm_v2"
+BODY = f"kernels/{K}/{K}.cuh.j2"
+GEN = f"build/{K}/gen/{K}.cuh"
+
+
+@pytest.mark.parametrize("line, rule", [
+    ("  const int row = blockIdx.x;", "identity from the block"),
+    ("  const int n = gridDim.x;", "identity from the block"),
+    ("  __syncthreads();", "a barrier over the whole block"),
+    ('  asm volatile("bar.sync 0;");', "a barrier over the whole block"),
+    ("  for (int i = threadIdx.x; i < n; i += blockDim.x) {}", "the block's size"),
+    ("constexpr int THREADS = 128;", "a literal thread count"),
+])
+def test_each_rule_names_the_line(line, rule):
+    text = "#pragma once\n// blockIdx and __syncthreads() in a comment are not code\n" + line + "\n"
+    (problem,) = lint_body(text, "k", "build/k/gen/k.cuh")
+    assert problem.startswith(f"build/k/gen/k.cuh:3: {rule} (")
+
+
+def test_the_contract_as_written_passes_and_allow_is_per_line():
+    ok = ("constexpr int THREADS = k_spec::THREADS;\n  k_spec::task_barrier();\n"
+          '  asm volatile("bar.sync 1, %0;" : : "n"(THREADS) : "memory");\n')
+    assert lint_body(ok, "k", "f") == []
+    assert lint_body("  __syncthreads();  // mpk-lint: allow (a fault fixture)\n", "k", "f") == []
+
+
+@pytest.mark.nvcc
+def test_a_body_that_breaks_the_contract_stops_at_generate_and_keeps_the_old_output(project):
+    project.scons("stage=compile")
+    good = project.path(GEN).read_text()
+    project.edit(BODY, "  (void)task_index;", "  const int row_of_block = blockIdx.x;\n  (void)task_index;")
+    dry = project.scons("-n", "stage=compile").stdout.split("\n")
+    assert f"generate {K} {K}.cuh" in dry
+    status = project.scons("status", "stage=compile").stdout
+    assert "would fail" in status and "identity from the block" in status
+    run = project.scons("stage=compile", check=False)
+    assert run.returncode != 0
+    assert re.search(rf"{GEN}:\d+: identity from the block \(const int row_of_block = blockIdx.x;\)", run.stderr)
+    assert project.path(GEN).read_text() == good          # the previous body, as it was
+    assert f"compile {K} sm_90a" not in run.actions
+
+
+def test_the_docs_state_the_contract_the_header_defines():
+    """adding-a-kernel.md and README say what K_spec.h provides, and neither tells a body
+    to use what the lint refuses."""
+    header = (REPO / "site_scons/mpkbuild/templates/spec_header.h.j2").read_text()
+    for name in ("THREADS", "WORKER_THREADS", "task_barrier()", "task_smem()"):
+        assert re.search(rf"\b{re.escape(name.rstrip('()'))}\b", header), name
+    for doc in ("docs/adding-a-kernel.md", "README.md"):
+        text = (REPO / doc).read_text()
+        assert "task_barrier()" in text and "never `__syncthreads()`" in text, doc
+        assert "ends with `__syncthreads()`" not in text, doc
