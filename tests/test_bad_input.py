@@ -207,6 +207,32 @@ CASES: dict[str, Case] = {
                        "rel_max: 5"),
     "repeats: a billion": Case(replace("repeats: 7", "repeats: 1000000000"), "perf.repeats",
                                "above the maximum 1000", "repeats: 1000000000"),
+    # loaded, then failed later before issue 43: every one is refused at load now
+    "align: 16.0": Case(replace("bytes: 16, align: 16}", "bytes: 16, align: 16.0}"),
+                        "codegen.smem.regions.0.align", "expected integer, got float", "align: 16.0"),
+    "trials: 3.0": Case(replace("  trials: 3\n", "  trials: 3.0\n"), "validate.trials",
+                        "expected integer, got float", "trials: 3.0"),
+    "float template argument": Case(replace("{rows: 1, hidden: 4096}", "{rows: 1, hidden: 4096.0}"),
+                                    "codegen.variants.decode_r1_h4096.hidden", "expected integer, got float",
+                                    "hidden: 4096.0"),
+    "threads: 512": Case(replace("  threads: 128", "  threads: 512"), "codegen.threads",
+                         "more than MPK's worker block of 256", "threads: 512"),
+    "variant named int": Case(replace("decode_r1_h4096:    {rows: 1", "int:    {rows: 1"),
+                              "codegen.variants.int", "a C++ keyword", "int:    {rows"),
+    "variant named class": Case(replace("decode_r1_h4096:    {rows: 1", "class:    {rows: 1"),
+                                "codegen.variants.class", "a C++ keyword", "class:    {rows"),
+    "variant named __global__": Case(replace("decode_r1_h4096:    {rows: 1", "__global__:    {rows: 1"),
+                                     "codegen.variants.__global__", "reserved in C++", "__global__:"),
+    "variant named THREADS": Case(replace("decode_r1_h4096:    {rows: 1", "THREADS:    {rows: 1"),
+                                  "codegen.variants.THREADS", "a name the spec header defines", "THREADS:"),
+    "variant named namespace": Case(replace("decode_r1_h4096:    {rows: 1", "namespace:    {rows: 1"),
+                                    "codegen.variants.namespace", "a C++ keyword", "namespace:"),
+    "variant symbol grid": Case(replace("{rows: 1, hidden: 4096}", "{rows: 1, hidden: 4096, grid: 2}"),
+                                "codegen.variants.decode_r1_h4096.grid", "decode_r1_h4096::GRID", "grid: 2"),
+    "param worker_threads": Case(replace("    eps: 1.0e-6\n", "    eps: 1.0e-6\n    worker_threads: 256\n"),
+                                 "codegen.params.worker_threads", "WORKER_THREADS", "worker_threads: 256"),
+    "params eps and EPS": Case(replace("    eps: 1.0e-6\n", "    eps: 1.0e-6\n    EPS: 1.0e-5\n"),
+                               "codegen.params.EPS", "param 'eps'", "EPS: 1.0e-5"),
 }
 
 
@@ -252,7 +278,8 @@ def test_loader_refuses_with_one_located_message(root, name):
 # one scons start costs about a second: the cases the issue reproduced, plus a few kinds
 SCONS_CASES = ["alias bomb (9 levels)", "9 ** 9 ** 9", "rows: 4294967296", "hidden: 2147484672",
                "100,000 variants", "timeout_s: .inf", "cos_min: .nan", "non-UTF-8 spec",
-               "non-UTF-8 reference.py", "unknown tag", "// 0", "100,000-term expression", "empty file"]
+               "non-UTF-8 reference.py", "unknown tag", "// 0", "100,000-term expression", "empty file",
+               "trials: 3.0", "variant named __global__"]
 
 
 def scons_measured(root: Path, *args: str) -> tuple[int, str, str, float, int]:
@@ -288,6 +315,39 @@ def test_scons_refuses_before_writing_anything(tmp_path, name):
         assert not (proj.root / ".sconsign.dblite").exists(), args
         assert elapsed < CEILING_S, f"{name} {args}: {elapsed:.1f} s"
         assert rss < CEILING_BYTES, f"{name} {args}: {rss / 1e6:.0f} MB"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_spec_that_is_no_regular_file_is_refused_without_reading_it(tmp_path, kind):
+    """A FIFO would block the first read forever (build and status hung): refused by its
+    file type, before it is opened."""
+    proj = copy_project(tmp_path / "proj")
+    path = proj.root / SPEC
+    path.unlink()
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    for args in (("stage=compile",), ("status",)):
+        code, _, stderr, elapsed, _ = scons_measured(proj.root, *args)
+        assert code == 2 and "a spec must be a regular file" in stderr, (args, stderr)
+        assert elapsed < CEILING_S
+    assert not (proj.root / "build").exists()
+
+
+def test_a_huge_spec_is_refused_by_its_size_before_it_is_read(tmp_path):
+    """The size is checked before anything reads the file (the cache hash read it whole)."""
+    from mpkbuild.model.kernel import Kernel
+    proj = copy_project(tmp_path / "proj")
+    path = proj.root / SPEC
+    with open(path, "ab") as fh:
+        fh.truncate(200 * 1024 * 1024)               # sparse: 200 MB that costs no disk
+    tracemalloc.start()
+    try:
+        with pytest.raises(SpecError) as info:
+            Kernel.load(proj.root, K, write_cache=False)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert f"more than the {config.MAX_SPEC_BYTES}" in info.value.message
+    assert peak < 10 * 1024 * 1024, f"{peak / 1e6:.0f} MB"
 
 
 def test_body_symlinked_out_of_the_repository_is_refused_with_a_fresh_cache(tmp_path):

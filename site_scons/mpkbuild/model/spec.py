@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import copy
 import fnmatch
+import keyword
 import functools
 import json
 import os
@@ -266,6 +267,69 @@ def _realpath_under(base: str, rel: str) -> str:
     return path or os.sep
 
 
+# C++ (and CUDA's) keywords: a name the generated code declares must be none of them
+CPP_KEYWORDS = frozenset("""
+alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t
+char32_t class compl concept const consteval constexpr constinit const_cast continue co_await
+co_return co_yield decltype default delete do double dynamic_cast else enum explicit export
+extern false float for friend goto if inline int long mutable namespace new noexcept not not_eq
+nullptr operator or or_eq private protected public register reinterpret_cast requires return
+short signed sizeof static static_assert static_cast struct switch template this thread_local
+throw true try typedef typeid typename union unsigned using virtual void volatile wchar_t while
+xor xor_eq restrict dim3 size_t std""".split())
+# what the generated spec header declares in namespace <K>_spec (params and variant
+# namespaces live there too), and in each variant's namespace (its symbols live there)
+SPEC_HEADER_NAMES = frozenset({"THREADS", "WORKER_THREADS", "SMEM_BUDGET", "SMEM_TOTAL", "SMEM_TOTAL_MAX",
+                               "SMEM_BASE_ALIGN", "SMEM_BASE_PAD", "task_barrier", "task_smem"})
+VARIANT_NAMES = frozenset({"GRID", "SMEM_TOTAL"})
+
+
+def _cpp_reserved(name: str) -> str | None:
+    """Why a name cannot be a C++ identifier the generated code declares, or None."""
+    if name in CPP_KEYWORDS:
+        return "a C++ keyword"
+    if name.startswith("__") or "__" in name or (name.startswith("_") and name[1:2].isupper()):
+        return "reserved in C++ (a double underscore, or an underscore and a capital)"
+    return None
+
+
+def _cpp_name_problems(cg: dict):
+    """Every name the generated code declares: no keyword, no reserved name, and no clash
+    with another name in the same C++ scope (params become upper-case constexprs beside
+    THREADS and the SMEM constants; a variant is a namespace there too; its symbols are
+    upper-case constexprs beside GRID)."""
+    regions = {f"SMEM_{r['name'].upper()}_{s}" for r in cg.get("smem", {}).get("regions", [])
+               for s in ("OFFSET", "BYTES", "ALIGN")}
+    taken = {n: "a name the spec header defines" for n in SPEC_HEADER_NAMES | regions}
+    for pname in cg["params"]:
+        upper = pname.upper()
+        why = _cpp_reserved(upper) or taken.get(upper)
+        if why is None and keyword.iskeyword(pname):
+            why = "a Python keyword (params are passed to the reference by name)"
+        if why:
+            yield ("codegen", "params", pname), f"{pname!r} becomes the C++ constant {upper}, which is {why}"
+        taken.setdefault(upper, f"param {pname!r}'s constant")
+    for vname, binding in cg["variants"].items():
+        why = _cpp_reserved(vname) or taken.get(vname)
+        if why:
+            yield ("codegen", "variants", vname), f"variant {vname!r} becomes a C++ namespace and is {why}"
+        seen = {n: "a name each variant's namespace defines" for n in VARIANT_NAMES | regions}
+        for sym in binding:
+            upper = sym.upper()
+            why = _cpp_reserved(upper) or seen.get(upper)
+            if why:
+                yield ("codegen", "variants", vname, sym), (f"symbol {sym!r} becomes the C++ constant "
+                                                            f"{vname}::{upper}, which is {why}")
+            seen.setdefault(upper, f"symbol {sym!r}'s constant")
+    for kind in ("inputs", "outputs"):
+        for i, t in enumerate(cg[kind]):
+            why = _cpp_reserved(t["name"]) or ("the harness's own argument" if t["name"] == "spans" else None)
+            if why is None and keyword.iskeyword(t["name"]):
+                why = "a Python keyword (tensors are passed to the reference by name)"
+            if why:
+                yield ("codegen", kind, i, "name"), f"tensor {t['name']!r} is a C++ parameter name and is {why}"
+
+
 def _semantic_errors(data: dict, root: Path, stem: str):
     """Checks the schema cannot express. Yields (path, message); the first one is reported."""
     if data["kernel"] != stem:
@@ -284,6 +348,11 @@ def _semantic_errors(data: dict, root: Path, stem: str):
             yield ("codegen", "include_dirs", i), f"{d!r} is not a folder (relative to the repository, or absolute)"
     if cg["threads"] % 32:
         yield ("codegen", "threads"), f"threads={cg['threads']} is not a multiple of the warp size 32"
+    if cg["threads"] > config.MPK_WORKER_THREADS:
+        yield ("codegen", "threads"), (f"threads={cg['threads']} is more than MPK's worker block of "
+                                       f"{config.MPK_WORKER_THREADS} threads (WORKER_NUM_THREADS on Hopper "
+                                       "and Blackwell), on whose first codegen.threads the body runs")
+    yield from _cpp_name_problems(cg)
     consts = {"threads": cg["threads"], **{k: v for k, v in cg["params"].items()
                                           if not isinstance(v, bool)}}
     for pname, value in cg["params"].items():
@@ -560,6 +629,9 @@ def load_spec_cached(path: Path | str, root: Path | str, cache: Path, write: boo
     recorded for them; other bytes are parsed."""
     root, path = Path(root), Path(path)
     try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > config.MAX_SPEC_BYTES:
+            raise OSError("not a spec the cache can hold")     # the full load says why
         raw = read_bytes(str(path))
         cached = json.loads(read_bytes(str(cache)).decode("utf-8"))
         fresh = cached.get("source_sha") == sha256_bytes(raw) and cached.get("loader") == loader_version()
@@ -611,6 +683,17 @@ def save_spec_cache(spec: LoadedSpec, cache: Path, root: Path) -> None:
         pass                                # a read-only tree still builds, just slower
 
 
+@functools.lru_cache(maxsize=None)
+def _validator():
+    """Draft 2020-12 with integers that are integers: JSON Schema counts 16.0 as one, and a
+    16.0 would be written as `16.0` into C++ where an int belongs (or break the loader)."""
+    import jsonschema
+    base = jsonschema.Draft202012Validator
+    checker = base.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, x: isinstance(x, int) and not isinstance(x, bool))
+    return jsonschema.validators.extend(base, type_checker=checker)
+
+
 def load_spec(path: Path | str, root: Path | str) -> LoadedSpec:
     """Load and validate one spec; raise SpecError (file, line, field) on the first problem."""
     root = Path(root)
@@ -620,7 +703,12 @@ def load_spec(path: Path | str, root: Path | str) -> LoadedSpec:
     except ValueError:
         rel = str(path)
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise SpecError(rel, 1, (), "a spec must be a regular file (this is a "
+                            f"{'FIFO' if stat.S_ISFIFO(st.st_mode) else 'folder' if stat.S_ISDIR(st.st_mode) else 'special file'}"
+                            "); nothing was read")
+        size = st.st_size
         if size > config.MAX_SPEC_BYTES:
             raise SpecError(rel, 1, (), f"spec is {size} bytes, more than the {config.MAX_SPEC_BYTES} "
                                         "a spec may be")
@@ -644,7 +732,7 @@ def load_spec(path: Path | str, root: Path | str) -> LoadedSpec:
         what = "empty" if raw is None else f"a YAML {type(raw).__name__}"
         raise SpecError(rel, 1, (), f"a spec must be a YAML mapping (this one is {what})")
     sch = schema.full_schema()
-    errors = sorted(jsonschema.Draft202012Validator(sch).iter_errors(raw),
+    errors = sorted(_validator()(sch).iter_errors(raw),
                     key=lambda e: (line_for(lines, tuple(e.absolute_path)), list(map(str, e.absolute_path))))
     if errors:
         fpath, message = _schema_error(errors[0])
