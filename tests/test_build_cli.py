@@ -36,7 +36,7 @@ def test_help_lists_stages_kernels_and_options(project):
 def test_gpu_stage_without_gpu_fails_and_marks_nothing_passed(project):
     run = project.scons(f"kernel={K}", "stage=validate", fake_gpu=False, check=False)
     assert run.returncode != 0
-    assert "need a CUDA GPU" in run.stderr and "GPU box" in run.stderr
+    assert "needs a CUDA GPU" in run.stderr and "GPU box" in run.stderr
     assert not list((project.root / "build" / K).glob("gpu/*/validate.json"))
     assert not list((project.root / "build" / K).glob("gpu/*/validate.ok"))
 
@@ -219,3 +219,37 @@ def test_stage_runtime_without_a_checkout_is_an_error_and_writes_nothing(project
         assert run.returncode == 2, run.stdout + run.stderr
         assert says in run.stderr, run.stderr
         assert not (project.root / "build").exists()
+
+
+@pytest.mark.parametrize("args, says", [
+    (("stage=valdate",), "did you mean 'validate'?"),
+    (("kernel=rmsnorm",), "did you mean 'rmsnorm_v2'?"),
+    (("kernel=",), "kernel= names no kernel"),
+    (("kernel= , ",), "kernel= names no kernel"),
+])
+def test_misspelt_or_empty_values_are_refused_with_the_nearest(project, args, says):
+    run = project.scons(*args, check=False)
+    assert run.returncode == 2 and says in run.stderr, run.stderr
+    assert not (project.root / "build").exists()
+
+
+def test_status_names_a_running_build_and_the_lock_names_its_holder(project):
+    """While a build holds the tree's lock, status says so; a second build's refusal names
+    the holder's pid, or says it cannot when the pid file is gone."""
+    import fcntl
+    import os
+    (project.root / "build").mkdir()
+    fd = os.open(project.root, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)        # this test process stands in for a running build
+    try:
+        (project.root / "build" / ".mpk-build.lock").write_text(f"{os.getpid()}\n")
+        status = project.scons("status", check=False)
+        assert f"a build is running in this tree (pid {os.getpid()})" in status.stdout + status.stderr
+        second = project.scons("stage=spec", check=False)
+        assert second.returncode == 2 and f"(pid {os.getpid()})" in second.stderr
+        (project.root / "build" / ".mpk-build.lock").unlink()
+        second = project.scons("stage=spec", check=False)
+        assert second.returncode == 2 and "pid file build/.mpk-build.lock is gone" in second.stderr
+        assert "pid ?" not in second.stderr
+    finally:
+        os.close(fd)

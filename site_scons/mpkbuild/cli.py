@@ -78,7 +78,9 @@ class Build:
                 f"{self.fingerprint.signature()}, and this machine has "
                 f"{real.signature() if real else 'no GPU'}: run it on that GPU (or take it from a "
                 "shared cache). Nothing was marked passed.")
-        return require_gpu(self.fingerprint, self.executor.absence(), kernel_name, stage)
+        root = self.wire_request.mpk_root if self.wire_request else None
+        args = f" mpk_root={root}" if stage == "runtime" and root is not None else ""
+        return require_gpu(self.fingerprint, self.executor.absence(), kernel_name, stage, args)
 
     def run_gate(self, job):
         try:
@@ -133,17 +135,21 @@ def parse_request(build: Build) -> tuple[list[str], str, bool]:
         names = known
     else:
         names = [n.strip() for n in wanted.split(",") if n.strip()]
+        if not names:
+            # `kernel=$K` with K unset must not build nothing and pass
+            fail_early(f"kernel= names no kernel (give a name, a comma list or all; kernels: "
+                       f"{', '.join(known) or 'none'})")
         unknown = [n for n in names if n not in known]
         if unknown:
-            fail_early(f"unknown kernel {', '.join(unknown)} (kernels: {', '.join(known) or 'none'}; "
-                       f"a kernel is specs/<name>.yaml)")
+            fail_early(f"unknown kernel {', '.join(unknown)}{_nearest(unknown[0], known)} (kernels: "
+                       f"{', '.join(known) or 'none'}; a kernel is specs/<name>.yaml)")
     stage = ARGUMENTS.get("stage")
     defaulted = False
     if stage is None:
         stage = "review" if build.gpu_here else "compile"
         defaulted = stage == "compile"
     if stage not in stages.NAMES:
-        fail_early(f"unknown stage {stage!r} (stages: {', '.join(stages.NAMES)})")
+        fail_early(f"unknown stage {stage!r}{_nearest(stage, stages.NAMES)} (stages: {', '.join(stages.NAMES)})")
     return names, stage, defaulted
 
 
@@ -255,6 +261,10 @@ def report(build: Build, command: str, g: graph_mod.Graph, sconsign, names: list
         return 0
     statuses = status_mod.compute(g, sconsign, predictor, build.gpu_here,
                                   only=g.needed_labels(targets))
+    running = running_build(root)
+    if running and command in ("status", "check", "dry-run"):
+        note(f"a build is running in this tree ({running}): what it has not finished yet "
+             "shows as it was before it started")
     if command == "dry-run":
         for st in statuses:
             if st.will_run:
@@ -315,6 +325,24 @@ def use_cache(env, root: Path) -> None:
 _LOCK = []      # the locked folder's descriptor: held (and the lock with it) until this process ends
 
 
+def running_build(root: Path) -> str | None:
+    """Who holds the build lock of this tree ("pid N", or that it is not known), or None."""
+    import fcntl
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    except OSError:
+        try:
+            holder = (root / config.BUILD_DIRNAME / ".mpk-build.lock").read_text().strip()
+        except OSError:
+            holder = ""
+        return f"pid {holder}" if holder.isdigit() else "its pid is not known"
+    finally:
+        os.close(fd)
+
+
 def take_build_lock(root: Path) -> None:
     """One building (or cleaning) scons per tree: a second one refuses at once. The lock is
     an flock on the tree's own folder, which neither `scons -c` nor deleting build/ (or the
@@ -328,10 +356,12 @@ def take_build_lock(root: Path) -> None:
     except OSError:
         os.close(fd)
         try:
-            holder = pid_file.read_text().strip() or "?"
+            holder = pid_file.read_text().strip()
         except OSError:
-            holder = "?"
-        fail_early(f"another scons is building in this tree (pid {holder}); wait for it to "
+            holder = ""
+        who = (f"pid {holder}" if holder.isdigit() else
+               f"its pid file {os.path.relpath(pid_file, root)} is gone, so which process is not known")
+        fail_early(f"another scons is building in this tree ({who}); wait for it to "
                    f"finish or stop it. Nothing was changed. (status, -n, dag and why= do not lock)")
     _LOCK.append(fd)
     pid_file.parent.mkdir(parents=True, exist_ok=True)
@@ -350,10 +380,17 @@ def verdict_table(requested: dict) -> None:
             verdict = "FAILED (see the error above)"
         elif state in (SCons.Node.executed, SCons.Node.up_to_date):
             res = read_json(result_path) if result_path else {"verdict": "pass"}
-            verdict = verdict_line(res) if res else "pass"
+            if gate == "compile" and res:
+                from mpkbuild.stages.compile import summary
+                verdict = summary(res)
+            else:
+                verdict = verdict_line(res) if res else "pass"
         else:
-            verdict = "not reached (the build stopped at the first failure; -k goes on)"
-        rows.append((kname, label, verdict[:110]))
+            last = read_json(result_path) if result_path else None
+            verdict = ("not reached (the build stopped at the first failure; -k goes on)"
+                       + (f"; its last result, not checked this run: {last.get('verdict')}"
+                          if last and last.get("verdict") else ""))
+        rows.append((kname, label, verdict[:130]))
     if not rows:
         return
     width = max(len(r[0]) for r in rows)

@@ -45,9 +45,9 @@ class GpuFingerprint:
 
 
 NO_GPU_HELP = (
-    "GPU gates (validate, perf) need a CUDA GPU and this machine has none ({why}). "
-    "Run them on the GPU box: copy the tree there and run `scons kernel={kernel} stage={stage}`; "
-    "here, build up to `stage=compile`. Nothing was marked passed.")
+    "the {stage} gate needs a CUDA GPU and this machine has none ({why}). "
+    "Run it on the GPU box: copy the tree there and run `scons kernel={kernel} stage={stage}{args}`; "
+    "here, build up to `stage=compile` (and `stage=wire`). Nothing was marked passed.")
 
 
 def _torch_version() -> str:

@@ -108,6 +108,20 @@ def resource_verdict(job: CompileJob, functions: dict[str, dict]) -> dict:
             "toolchain": toolchain_fingerprint()}
 
 
+def summary(result: dict) -> str:
+    """A compile verdict as the build's table shows it: registers, spills and SMEM over the
+    variants (resources.json has them per variant)."""
+    v = list((result.get("variants") or {}).values())
+    if not v:
+        return result.get("verdict", "?")
+    regs = sorted({x["registers"] for x in v})
+    spills = sum(x.get("spill_stores", 0) + x.get("spill_loads", 0) for x in v)
+    smem = max(x.get("smem_total", 0) for x in v)
+    return (f"{result.get('verdict', '?')}: {len(v)} variants, "
+            f"{regs[0] if len(regs) == 1 else f'{regs[0]}-{regs[-1]}'} registers, "
+            f"{'no spills' if not spills else f'{spills} bytes spilled'}, SMEM up to {smem} bytes")
+
+
 def run_compile(job: CompileJob, command: list[str], cwd: Path) -> dict:
     """Run nvcc (in cwd, paths relative to it) into a temp file, gate the resources, then
     publish library + resources.json."""

@@ -91,9 +91,11 @@ def arch_for(fingerprint: GpuFingerprint, archs: tuple[str, ...], kernel: str) -
     return arch
 
 
-def require_gpu(fingerprint: GpuFingerprint | None, absence: str, kernel: str, stage: str) -> GpuFingerprint:
+def require_gpu(fingerprint: GpuFingerprint | None, absence: str, kernel: str, stage: str,
+                args: str = "") -> GpuFingerprint:
+    """args: what the command that works needs besides kernel= and stage= (mpk_root=)."""
     if fingerprint is None:
-        raise GateCannotRun(NO_GPU_HELP.format(why=absence, kernel=kernel, stage=stage))
+        raise GateCannotRun(NO_GPU_HELP.format(why=absence, kernel=kernel, stage=stage, args=args))
     return fingerprint
 
 
