@@ -409,3 +409,14 @@ def test_shared_cache_files_follow_the_umask_and_another_user_reads_them(built, 
     finally:
         import shutil
         shutil.rmtree(share, ignore_errors=True)
+
+
+def test_status_is_compact_by_default_and_details_lists_every_reason(built):
+    """Without this profile's GPU every GPU node is pending: the default says how many in
+    one line (the table has them per kernel); --details lists each with its reasons."""
+    short = built.scons("status", fake_gpu=False).stdout
+    full = built.scons("status", "--details", fake_gpu=False).stdout
+    assert f"validate {K} " not in short and "pending (pending: no GPU of this profile here)" in short
+    assert "scons status --details" in short
+    assert f"validate {K} " in full and "no GPU of this profile here" in full
+    assert len(short.splitlines()) < len(full.splitlines())

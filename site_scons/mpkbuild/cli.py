@@ -269,6 +269,12 @@ def report(build: Build, command: str, g: graph_mod.Graph, sconsign, names: list
         for st in statuses:
             if st.will_run:
                 say(st.label)
+        here = [st for st in statuses if st.will_run and st.state == "pending"]
+        if here:
+            note(f"{len(here)} of these run on a GPU of profile {g.gpu_key}, which this machine does not "
+                 f"have ({build.executor.absence() if build.real_gpu is None and build.fingerprint is None else 'another GPU here'}): "
+                 "the build would stop at the first of them; stage=compile (and stage=wire) builds "
+                 "what runs here")
         return 0
     if command == "dag":
         ag = dagview.restrict(dagview.action_graph(g), g, targets)
@@ -279,7 +285,7 @@ def report(build: Build, command: str, g: graph_mod.Graph, sconsign, names: list
     if GetOption("mpk_json"):
         say(status_mod.to_json(statuses, g.gpu_key))
     else:
-        say(status_mod.table(statuses, g.gpu_key))
+        say(status_mod.table(statuses, g.gpu_key, details=bool(GetOption("mpk_details"))))
         others = [p for p in gpu_mod.known_profiles(root) if p != g.gpu_key]
         if others:
             say(f"\nresults also exist for GPU profiles: {', '.join(others)} (status gpu=<profile>)")

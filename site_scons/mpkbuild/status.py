@@ -262,8 +262,10 @@ def _read(path: Path) -> str | None:
 
 
 # ---------------------------------------------------------------- rendering
-def table(statuses: list[NodeStatus], gpu_key: str) -> str:
-    """kernel x gate: one cell per stage (worst state of its nodes), then every reason."""
+def table(statuses: list[NodeStatus], gpu_key: str, details: bool = False) -> str:
+    """kernel x gate: one cell per stage (worst state of its nodes), then the reasons of
+    what changed (stale, failed); with `details` every non-fresh node's, pending and never
+    run ones too (those are otherwise counted in one line)."""
     order = {"failed": 0, "pending": 1, "never run": 2, "stale": 3, "fresh": 4}
     cells: dict[str, dict[str, str]] = {}
     cols: list[str] = []                     # in graph order
@@ -287,9 +289,17 @@ def table(statuses: list[NodeStatus], gpu_key: str) -> str:
                                                      for c, w in zip(cols, widths)))
     detail = [st for st in statuses if st.state != "fresh" and st.kind != "check"]
     lines.append("" if detail else "\neverything is fresh")
+    quiet = {"pending", "never run"}
     for st in detail:
-        lines.append(f"{st.label}: {st.state}")
-        lines.extend(f"    {reason}" for reason in st.reasons)
+        if details or st.state not in quiet:
+            lines.append(f"{st.label}: {st.state}")
+            lines.extend(f"    {reason}" for reason in st.reasons)
+    held = [st for st in detail if st.state in quiet]
+    if held and not details:
+        counts = {s: sum(st.state == s for st in held) for s in ("pending", "never run")}
+        lines.append(", ".join(f"{n} {s}" for s, n in counts.items() if n)
+                     + (" (pending: no GPU of this profile here)" if counts["pending"] else "")
+                     + "; `scons status --details` lists them with their reasons")
     deltas = [st for st in statuses if st.delta]
     if deltas:
         lines.append("\nperf against the accepted results (perf_history/):")

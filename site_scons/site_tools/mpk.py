@@ -113,6 +113,8 @@ def generate(env):
     SCons.Script.SetOption("max_drift", -1)
     SCons.Script.AddOption("--json", dest="mpk_json", action="store_true", default=False,
                            help="scons status: print JSON")
+    SCons.Script.AddOption("--details", dest="mpk_details", action="store_true", default=False,
+                           help="scons status: the reasons of pending and never-run nodes too")
     env.AddMethod(declare, "MpkDeclare")
 
 
