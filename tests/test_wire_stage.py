@@ -134,3 +134,18 @@ def test_a_clash_after_wiring_fails_unless_renumber_is_asked(two, checkout):
     assert snapshot(checkout) == owned
     two.scons("kernel=all", "stage=wire", f"mpk_root={checkout}", "apply=1", "renumber=1")
     assert wire_json(two, "rmsnorm_v2")["numbers"]["sm_90a"] != n
+
+
+def test_the_checkout_a_build_was_given_is_remembered_for_status_and_forgotten_on_request(project, checkout):
+    """After `scons stage=wire mpk_root=X`, a plain `scons status` judges the graph that build
+    made (it called every wire node stale: "mpk_root=X -> render"); `mpk_root=` forgets."""
+    import json
+    project.scons("stage=wire", f"mpk_root={checkout}")
+    assert f"mpk_root = '{checkout}'" in (project.root / "build" / "options.py").read_text()
+    run = project.scons("status", "--json", "stage=wire")
+    nodes = {n["label"]: n for n in json.loads(run.stdout)["nodes"]}
+    assert "remembered in build/options.py" in run.stderr
+    assert not any("render" in r for r in nodes[f"wire {K}"]["reasons"]), nodes[f"wire {K}"]
+    forgot = project.scons("stage=wire", "mpk_root=")
+    assert "22 fragments rendered" in forgot.stdout or "fragments rendered" in forgot.stdout
+    assert "mpk_root" not in (project.root / "build" / "options.py").read_text().split("\n", 2)[-1]

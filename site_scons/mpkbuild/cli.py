@@ -418,12 +418,67 @@ def gate_order(g: graph_mod.Graph, kernels: list[Kernel], closure) -> list[str]:
     return [k.rel.gate_result(gate, g.gpu_key) for k, gate in order]
 
 
+# The options a tree is built with, remembered in build/options.py (an SCons Variables
+# file: `name = 'value'` lines) by the last build that gave them, and used when a later
+# run does not: `scons status` after `scons stage=review mpk_root=X` judges the graph that
+# build made. `name=` (empty) forgets one. Never what writes outside build/ (apply=,
+# unwire=), nor what picks the executor or the GPU profile.
+REMEMBERED = ("mpk_root", "gpus")
+OPTIONS_FILE = "options.py"
+
+
+def remembered_options(root: Path) -> dict[str, str]:
+    """build/options.py as {name: value} (what SCons's Variables would read from it)."""
+    import ast
+    try:
+        tree = ast.parse((root / config.BUILD_DIRNAME / OPTIONS_FILE).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id in REMEMBERED and isinstance(node.value, ast.Constant) \
+                and isinstance(node.value.value, str):
+            out[node.targets[0].id] = node.value.value
+    return out
+
+
+def apply_remembered(root: Path) -> dict[str, str]:
+    """Put the remembered options the command line does not give into ARGUMENTS; returns
+    those used (status and the build say so)."""
+    used = {}
+    for name, value in remembered_options(root).items():
+        if name not in ARGUMENTS:
+            ARGUMENTS[name] = value
+            used[name] = value
+    for name in REMEMBERED:
+        if ARGUMENTS.get(name) == "":
+            del ARGUMENTS[name]              # `name=`: forget it
+    return used
+
+
+def remember_options(root: Path) -> None:
+    """What this build was given of REMEMBERED, for the runs after it."""
+    from mpkbuild.util.fsutil import write_atomic
+    keep = {n: ARGUMENTS[n] for n in REMEMBERED if ARGUMENTS.get(n)}
+    path = root / config.BUILD_DIRNAME / OPTIONS_FILE
+    if not keep and not path.exists():
+        return
+    text = ("# The options this tree was last built with (mpkbuild, SCons Variables format): a run\n"
+            "# that does not give one uses it; `name=` forgets it.\n"
+            + "".join(f"{n} = {v!r}\n" for n, v in keep.items()))
+    write_atomic(path, text, only_if_changed=True)
+
+
 def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
     """Everything up to declaring nodes: parse, load, answer the commands that do not build
     (they exit here), lock. Returns the build, its graph, the default targets (gates first)
     and the nodes the verdict table reports."""
     root = Path(env.Dir("#").abspath)
     SCons.Script.Help(help_text(root), append=False)
+    if not GetOption("help"):
+        for name, value in apply_remembered(root).items():
+            note(f"{name}={value} (remembered in {config.BUILD_DIRNAME}/{OPTIONS_FILE}; give {name}= to forget it)")
     try:
         executor = run_mod.load(ARGUMENTS.get("executor"), dict(ARGUMENTS))
     except ExecutorError as exc:
@@ -478,6 +533,8 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
     for k in kernels:
         k.save_spec_cache()                # only now: bad input above must write nothing
     g.code.save()                          # the code digests this plan computed
+    if not GetOption("clean"):
+        remember_options(root)
     closure = stages.closure(stage)
     targets = g.request(names, stage, with_summary)
     needed = g.needed_labels(targets)      # the verdict table lists only what this stage builds
