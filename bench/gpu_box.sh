@@ -29,13 +29,13 @@ export PYTHONPATH=/tmp/site:$PWD/site_scons PATH=/tmp/site/bin:$PATH PYTHONUNBUF
 nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
 tests() { timeout "$limit" python3 -m pytest -v -rs -m gpu -p no:cacheprovider --durations=15 "$@" 2>&1 | tee "$out/$part.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tail -40; }
 case "$part" in
-  gates)   tests tests/test_faults.py tests/test_gpu.py tests/test_gpuwait.py ;;
-  catalog) tests tests/test_gpu_catalog.py ;;
+  gates)   tests tests/stages/test_faults.py tests/test_gpu.py tests/runners/test_gpuwait.py ;;
+  catalog) tests tests/stages/test_gpu_catalog.py ;;
   runtime)
     [ -d .mirage/mpk/include ] || { echo "no .mirage/mpk/include: carry the MPK headers"; exit 1; }
     # the tests look for the pinned tree at ../shared/mirage, as on the CPU machines
     mkdir -p ../shared && ln -sfn "$PWD/.mirage" ../shared/mirage
-    tests tests/test_runtime_gate.py ;;
+    tests tests/stages/test_runtime_gate.py ;;
   bench)
     # with the MPK headers carried, the runtime gate's wall time and edit-to-verdict too
     mpk=(); [ -d .mirage/mpk/include ] && mpk=(--mpk-root .mirage/mpk)

@@ -91,7 +91,7 @@ def _fig(us: float, phase: float) -> dict:
 
 def _figures(ratio: float, pcfg: dict) -> dict:
     """What the real runner measures (runners/perf.perf_variant), completed by the real
-    runner's own complete_variant: the result has its shape (tests/test_fake_gpu.py)."""
+    runner's own complete_variant: the result has its shape (tests/runners/test_fake_gpu.py)."""
     from mpkbuild.runners.perf import complete_variant
     base_us = json.loads(os.environ.get("FAKE_GPU_BASELINE", "{}"))
     hot, base = _fig(2.0 * ratio, 0.0), _fig(2.0, 1.0)

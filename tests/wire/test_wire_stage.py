@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 
 K = "rmsnorm_v2"
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "mpk_tree"
+from conftest import REPO
+
+FIXTURE = REPO / "tests" / "fixtures" / "mpk_tree"
 
 
 def snapshot(root: Path) -> dict:

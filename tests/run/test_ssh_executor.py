@@ -25,7 +25,7 @@ from mpkbuild.run.job import ExecutorError, GateInterrupted, GateJob
 from mpkbuild.run.remote.ssh import SshExecutor
 
 SSHD = "/usr/sbin/sshd"
-FAKES = Path(__file__).resolve().parent / "fakes"
+from conftest import FAKES
 K = "rmsnorm_v2"
 KEY = "fake-h200-sm90"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
 WIRING = REPO / "wiring"
 FIXTURE = REPO / "tests" / "fixtures" / "mpk_tree"
 

@@ -8,7 +8,7 @@ import pytest
 from mpkbuild.model import schema
 from mpkbuild.model.spec import SpecError, load_spec
 
-REPO = Path(__file__).resolve().parent.parent
+from conftest import REPO
 K = "rmsnorm_v2"
 
 

@@ -20,7 +20,7 @@ import torch
 from mpkbuild.run import sanitizer
 from mpkbuild.model.spec import load_spec
 
-FAULTS_DIR = __import__("pathlib").Path(__file__).resolve().parent / "fixtures" / "faults"
+FAULTS_DIR = __import__("conftest").REPO / "tests" / "fixtures" / "faults"
 sys.path.insert(0, str(FAULTS_DIR))
 import faultsuite  # noqa: E402
 

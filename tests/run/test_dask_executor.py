@@ -228,5 +228,5 @@ def test_a_bad_scheduler_is_a_clear_error_within_seconds(cluster, tmp_path, whic
 def test_the_default_install_never_imports_dask():
     code = ("import sys; from mpkbuild import run; run.load(None, {}); "
             "sys.exit(1 if 'distributed' in sys.modules or 'dask' in sys.modules else 0)")
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent / "site_scons"))
+    env = dict(os.environ, PYTHONPATH=str(__import__("conftest").REPO / "site_scons"))
     assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0

@@ -16,7 +16,7 @@ from mpkbuild import wire
 from mpkbuild.model.kernel import Kernel, discover
 from mpkbuild.stages.wire import task_sources
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
 MIRAGE = REPO.parent / "shared" / "mirage"
 WIRING = REPO / "wiring"
 # clang-format from the environment the tests run in (the venv's, pip install -e .[test])

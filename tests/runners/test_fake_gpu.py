@@ -7,7 +7,7 @@ import inspect
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "fakes"))
+sys.path.insert(0, str(__import__("conftest").FAKES))
 
 import fake_gpu  # noqa: E402
 from mpkbuild.runners import perf as perf_runner  # noqa: E402

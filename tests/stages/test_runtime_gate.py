@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from conftest import REPO
 PINNED = REPO.parent / "shared" / "mirage" / "mpk"
 sys.path.insert(0, str(REPO / "site_scons"))
 

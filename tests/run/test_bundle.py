@@ -21,7 +21,7 @@ from conftest import assert_processes_gone, eventually, stand_in_tree
 from mpkbuild.run.remote import bundle, bootstrap as remote
 from mpkbuild.run.job import GateInterrupted, GateJob
 
-FAKES = Path(__file__).resolve().parent / "fakes"
+from conftest import FAKES
 INPUTS = ("build/k/sm_90a/libk.so", "kernels/k/reference.py")
 
 
