@@ -64,7 +64,7 @@ __device__ __forceinline__ void {{ kernel }}_task(const __nv_bfloat16* input,
                                                  __nv_bfloat16* output,
                                                  int task_index, char* smem) {
   (void)weight; (void)task_index; (void)smem;
-  for (int i = threadIdx.x; i < HIDDEN; i += blockDim.x) output[i] = input[i];
+  for (int i = threadIdx.x; i < HIDDEN; i += {{ kernel }}_spec::THREADS) output[i] = input[i];
 }
 """
 

@@ -70,3 +70,16 @@ def test_second_create_of_the_same_name_is_refused(tree):
     with pytest.raises(scaffold.ScaffoldError, match="already exists"):
         scaffold.create(tree, "twice", "D")
     assert {p: p.read_text() for p in (tree / "kernels" / "twice").iterdir()} == before
+
+
+def test_the_scaffold_has_a_wiring_section_and_a_compiled_baseline(tmp_path):
+    """A new kernel can be wired and is measured against torch.compile from the start."""
+    import yaml
+    from mpkbuild import scaffold
+    from mpkbuild.model.spec import load_spec
+    root = copy_project(tmp_path / "proj").root
+    scaffold.create(root, "gelu_v2", "D")
+    spec = load_spec(root / "specs" / "gelu_v2.yaml", root)
+    assert spec.data["wiring"]["layer"] == "gelu_v2" and "wiring" in spec.sections
+    assert [b for b in spec.data["perf"]["baselines"] if b["compile"]], spec.data["perf"]
+    assert yaml.safe_load((root / "specs" / "gelu_v2.yaml").read_text())["codegen"]["threads"] == 128
