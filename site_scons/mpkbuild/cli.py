@@ -521,6 +521,9 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
                            sanitize=build.sanitize, files=files)
     for message in g.untrusted:            # outputs edited since their build wrote them
         note(message)
+    if "runtime" in stages.closure(stage) or command is not None:
+        for message in g.notes:
+            note(message)
     if command is None and GetOption("no_exec") and not GetOption("clean"):
         command = "dry-run"                # plain `scons -n` under-reports; ours is exact
     if command is not None:

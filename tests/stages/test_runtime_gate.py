@@ -324,3 +324,12 @@ def test_a_kernel_that_does_not_finish_alone_is_a_warm_up_hang(stand_in):
     (name,) = res["variants"]
     assert res["verdict"] == "hang" and res["variants"][name]["phase"] == "warm-up"
     assert "the worker kernel launched alone did not finish" in res["message"]
+
+
+def test_review_with_a_checkout_that_has_no_cutlass_says_why_the_runtime_gate_is_not_there(project, tmp_path):
+    """stage=runtime refuses such a checkout; stage=review builds without the gate, and says why."""
+    fake = tmp_path / "mpk_no_deps"
+    (fake / "include/mirage/persistent_kernel").mkdir(parents=True)
+    (fake / "include/mirage/persistent_kernel/persistent_kernel.cuh").write_text("// stand-in\n")
+    run = project.scons("-n", "stage=review", f"mpk_root={fake}")
+    assert "no runtime gate for any kernel" in run.stderr and "cutlass/include not found" in run.stderr

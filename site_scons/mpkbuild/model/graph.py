@@ -64,6 +64,7 @@ class Graph:
     code: CodeDigests | None = None          # the package files' normalised digests
     stage_modules: dict = field(default_factory=dict)   # stage -> its code modules (the table's)
     untrusted: list[str] = field(default_factory=list)  # why outputs on disk are not trusted
+    notes: list[str] = field(default_factory=list)      # what planning left out, and why
     _rels: dict = field(default_factory=dict, repr=False, compare=False)   # str(path) -> rel (memo)
     _producers: tuple | None = field(default=None, repr=False, compare=False)  # (node count, producers())
 
@@ -86,6 +87,11 @@ class Graph:
                 return self.distrust(f"{target} is not what its build wrote (edited by hand, or "
                                      "written by a build killed before it was recorded): it is made again")
         return None
+
+    def note(self, message: str) -> None:
+        """Say why planning left something out (printed once by the build, status and -n)."""
+        if message not in self.notes:
+            self.notes.append(message)
 
     def distrust(self, message: str) -> str:
         """Note why an output on disk is not trusted (the build says so); returns it."""

@@ -56,8 +56,9 @@ def nodes(g, k, stage: str) -> None:
         return
     try:
         checkout = Checkout.find(mpk_root)
-    except FileNotFoundError:
+    except FileNotFoundError as exc:
         g.requested[(k.name, stage)] = []
+        g.note(f"no runtime gate for any kernel: {exc}")     # printed once per run
         return
     gen = [k.rel.generated["spec_header"], k.rel.generated["body"]]
     producer = CHAINS.get(k.name)
