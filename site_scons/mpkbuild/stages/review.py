@@ -114,15 +114,22 @@ def write_summary(review_jsons: list[Path], md_path: Path, junit_path: Path | No
     reviews = [json.loads(p.read_text()) for p in review_jsons]
     if junit_path is not None:
         write_atomic(junit_path, junit_xml(reviews))
+    from mpkbuild.stages import GPU_GATES
+    # a column per gate of the table the reviews have (wire, and the runtime gate only where
+    # some review ran it: a gate no kernel had is no column of "not run")
+    columns = ["wire"] * any(r.get("wire") for r in reviews) + [
+        g for g in GPU_GATES if any(g in r["gates"] for r in reviews)]
     rows = [{"kernel": r["kernel"], "overall": r["overall"],
              "compile": {c["arch"]: c["verdict"] for c in r["compile"]},
-             "gates": {g: v["verdict"] for g, v in r["gates"].items()},
+             "gates": {**{g: v["verdict"] for g, v in r["gates"].items()},
+                       **({"wire": r["wire"]["verdict"]} if r.get("wire") else {})},
              # None: no perf figures to compare; [] : every variant at or below torch
              "slower": ([f"{x['variant']} {x['ratio_hot']:.2f}×" for x in r["gates"]["perf"]["slower_than_baseline"]]
                         if "slower_than_baseline" in r["gates"].get("perf", {}) else None),
              "link": _rel(Path(p).with_name("review.md"), md_path.parent)}
             for r, p in zip(reviews, review_jsons)]
-    write_atomic(md_path, render_template(config.TEMPLATE_DIR / "summary.md.j2", {"rows": rows}))
+    write_atomic(md_path, render_template(config.TEMPLATE_DIR / "summary.md.j2",
+                                          {"rows": rows, "columns": columns}))
 
 
 # ---------------------------------------------------------------- the stage's nodes
