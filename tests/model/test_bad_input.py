@@ -231,6 +231,8 @@ CASES: dict[str, Case] = {
                                 "codegen.variants.decode_r1_h4096.grid", "decode_r1_h4096::GRID", "grid: 2"),
     "param worker_threads": Case(replace("    eps: 1.0e-6\n", "    eps: 1.0e-6\n    worker_threads: 256\n"),
                                  "codegen.params.worker_threads", "WORKER_THREADS", "worker_threads: 256"),
+    "more tasks than the split dim": Case(replace("grid: [rows]", 'grid: ["rows * 2"]'), "codegen.grid.0",
+                                          "has only 1 elements to give them", "grid: ["),
     "params eps and EPS": Case(replace("    eps: 1.0e-6\n", "    eps: 1.0e-6\n    EPS: 1.0e-5\n"),
                                "codegen.params.EPS", "param 'eps'", "EPS: 1.0e-5"),
 }

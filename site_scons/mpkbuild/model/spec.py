@@ -459,6 +459,11 @@ def _semantic_errors(data: dict, root: Path, stem: str):
                         yield ("codegen", kind, i, "shape", d), (
                             f"variant {vname}: extent {extent!r} = {n} is more than "
                             f"{config.INT32_MAX} (kernels index a dim with int)")
+                    elif d < len(t["partition"]) and t["partition"][d] == 0 and grid > n:
+                        # more tasks than the split dim has elements: the grid is what is wrong
+                        yield ("codegen", "grid", 0), (
+                            f"variant {vname}: {grid} tasks ({cg['grid'][0]}) but {t['name']}'s split "
+                            f"dim {d} ({extent} = {n}) has only {n} elements to give them")
                     elif d < len(t["partition"]) and t["partition"][d] == 0 and n % grid:
                         yield ("codegen", kind, i, "shape", d), (
                             f"variant {vname}: dim {d} ({extent} = {n}) is split over {grid} tasks "
