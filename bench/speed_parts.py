@@ -2,8 +2,8 @@
 
     python bench/speed_parts.py TREE [--runs 5]
 
-TREE: a tree bench/status_bench.py built (its --work folder holds n0200/ours), or any built
-project. Each mechanism is timed with and without, in this process, median of --runs:
+TREE: a tree bench/status_bench.py built (`--work DIR` keeps it: DIR/n200/tree), or any
+built project; its own site_scons is the code measured. Each mechanism is timed with and without, in this process, median of --runs:
 
 - spec cache: every kernel's Kernel.load with build/K/.spec-cache.json vs a full load
   (YAML parse, schema check, semantic checks);
@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "site_scons"))
 sys.path.insert(0, str(REPO / "tests" / "fakes"))
 
 
@@ -44,8 +43,8 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args(argv)
     root = Path(args.tree).resolve()
-    if (root / "n0200" / "ours").is_dir():
-        root = root / "n0200" / "ours"
+    # the tree's own copy of the code (the one its build recorded), else this checkout's
+    sys.path.insert(0, str(root / "site_scons" if (root / "site_scons").is_dir() else REPO / "site_scons"))
     from fake_gpu import FakeGpuExecutor
     from mpkbuild import sconsign, stages, status
     from mpkbuild.model.graph import CODE_CACHE
