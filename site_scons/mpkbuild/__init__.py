@@ -3,5 +3,5 @@
 Everything here is plain Python that tests import without SCons: spec loading and
 validation, code generation, nvcc invocation and resource gating, the GPU gate runners and
 their executor, and review rendering. The SCons tool (site_scons/site_tools/mpk.py) only
-declares nodes from the stage table in :mod:`mpkbuild.stages` and calls into here.
+declares the nodes the stage table in :mod:`mpkbuild.stages` plans and calls into here.
 """

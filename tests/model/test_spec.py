@@ -133,8 +133,14 @@ def test_kernel_name_must_match_file(root):
 
 
 def test_split_dim_not_divisible_by_grid(root):
-    edit(root, "grid: [rows]", "grid: [rows * 3]")
+    edit(root, "grid: [rows]", 'grid: ["max(1, rows // 3)"]')
     expect_error(root, "{name: input,", "codegen.inputs.0.shape.0", "not a multiple")
+
+
+def test_more_tasks_than_a_split_dim_is_the_grids_error(root):
+    """The grid is what is wrong (issue 43: it was reported at the input)."""
+    edit(root, "grid: [rows]", "grid: [rows * 3]")
+    expect_error(root, "grid: [rows * 3]", "codegen.grid.0", "has only 1 elements")
 
 
 def test_threshold_glob_matching_nothing(root):
