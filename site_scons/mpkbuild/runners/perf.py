@@ -17,7 +17,7 @@ thresholds (mpkbuild/stages/perf/judge.py), also when several GPUs shared the ga
 A tune trial (runners/trial.py) times through the same functions with `only_figure`: that
 one figure (hot or cold, the tune's `figure`), the kernel paired with the primary baseline
 alone; no other baseline is loaded or compiled, no slowCTA, no other figure. Candidates are
-compared on nothing else (stages/tune.py), so the rest would only cost GPU time.
+compared on nothing else (stages/tune/), so the rest would only cost GPU time.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The runtime gate, GPU side: each variant as tasks of the real MPK persistent kernel.
 
-The megakernel library (stages/runtime.py generates and compiles it against a checkout)
+The megakernel library (stages/runtime/ generates and compiles it against a checkout)
 builds its graph with the runtime's own init_persistent_kernel at the production grid
 (workers and local schedulers from the SM count, as MPK computes them) and runs it through
 the runtime's own launch path, one pass per launch (test mode). Per variant, on the same

@@ -5,7 +5,7 @@ gate's (runners/validate.py), timing the perf gate's (runners/perf.py: CUDA-grap
 paired with the torch baseline's), of the one figure the tune compares on (the job's
 `figure`, the spec's `tune.figure`) against the primary baseline alone: no other baseline,
 figure or slowCTA, which the pick never reads. A candidate that fails validation is
-`rejected` and never timed; the build picks among the `timed` ones (stages/tune.py).
+`rejected` and never timed; the build picks among the `timed` ones (stages/tune/).
 """
 from __future__ import annotations
 

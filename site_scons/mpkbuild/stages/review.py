@@ -138,7 +138,7 @@ def nodes(g, k, stage: str) -> None:
     sources = [k.rel.resources(a) for a in k.archs]
     if k.has_wiring:
         sources.append(k.rel.wire_result)
-    # the runtime gate exists only with mpk_root= (stages/runtime.py)
+    # the runtime gate exists only with mpk_root= (stages/runtime/)
     gates = [gate for gate in GPU_GATES if gate != "runtime" or g.requested.get((k.name, gate))]
     sources += [k.rel.gate_result(gate, g.gpu_key) for gate in gates]
     from mpkbuild.stages.spec import tuned_fact

@@ -8,7 +8,7 @@ compiled for the GPU's arch):
                         include paths and macros of Mirage's get_compile_command; its
                         sources are the checkout's runtime headers, so a header edit there
                         makes it stale; one compile covers every variant of the kernel
-  runtime K <gpu>       the gate (stages/gates.py row "runtime", runner runners/runtime.py)
+  runtime K <gpu>       the gate (the table's "runtime" row, run by stages/gates.py; runner runners/runtime.py)
 
 The generated file includes persistent_kernel.cuh and supplies what Mirage's compile()
 would write: `_init_persistent_kernel` (one graph per variant: terminate task, begin-graph

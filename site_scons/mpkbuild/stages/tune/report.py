@@ -33,7 +33,7 @@ def tune_review(record: dict | None, codegen: dict, applied: dict | None, link: 
         variants[v] = {
             "config": _cfg(w.get("config")), "spec": _cfg(w.get("spec")), "from": w.get("from"),
             "time": _interval_us(w),
-            # the spec's config, timed first and again after the others (stages/tune.py)
+            # the spec's config, timed first and again after the others (stages/tune/)
             "spec_times": [t for t in map(_interval_us, spec_measurements(spec)) if t] if spec else [],
             "vs_spec": f"{w['vs_spec']:.3f}×" if w.get("vs_spec") else None,
             "runner_up": (f"{_cfg(timed[0]['config'])}, +{100 * (timed[0]['vs_winner'] - 1):.1f}%"
