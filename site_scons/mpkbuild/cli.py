@@ -272,7 +272,7 @@ def report(build: Build, command: str, g: graph_mod.Graph, sconsign, names: list
         here = [st for st in statuses if st.will_run and st.state == "pending"]
         if here:
             note(f"{len(here)} of these run on a GPU of profile {g.gpu_key}, which this machine does not "
-                 f"have ({build.executor.absence() if build.real_gpu is None and build.fingerprint is None else 'another GPU here'}): "
+                 f"have ({build.executor.absence() if build.fingerprint is None else 'another GPU here'}): "
                  "the build would stop at the first of them; stage=compile (and stage=wire) builds "
                  "what runs here")
         return 0
@@ -329,6 +329,16 @@ def use_cache(env, root: Path) -> None:
 
 
 _LOCK = []      # the locked folder's descriptor: held (and the lock with it) until this process ends
+LOCK_PID_FILE = ".mpk-build.lock"     # build/<this>: names the lock's holder, for the messages
+
+
+def _lock_holder(root: Path) -> str | None:
+    """The pid the build lock's pid file names, or None when it names none (it is gone)."""
+    try:
+        holder = (root / config.BUILD_DIRNAME / LOCK_PID_FILE).read_text().strip()
+    except OSError:
+        return None
+    return holder if holder.isdigit() else None
 
 
 def running_build(root: Path) -> str | None:
@@ -340,11 +350,8 @@ def running_build(root: Path) -> str | None:
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     except OSError:
-        try:
-            holder = (root / config.BUILD_DIRNAME / ".mpk-build.lock").read_text().strip()
-        except OSError:
-            holder = ""
-        return f"pid {holder}" if holder.isdigit() else "its pid is not known"
+        holder = _lock_holder(root)
+        return f"pid {holder}" if holder else "its pid is not known"
     finally:
         os.close(fd)
 
@@ -355,17 +362,14 @@ def take_build_lock(root: Path) -> None:
     holder's pid file in it) can remove; the kernel drops it when its holder dies, however
     it dies. build/.mpk-build.lock only names the holder's pid, for the message."""
     import fcntl
-    pid_file = root / config.BUILD_DIRNAME / ".mpk-build.lock"
+    pid_file = root / config.BUILD_DIRNAME / LOCK_PID_FILE
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(fd)
-        try:
-            holder = pid_file.read_text().strip()
-        except OSError:
-            holder = ""
-        who = (f"pid {holder}" if holder.isdigit() else
+        holder = _lock_holder(root)
+        who = (f"pid {holder}" if holder else
                f"its pid file {os.path.relpath(pid_file, root)} is gone, so which process is not known")
         fail_early(f"another scons is building in this tree ({who}); wait for it to "
                    f"finish or stop it. Nothing was changed. (status, -n, dag and why= do not lock)")

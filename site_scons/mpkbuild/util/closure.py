@@ -12,19 +12,20 @@ they decide reaches SCons as a node's sources and facts; a change of how they di
 the declared ACTION_VERSION (the action signature every node shares).
 
 A stage's code fact is the digest of its closure's code, each module normalised to its
-syntax tree without comments or docstrings (:func:`code_digest`): a comment or docstring
+syntax tree without comments or docstrings (:func:`normalised_digest`, kept per file's
+bytes by :class:`CodeDigests`): a comment or docstring
 edit re-runs nothing, any other edit re-runs exactly the nodes whose closure holds it.
 """
 from __future__ import annotations
 
 import ast
 import functools
-import hashlib
 import json
 import re
 from pathlib import Path
 
 from mpkbuild.util import config
+from mpkbuild.util.fsutil import sha256_bytes, write_json_atomic
 
 PACKAGE = "mpkbuild"
 # Bump when a change to the plumbing (or to how every action is called) changes what the
@@ -140,8 +141,8 @@ def normalised_digest(data: bytes) -> str:
     try:
         tree = ast.parse(data)
     except (SyntaxError, ValueError):
-        return hashlib.sha256(b"unparsed:" + data).hexdigest()
-    return hashlib.sha256(ast.dump(_strip_docstrings(tree)).encode()).hexdigest()
+        return sha256_bytes(b"unparsed:" + data)
+    return sha256_bytes(ast.dump(_strip_docstrings(tree)).encode())
 
 
 class CodeDigests:
@@ -168,7 +169,7 @@ class CodeDigests:
     def file(self, path: Path) -> str:
         if path not in self._files:
             data = path.read_bytes()
-            raw = hashlib.sha256(data).hexdigest()
+            raw = sha256_bytes(data)
             digest = self._by_bytes.get(raw)
             if digest is None:
                 digest = self._by_bytes[raw] = normalised_digest(data)
@@ -185,7 +186,7 @@ class CodeDigests:
         key = tuple(modules)
         if key not in self._digests:
             files = self.files(modules)
-            out = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+            out = sha256_bytes(json.dumps(files, sort_keys=True).encode())[:16]
             if out not in self.facts:
                 self.facts[out] = files
                 self._dirty = True
@@ -204,7 +205,6 @@ class CodeDigests:
         """Write the cache (a build does; status and -n only read it)."""
         if not self._dirty or self.cache_file is None:
             return
-        from mpkbuild.util.fsutil import write_json_atomic
         current = set(self._files.values())
         by_bytes = self._by_bytes if len(self._by_bytes) <= 2000 else \
             {r: d for r, d in self._by_bytes.items() if d in current}

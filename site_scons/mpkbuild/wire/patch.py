@@ -163,7 +163,7 @@ class _Editor:
                 self._replace(lines, current[rb.key], rb, new)
                 continue
             at = i + 1 if rb.site.where == "after" else i
-            lines[at:at] = new.splitlines(keepends=True)
+            lines[at:at] = new[1].splitlines(keepends=True)
         return "".join(lines)
 
     def _supported(self, rb: RenderedBlock) -> bool:
@@ -171,7 +171,7 @@ class _Editor:
         whose site is optional is skipped with a note, any other refuses the plan."""
         for rid in rb.site.needs:
             req = self.co.surface.requires[rid]
-            if req.if_used and not re.search(req.if_used, rb.raw or rb.body):
+            if req.if_used and not re.search(req.if_used, rb.raw):
                 continue
             if self.co.meets(req):
                 continue
@@ -182,7 +182,8 @@ class _Editor:
                               f"checkout: {req.what} (looked for in {req.file}); nothing was written")
         return True
 
-    def _place(self, lines: list[str], i: int, rb: RenderedBlock, existing: Block | None) -> str:
+    def _place(self, lines: list[str], i: int, rb: RenderedBlock,
+               existing: Block | None) -> tuple[str, str]:
         """The block as it goes in at anchor line i: at the indent of the code around it
         (before: the anchor's; after: the next code line's), joined to an anchor line that
         also closes it (site.join: `} else {`), its markers where clang-format puts them."""
@@ -203,16 +204,16 @@ class _Editor:
         inner = indent_of(prev) if prev is not None and indent_of(prev) > base else base + 2
         return _placed(self.co, rb, base, inner, True)
 
-    def _replace(self, lines: list[str], b: Block, rb: RenderedBlock, new: str) -> None:
+    def _replace(self, lines: list[str], b: Block, rb: RenderedBlock, new: tuple[str, str]) -> None:
         """An existing block of ours: left as it is when its code is the new code (however
         the tree's owner formatted it), replaced when the code changed, refused when it was
-        edited by hand."""
-        body = "".join(new.splitlines(keepends=True)[1:-1])      # between its two marker lines
+        edited by hand. new: (body, text) as _placed gives it."""
+        body, text = new
         if self._drifted(b, body):
             return
         if same_code(b.body, body, comment_style(self.rel)):
             return
-        lines[b.start:b.end + 1] = new.splitlines(keepends=True)
+        lines[b.start:b.end + 1] = text.splitlines(keepends=True)
 
     def _is_own_file(self) -> bool:
         """True when the whole file is one block of a planned kernel (a new_file site)."""
@@ -236,10 +237,12 @@ class _Editor:
         return rb.text if rb else None
 
 
-def _placed(co: Checkout, rb: RenderedBlock, base: int, marker_indent: int, joined: bool) -> str:
-    """A rendered block's text at an indent: its body at `base`, its markers at `marker_indent`."""
+def _placed(co: Checkout, rb: RenderedBlock, base: int, marker_indent: int,
+            joined: bool) -> tuple[str, str]:
+    """A rendered block at an indent, (body, text): its body at `base`, its markers at
+    `marker_indent`."""
     body = indent_body(rb.raw_joined if joined else rb.raw, base)
-    return co.markers.make(rb.key, body, marker_indent, rb.site.comment)
+    return body, co.markers.make(rb.key, body, marker_indent, rb.site.comment)
 
 
 def _build(co: Checkout, kernels: list[str], blocks: list[RenderedBlock],
