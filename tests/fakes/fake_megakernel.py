@@ -14,26 +14,80 @@ or {"graph": g, "setup": 2 | 3} (the scheduler / worker kernel alone did not fin
 from __future__ import annotations
 
 
+import ctypes
+import random
+
+
 class FakeMegakernel:
-    def __init__(self, graphs: list[dict], hang: dict | None = None, task_type: int = 197):
+    """task_us: {"ours" | incumbent name: µs per task} for the profile records it writes
+    (one worker, tasks back to back, a seeded jitter of +-2%); skew: {incumbent: factor} by
+    which an incumbent's output differs from ours."""
+
+    def __init__(self, graphs: list[dict], hang: dict | None = None, task_type: int = 197,
+                 task_us: dict | None = None, skew: dict | None = None):
         self.graph_plans = graphs
         self.graphs = [g["name"] for g in graphs]
         self.task_type = task_type
         self.hang = hang or {}
+        self.task_us = task_us or {}
+        self.skew = skew or {}
         self.lib = self              # the runner calls lib.lib.mpkb_*
         self.calls: list[str] = []
         self.selected, self.launches, self.state, self.bound = None, 0, "", None
+        self.rivals: dict[int, list] = {}
+        self.slots: dict[int, int] = {}
+        self.profiler = None
+        self.jitter = random.Random(7)
 
     # the runner's tensor table, handed over by the test's wrapper of runtime._tensors_for
     def bind(self, tensors, refs, checks) -> None:
         self.bound = (tensors, refs, checks)
+
+    # an incumbent's tensor table, handed over by the test's wrapper of runtime.rival_tensors
+    def bind_rival(self, g: int, tensors) -> None:
+        self.rivals[g] = tensors
+
+    def mpkb_graph_layers(self, g) -> int:
+        return len(self.graph_plans[g]["layers"])
+
+    def mpkb_layer_task_type(self, g, l) -> int:
+        plan = self.graph_plans[g]
+        return self.task_type if plan.get("role") != "incumbent" else 150 + l
+
+    def mpkb_save(self, slot) -> int:
+        self.calls.append(f"save {slot} {self.selected}")
+        self.slots[slot] = self.selected
+        return 0
+
+    def mpkb_restore(self, slot) -> int:
+        self.calls.append(f"restore {slot}")
+        self.selected = self.slots[slot]
+        return 0
+
+    def mpkb_drop(self, slot) -> None:
+        self.slots.pop(slot, None)
+
+    def _write_profile(self) -> None:
+        """Begin/end records of every task of the selected graph on one worker."""
+        plan = self.graph_plans[self.selected]
+        key = plan.get("incumbent", "ours")
+        us = self.task_us.get(key, 1.0)
+        words, t = [1], 1000
+        for l, layer in enumerate(plan["layers"]):
+            kind = self.mpkb_layer_task_type(self.selected, l)
+            for _ in range(layer["tasks"]):
+                span = int(us * 1000 * (1 + self.jitter.uniform(-0.02, 0.02)))
+                words += [(t << 32) | (kind << 2), ((t + span) << 32) | (kind << 2) | 1]
+                t += span + 50
+        (ctypes.c_int64 * len(words)).from_address(self.profiler)[:] = [
+            w - (1 << 64) if w >= 1 << 63 else w for w in words]
 
     def error(self, code: int) -> str:
         return f"stand-in error {code}"
 
     def mpkb_setup(self, g, ptrs, n, workers, schedulers, profiler, flags, timeout_ms) -> int:
         self.calls.append(f"setup {g} {workers}x{schedulers}")
-        self.selected, self.launches = g, 0
+        self.selected, self.launches, self.profiler = g, 0, profiler
         if self.hang.get("graph") == g and "setup" in self.hang:
             return self.hang["setup"]
         return 0
@@ -51,8 +105,20 @@ class FakeMegakernel:
                           "schedulers 16")
             return 1
         tensors, refs, checks = self.bound
-        for i, _ in checks:
-            tensors[i].copy_(refs[i].to(tensors[i].dtype))
+        plan = self.graph_plans[self.selected]
+        if plan.get("role") == "incumbent":      # the same op: ours' outputs (skewed if asked)
+            rival = self.rivals[self.selected]
+            n_in = len(tensors) - len(checks)
+            for j, recipe in enumerate(plan["tensors"]):
+                if recipe["use"] == "output":
+                    ours = tensors[n_in + recipe["index"]]
+                    rival[j].copy_((ours.to(refs[n_in + recipe["index"]].dtype)
+                                    * self.skew.get(plan["incumbent"], 1.0)).to(ours.dtype))
+        else:
+            for i, _ in checks:
+                tensors[i].copy_(refs[i].to(tensors[i].dtype))
+        if self.profiler:
+            self._write_profile()
         return 0
 
     def mpkb_preload_report(self) -> bytes:

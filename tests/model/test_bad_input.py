@@ -235,6 +235,22 @@ CASES: dict[str, Case] = {
                                           "has only 1 elements to give them", "grid: ["),
     "params eps and EPS": Case(replace("    eps: 1.0e-6\n", "    eps: 1.0e-6\n    EPS: 1.0e-5\n"),
                                "codegen.params.EPS", "param 'eps'", "EPS: 1.0e-5"),
+    # the runtime section: the incumbent it names, its params, the shapes it takes
+    "unknown incumbent": Case(replace("task: rmsnorm_hopper,", "task: rms_norm_hopper,"),
+                              "runtime.incumbent.0.task", "no incumbent named 'rms_norm_hopper'",
+                              "task: rms_norm_hopper"),
+    "incumbent of another op": Case(replace("task: rmsnorm_hopper,", "task: silu_mul,"),
+                                    "runtime.incumbent.0.task", "stands in for op 'silu_mul'", "task: silu_mul"),
+    "incumbent param it lacks": Case(replace("params: {rows_per_task: 1}", "params: {rows: 1}"),
+                                     "runtime.incumbent.0.params.rows", "takes no param 'rows'",
+                                     "params: {rows: 1}"),
+    "incumbent shape refused": Case(replace("params: {rows_per_task: 1}", "params: {rows_per_task: 3}"),
+                                    "runtime.incumbent.0", "rows_per_task 3 does not divide",
+                                    "rows_per_task: 3"),
+    "in-runtime threshold without incumbent": Case(
+        replace("task: rmsnorm_hopper, params: {rows_per_task: 1}}",
+                'task: rmsnorm_hopper, params: {rows_per_task: 1}}\n    - {variants: "large_*", task: none}'),
+        "runtime.thresholds.0.variants", "has no incumbent to judge", "max_vs_incumbent"),
 }
 
 

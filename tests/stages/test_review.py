@@ -155,3 +155,36 @@ def test_the_runtime_gate_shows_in_runtime_beside_the_harness_and_flags_beyond_n
     assert row == ("| large | pass | 8 × 3 | 2.37 [2.35, 2.41] | 1.34 | 1.50 [1.45, 1.60] | 1.58× "
                    "| **runtime slower** |")
     assert "ranges do not overlap" in page
+
+
+def test_the_review_leads_with_the_in_runtime_verdict_against_the_incumbent(tmp_path):
+    """The runtime gate's judged head to head comes first on the page: per variant and
+    incumbent the makespans with their intervals, the ratio and its word, the numerics
+    against the incumbent, the harness's comparison beside it (flagged where it points the
+    other way), and a variant without an incumbent says why."""
+    from mpkbuild.stages.runtime import judge
+    perf = tmp_path / "perf.json"
+    perf.write_text(json.dumps({"verdict": "pass", "message": "ok", "variants": {
+        "decode": dict(figures(3.0, 2.5), limits=[])}}))
+    launches = lambda us: {"makespan_us": [us * (1 + 0.001 * i) for i in range(20)],
+                           "slowcta_us": [us / 2] * 20}
+    rt = {"verdict": "pass", "message": "all pass", "grid": {"workers": 128, "schedulers": 16},
+          "variants": {
+              "decode": {"verdict": "pass", "tasks": 8, "head_to_head": {
+                  "pairs": 20, "ours": launches(5.0),
+                  "incumbents": {"rmsnorm_hopper": {"tasks": 8, **launches(6.25), "numerics": {
+                      "output": {"ours_vs_incumbent": {"cos": 0.9999, "rel": 0.002}}}}}}},
+              "large": {"verdict": "pass", "tasks": 64,
+                        "no_incumbent": [{"incumbent": "linear_swapAB_hopper", "why": "TMA descriptors"}]}}}
+    rt = judge.judge(rt, [{"variants": "decode", "max_vs_incumbent": 1.0, "figure": "makespan"}],
+                     ["decode", "large"])
+    (tmp_path / "runtime.json").write_text(json.dumps(rt))
+    r = review.kernel_review("k", tmp_path, [], "h200", {}, {"perf": perf, "runtime": tmp_path / "runtime.json"})
+    page = review.render_kernel(r)
+    assert page.index("## The verdict inside MPK: runtime pass") < page.index("## Compile")
+    row = next(ln for ln in page.splitlines() if ln.startswith("| decode | rmsnorm_hopper"))
+    assert "| 8 / 8 | 5.05 [5.02, 5.07] | 6.31 [6.28, 6.34] | 0.800× [0.800, 0.800] faster |" in row
+    assert "output: cos 0.999900, rel 2.0e-03" in row
+    assert "in-runtime faster than rmsnorm_hopper, harness slower than torch" in row
+    none = next(ln for ln in page.splitlines() if ln.startswith("| large | linear_swapAB_hopper"))
+    assert "no incumbent: TMA descriptors" in none

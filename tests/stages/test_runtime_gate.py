@@ -163,7 +163,7 @@ def test_compiled_builder_makes_the_planned_graph(compiled):
     for name, (ok, log, took, lib) in compiled.items():
         k = Kernel.load(REPO, name, write_cache=False)
         prod = runtime.producer_for(k, {})
-        p = runtime.plan(k.spec.data, REPO / "wiring", prod.spec.data if prod else None)
+        p = runtime.plan(k.spec.data, REPO / "wiring", prod.spec.data if prod else None, PINNED)
         m = Megakernel(str(lib))
         assert m.graphs == [g["name"] for g in p["graphs"]]
         for gi, g in enumerate(p["graphs"]):
@@ -236,39 +236,60 @@ def test_state_kept_across_iterations_is_caught_at_iteration_2_and_passes_valida
     assert validate["verdict"] == "pass", (validate["message"], run.output[-3000:])
 
 
-@pytest.fixture
-def stand_in(monkeypatch):
-    """runners/runtime.py's main() on the CPU with the stand-in library: (run(hang) -> result,
-    the stand-in of the last run)."""
+def _stand_in(monkeypatch, checkout=None, names=("decode_r1_h4096", "decode_r8_h4096")):
+    """runners/runtime.py's main() on the CPU with the stand-in library: run(hang, **fake
+    options) -> result; run.made: the stand-ins made. With a checkout, each graph's
+    incumbents too (the runner's real rival_tensors, bound to the stand-in)."""
     pytest.importorskip("torch")
     sys.path.insert(0, str(REPO / "tests" / "fakes"))
     from fake_megakernel import FakeMegakernel
     from mpkbuild.runners import runtime as side
     monkeypatch.setattr(side, "DEVICE", "cpu")
     monkeypatch.setattr(side, "device_facts", lambda: {"name": "stand-in", "sm_count": 132})
-    real_tensors_for = side._tensors_for
+    real_tensors_for, real_rivals = side._tensors_for, side.rival_tensors
     made = []
 
     def tensors_for(job, graph, gen):
-        order, refs, names, checks = real_tensors_for(job, graph, gen)
+        order, refs, names_, checks = real_tensors_for(job, graph, gen)
         made[-1].bind(order, refs, checks)
-        return order, refs, names, checks
+        return order, refs, names_, checks
+
+    def rivals(recipes, ours, n_in):
+        out = real_rivals(recipes, ours, n_in)
+        g = next(i for i, p in enumerate(payload["graphs"]) if p.get("tensors") is recipes)
+        made[-1].bind_rival(g, out)
+        return out
 
     monkeypatch.setattr(side, "_tensors_for", tensors_for)
+    monkeypatch.setattr(side, "rival_tensors", rivals)
     k = Kernel.load(REPO, "rmsnorm_v2", write_cache=False)
-    payload = runtime.job_payload(k)
-    # the two smallest graphs: the stand-in copies references, the CPU computes them
-    by_name = {g["name"]: g for g in payload["graphs"]}
-    payload["graphs"] = [by_name["decode_r1_h4096"], by_name["decode_r8_h4096"]]
+    payload = runtime.job_payload(k, checkout_root=checkout)
+    # the smallest graphs (and their incumbents): the stand-in copies references, the CPU
+    # computes them
+    payload["graphs"] = [g for g in payload["graphs"] if g["name"] in names or g.get("of") in names]
+    payload["pairs"] = 9
 
-    def run(hang):
+    def run(hang=None, **fake):
         monkeypatch.setattr(side, "Megakernel", lambda path: made.append(
-            FakeMegakernel(payload["graphs"], hang)) or made[-1])
+            FakeMegakernel(payload["graphs"], hang, **fake)) or made[-1])
         return side.main({"root": str(REPO), "library": "stand-in", "runtime": payload})
 
-    run.graphs = payload["graphs"]
+    run.graphs = [g for g in payload["graphs"] if g.get("role") != "incumbent"]
+    run.payload = payload
     run.made = made
     return run
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    return _stand_in(monkeypatch)
+
+
+@pytest.fixture
+def head_to_head(monkeypatch):
+    if not (PINNED / "src" / "kernel" / "task_register.cc").is_file():
+        pytest.skip("../shared/mirage (the pinned MPK tree) is absent")
+    return _stand_in(monkeypatch, PINNED, names=("decode_r1_h4096",))
 
 
 def test_a_stand_in_without_a_hang_passes_every_graph_for_3_iterations(stand_in):
@@ -333,3 +354,55 @@ def test_review_with_a_checkout_that_has_no_cutlass_says_why_the_runtime_gate_is
     (fake / "include/mirage/persistent_kernel/persistent_kernel.cuh").write_text("// stand-in\n")
     run = project.scons("-n", "stage=review", f"mpk_root={fake}")
     assert "no runtime gate for any kernel" in run.stderr and "cutlass/include not found" in run.stderr
+
+
+def _judged(res: dict, thresholds: list, variants: list[str]) -> dict:
+    from mpkbuild.stages.runtime import judge
+    return judge.judge(res, thresholds, variants)
+
+
+def test_ours_and_the_incumbent_are_set_up_side_by_side_and_launched_in_turn(head_to_head):
+    """Ours passes its iterations, the incumbent is set up beside it, checked once against
+    ours, then the two are launched A B A B from their kept setups, and both are freed."""
+    res = head_to_head(task_us={"ours": 1.0, "rmsnorm_hopper": 1.0})
+    assert res["verdict"] == "pass", res["message"]
+    h = res["variants"]["decode_r1_h4096"]["head_to_head"]
+    assert h["pairs"] == 9 and len(h["ours"]["makespan_us"]) == 9
+    inc = h["incumbents"]["rmsnorm_hopper"]
+    assert inc["registers"] == ["register_rmsnorm_hopper_task"] and inc["tasks"] == 1
+    assert inc["numerics"]["output"]["ours_vs_incumbent"]["cos"] == pytest.approx(1.0)
+    calls = head_to_head.made[-1].calls
+    timed = [c for c in calls if c.startswith("restore")]
+    assert timed[:18] == ["restore 0", "restore 1"] * 9
+    assert calls[-4:] == ["restore 0", "finalize 0", "restore 1", "finalize 1"]
+
+
+@pytest.mark.parametrize("ours_us, verdict, word", [(2.0, "fail", "slower"), (0.5, "pass", "faster")])
+def test_the_in_runtime_figures_are_judged_against_the_incumbent(head_to_head, ours_us, verdict, word):
+    """A stand-in whose tasks take twice the incumbent's fails `max_vs_incumbent: 1.0` on the
+    makespan, with the ratio's interval in the message; half the time passes, `faster`."""
+    res = head_to_head(task_us={"ours": ours_us, "rmsnorm_hopper": 1.0})
+    out = _judged(res, [{"variants": "decode_*", "max_vs_incumbent": 1.0, "figure": "makespan"}],
+                  ["decode_r1_h4096"])
+    assert out["verdict"] == verdict, out["message"]
+    c = out["variants"]["decode_r1_h4096"]["head_to_head"]["incumbents"]["rmsnorm_hopper"]["vs"]["makespan"]
+    assert c["verdict"] == word and c["ratio"] == pytest.approx(ours_us, rel=0.05)
+    if verdict == "fail":
+        assert "in-runtime makespan" in out["message"] and "rmsnorm_hopper's" in out["message"]
+        assert "95% CI" in out["message"]
+
+
+def test_an_output_that_differs_from_the_incumbents_fails_the_gate(head_to_head):
+    res = head_to_head(skew={"rmsnorm_hopper": 1.5})
+    r = res["variants"]["decode_r1_h4096"]
+    assert res["verdict"] == "fail" and r["check"] == "incumbent numerics", res["message"]
+    assert "against incumbent rmsnorm_hopper on the same inputs: rel" in r["message"]
+
+
+def test_a_rule_whose_incumbent_cannot_run_fails_and_says_why():
+    res = {"verdict": "pass", "message": "ok", "variants": {"v": {
+        "verdict": "pass", "no_incumbent": [{"incumbent": "linear_swapAB_hopper",
+                                             "why": "its call takes TMA descriptors"}]}}}
+    out = _judged(res, [{"variants": "*", "max_vs_incumbent": 1.0}], ["v"])
+    assert out["verdict"] == "fail"
+    assert "no in-runtime figure of an incumbent (linear_swapAB_hopper: its call takes TMA" in out["message"]

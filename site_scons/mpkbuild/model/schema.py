@@ -79,6 +79,38 @@ _THRESHOLD = {
     },
 }
 
+_RUNTIME_THRESHOLD = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["variants", "max_vs_incumbent"],
+    "properties": {
+        "variants": {"type": "string", "description": "fnmatch glob over variant names"},
+        "max_vs_incumbent": {"type": "number", "exclusiveMinimum": 0,
+                             "description": "the most ours / incumbent may be on the figure, "
+                                            "the whole interval of the paired ratios"},
+        "figure": {"enum": ["makespan", "slowcta"], "default": "makespan",
+                   "description": "makespan: the op's first task start to its last task end; "
+                                  "slowcta: its slowest task (both from the runtime's profiler)"},
+        "incumbent": {"type": "string", "pattern": C_IDENT,
+                      "description": "which of the variant's incumbents (default: each of them)"},
+    },
+}
+
+_INCUMBENT_RULE = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["variants", "task"],
+    "properties": {
+        "variants": {"type": "string", "description": "fnmatch glob over variant names"},
+        "task": {"type": "string", "pattern": C_IDENT,
+                 "description": "an entry of the incumbent table (mpkbuild/wire/incumbents.py), "
+                                "or `none`"},
+        "params": {"type": "object", "description": "the incumbent's graph parameters "
+                                                   "(its table entry lists them)"},
+        "why": {"type": "string", "description": "with task: none, why there is no incumbent"},
+    },
+}
+
 _BASELINE = {
     "type": "object",
     "additionalProperties": False,
@@ -325,6 +357,30 @@ SPEC_SCHEMA: dict = {
                 "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": config.MAX_TIMEOUT_S,
                               "default": config.DEFAULT_GATE_TIMEOUT_S},
                 "thresholds": {"type": "array", "default": [], "maxItems": 64, "items": _THRESHOLD},
+            },
+        },
+        "runtime": {
+            "type": "object",
+            "additionalProperties": False,
+            "default": {},
+            "description": "the runtime gate's head to head: the MPK task each variant would "
+                           "replace (its incumbent), run beside ours in the persistent kernel",
+            "properties": {
+                "incumbent": {"type": "array", "default": [], "maxItems": 32, "items": _INCUMBENT_RULE,
+                              "description": "every rule whose glob matches a variant names one "
+                                             "of its incumbents; a matching `task: none` rule "
+                                             "says it has none"},
+                "pairs": {"type": "integer", "minimum": 5, "maximum": 1000, "default": 20,
+                          "description": "interleaved launches (ours, incumbent, ours, ...) "
+                                         "timed per variant"},
+                "generators": {"type": "object",
+                               "description": "input name -> distribution for the head to head "
+                                              "(inputs every incumbent accepts), over the "
+                                              "top-level generators",
+                               "propertyNames": {"pattern": C_IDENT},
+                               "additionalProperties": _GENERATOR},
+                "thresholds": {"type": "array", "default": [], "maxItems": 64,
+                               "items": _RUNTIME_THRESHOLD},
             },
         },
     },

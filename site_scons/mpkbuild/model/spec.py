@@ -34,6 +34,7 @@ SECTIONS = {
     "generators": ("generators",),
     "validate": ("validate",),
     "perf": ("perf",),
+    "runtime": ("runtime",),
 }
 # present only when the spec has the last key; archs ride along (the wire stage renders per arch)
 OPTIONAL_SECTIONS = {"wiring": ("archs", "wiring"),
@@ -496,7 +497,8 @@ def _semantic_errors(data: dict, root: Path, stem: str):
     input_names = {t["name"]: t for t in cg["inputs"]}
     perf_gens = data["perf"].get("generators", {})
     for where, gens in ((("generators",), data["generators"]),
-                        (("perf", "generators"), perf_gens)):
+                        (("perf", "generators"), perf_gens),
+                        (("runtime", "generators"), data["runtime"].get("generators", {}))):
         yield from _generator_problems(where, gens, input_names)
     for tname, t in input_names.items():
         if t["dtype"].startswith("int") and tname not in data["generators"]:
@@ -541,6 +543,9 @@ def _semantic_errors(data: dict, root: Path, stem: str):
     # levers and the tune space
     yield from _tune_problems(data, consts)
     # wiring (owned by the wire stage)
+    from mpkbuild.wire import incumbents
+    for path, message in incumbents.check_section(data):
+        yield path, message
     if "wiring" in data:
         from mpkbuild.wire import section as wire
         for path, message in wire.check_section(data):

@@ -68,11 +68,22 @@ class Megakernel:
         L.mpkb_read_state.argtypes = [ctypes.c_int]
         L.mpkb_describe.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
         L.mpkb_preload_report.restype = ctypes.c_char_p
+        L.mpkb_save.argtypes = [ctypes.c_int]
+        L.mpkb_restore.argtypes = [ctypes.c_int]
+        L.mpkb_drop.argtypes = [ctypes.c_int]
+        L.mpkb_graph_layers.argtypes = [ctypes.c_int]
+        L.mpkb_layer_task_type.argtypes = [ctypes.c_int, ctypes.c_int]
         self.graphs = [L.mpkb_graph_name(i).decode() for i in range(L.mpkb_num_graphs())]
         self.task_type = L.mpkb_task_type()
 
+
     def error(self, code: int) -> str:
         return self.lib.mpkb_error_string(code).decode()
+
+
+def task_types(lib: Megakernel, g: int) -> set[int]:
+    """The task types graph g's layers run under (ours, or an incumbent's)."""
+    return {lib.lib.mpkb_layer_task_type(g, l) for l in range(lib.lib.mpkb_graph_layers(g))}
 
 
 def describe(lib: Megakernel, g: int) -> dict:
@@ -94,8 +105,11 @@ def describe(lib: Megakernel, g: int) -> dict:
     return {"tasks": tasks, "events": events}
 
 
-def spans_from_profile(buf: torch.Tensor, task_type: int) -> list[float]:
-    """Each gated task's span in µs from the runtime profiler's begin/end records."""
+def task_records(buf: torch.Tensor, task_types) -> list[tuple[int, int]]:
+    """(begin, end) in ns of every task of these types, from the runtime profiler's records,
+    relative to the first begin seen (%globaltimer_lo wraps every 4.3 s: differences are
+    taken modulo 2**32, signed, valid within a launch)."""
+    types = {task_types} if isinstance(task_types, int) else set(task_types)
     raw = buf.cpu()
     nblocks = int(raw[0].item()) & 0xFFFFFFFF
     if nblocks <= 0:
@@ -103,23 +117,38 @@ def spans_from_profile(buf: torch.Tensor, task_type: int) -> list[float]:
     body = raw[1:1 + (len(raw) - 1) // nblocks * nblocks].view(-1, nblocks)
     tag = (body & 0xFFFFFFFF)
     t = (body >> 32) & 0xFFFFFFFF
-    out = []
     kind = (tag >> 2) & 0x1FF
     phase = tag & 0x3
+    out, ref = [], None
     for w in range(nblocks):
         col_k, col_p, col_t = kind[:, w].tolist(), phase[:, w].tolist(), t[:, w].tolist()
         begin = None
         for k_, p_, t_ in zip(col_k, col_p, col_t):
             if k_ == 0 and p_ == 0 and t_ == 0:
                 break                      # never written (zeroed before the launch)
-            if k_ != task_type:
+            if k_ not in types:
                 continue
+            if ref is None:
+                ref = t_
+            rel = ((t_ - ref + 2**31) & 0xFFFFFFFF) - 2**31
             if p_ == 0:
-                begin = t_
+                begin = rel
             elif p_ == 1 and begin is not None:
-                out.append(((t_ - begin) & 0xFFFFFFFF) / 1000.0)
+                out.append((begin, rel))
                 begin = None
     return out
+
+
+def spans_from_profile(buf: torch.Tensor, task_type) -> list[float]:
+    """Each gated task's span in µs from the runtime profiler's begin/end records."""
+    return [(e - b) / 1000.0 for b, e in task_records(buf, task_type)]
+
+
+def op_figures(records: list[tuple[int, int]]) -> tuple[float, float]:
+    """(makespan, slowest task) in µs of one op's tasks in one launch: first start to last
+    end, and the longest span."""
+    return ((max(e for _, e in records) - min(b for b, _ in records)) / 1000.0,
+            max(e - b for b, e in records) / 1000.0)
 
 
 def _tensors_for(job: dict, graph: dict, gen):
@@ -230,10 +259,196 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
                     "message": f"{graph['name']} iteration {it}: the profiler saw {len(spans)} "
                                f"task spans, the graph has {expect} tasks"}
         spans_all.append(spans)
-    lib.lib.mpkb_finalize()
-    return {"verdict": "pass", "seed": seed, "iterations": iterations, "tasks": expect,
-            "setup_s": round(setup_s, 4), "preload": preload, "launch_wall_ms": [round(w * 1000, 3) for w in walls],
-            "spans": span_stats(spans_all)}
+    result = {"verdict": "pass", "seed": seed, "iterations": iterations, "tasks": expect,
+              "setup_s": round(setup_s, 4), "preload": preload,
+              "launch_wall_ms": [round(w * 1000, 3) for w in walls], "spans": span_stats(spans_all)}
+    rivals = [(ri, rg) for ri, rg in enumerate(rt["graphs"])
+              if rg.get("role") == "incumbent" and rg.get("of") == graph["name"]]
+    if not rivals:
+        lib.lib.mpkb_finalize()
+        return result
+    h2h = head_to_head(lib, job, gi, graph, rivals, grid, tensors, checks, prof, gen)
+    if "verdict" in h2h:            # a hang, or ours or the incumbent failed on its inputs
+        return {**h2h, "seed": seed}
+    return {**result, "head_to_head": h2h}
+
+
+def _launch_once(lib: Megakernel, rt: dict, what: str, it: int, graph: dict) -> dict | None:
+    """One launch of the current setup; a hang result, or None when it finished."""
+    timeout_ms = int(rt["launch_timeout_s"] * 1000)
+    code = lib.lib.mpkb_launch(timeout_ms)
+    if code == LAUNCH_BLOCKED:
+        phase = f"launch ({what}: the host's launch call did not return)"
+        return {"verdict": "hang", "phase": phase, "message": f"{what}: {phase} in {rt['launch_timeout_s']} s"}
+    if code == 1:
+        state = lib.lib.mpkb_read_state(2000).decode()
+        phase = hang_phase(state, graph, it)
+        return {"verdict": "hang", "state": state, "phase": phase,
+                "message": f"{what}: {phase} did not finish in {rt['launch_timeout_s']} s "
+                           f"(runtime state: {state[:300]})"}
+    if code != 0:
+        raise CudaFault(f"{what}: {lib.error(code) if code > 0 else code}")
+    return None
+
+
+def rival_tensors(recipes: list[dict], ours: list[torch.Tensor], n_in: int) -> list[torch.Tensor]:
+    """An incumbent's tensor table made from ours (wire/incumbents.py's recipes): our inputs
+    themselves where it reads them as they are, re-laid or widened copies where it reads
+    them otherwise, its own output and scratch buffers."""
+    from .common import DTYPES
+    out = []
+    for r in recipes:
+        use = r["use"]
+        if use == "input":
+            out.append(ours[r["index"]])
+        elif use == "int64":
+            out.append(ours[r["index"]].to(torch.int64))
+        elif use == "gate_up_tiles":        # [rows, gate | up] -> per tile t: gate_t, up_t
+            x = ours[r["index"]]
+            out.append(x.reshape(x.shape[0], 2, r["tiles"], -1).permute(0, 2, 1, 3)
+                       .contiguous().reshape(x.shape[0], -1))
+        elif use == "output":
+            o = torch.empty_like(ours[n_in + r["index"]])
+            poison_(o)
+            out.append(o)
+        elif use == "scratch":
+            out.append(torch.zeros(r["shape"], dtype=DTYPES[r["dtype"]], device=DEVICE))
+        else:
+            raise ValueError(f"unknown tensor recipe {use!r}")
+    return out
+
+
+def _against(ours_out, theirs, recipe: dict, ours: list[torch.Tensor], vcfg: dict):
+    """(numbers, problem) of our output against the incumbent's on the same inputs, by the
+    spec's tolerances; an index output by the values it picks."""
+    if "compare_values_of" in recipe:
+        src = ours[recipe["compare_values_of"]]
+        pick = lambda idx: src.gather(-1, idx.reshape(*src.shape[:-1], 1).clamp(0, src.shape[-1] - 1))
+        numbers, problem = compare(pick(ours_out), pick(theirs).to(torch.float64), vcfg)
+        numbers["index_mismatches"] = int((ours_out != theirs).sum())
+        return numbers, problem
+    return compare(ours_out, theirs.to(torch.float64), vcfg)
+
+
+def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list, grid,
+                 tensors: list[torch.Tensor], checks: list, prof: torch.Tensor, gen) -> dict:
+    """Ours and each incumbent on the same inputs, set up side by side (mpkb_save/restore)
+    and launched in turn, A B A B ..., `pairs` times: per launch the op's makespan and
+    slowest task from the runtime's profiler. Before timing, each incumbent's output is
+    compared with the float64 reference (reported) and with ours (held to the spec's
+    tolerances). The judge (stages/runtime/judge.py) makes the intervals and the verdict."""
+    rt = job["runtime"]
+    layer = graph["layers"][0]
+    side = rt["kernels"][layer["kernel"]]
+    codegen, vcfg = side["codegen"], side["validate"]
+    ins, outs = tensor_specs(codegen, graph["name"])
+    n_in = len(ins)
+    workers, schedulers = grid
+    timeout_ms, flags = int(rt["launch_timeout_s"] * 1000), rt["flags"]
+    slots, numbers, live = [(0, gi, graph, {lib.task_type})], {}, [0]
+    # every incumbent's tensors live until the end: a setup holds their addresses, and a
+    # buffer the allocator took back would be handed to the next setup (seen on an H200:
+    # an illegal address in the first setup's launch once the second had been made)
+    held_tensors = []
+
+    def finalize_all():
+        for slot in live:
+            lib.lib.mpkb_restore(slot)
+            lib.lib.mpkb_finalize()
+            lib.lib.mpkb_drop(slot)
+
+    # the head to head's inputs (runtime.generators: inputs every incumbent accepts), ours
+    # run on them once and held to the reference again
+    gens = rt.get("generators") or {}
+    for i, (name, shape, dtype) in enumerate(ins):
+        if name in gens:
+            tensors[i].copy_(random_tensor(shape, dtype, gens[name], gen, device=DEVICE))
+    reference = load_function(job["root"], vcfg["reference"])
+    refs = call_with_params(reference, [tensors[i].to(torch.float64) for i in range(n_in)],
+                            codegen["params"])
+    if gens:
+        for i, _ in checks:
+            poison_(tensors[i])
+        _sync()
+        hung = _launch_once(lib, rt, f"{graph['name']} (head to head inputs)", 1, graph)
+        if hung:
+            return hung
+        for (i, _), r in zip(checks, refs):
+            got, problem = compare(tensors[i], r, vcfg)
+            if problem:
+                lib.lib.mpkb_finalize()
+                return {"verdict": "fail", "check": "numeric",
+                        "message": f"{graph['name']} on the head to head's inputs "
+                                   f"(runtime.generators): {problem}"}
+    lib.lib.mpkb_save(0)
+    for slot, (ri, rg) in enumerate(rivals, start=1):
+        what = f"{rg['name']}"
+        rtensors = rival_tensors(rg["tensors"], tensors, n_in)
+        held_tensors.append(rtensors)
+        ptrs = (ctypes.c_void_p * len(rtensors))(*[t.data_ptr() for t in rtensors])
+        _sync()
+        code = lib.lib.mpkb_setup(ri, ptrs, len(rtensors), workers, schedulers, prof.data_ptr(),
+                                  flags, timeout_ms)
+        if code in (2, 3):
+            return {"verdict": "hang", "phase": "warm-up",
+                    "message": f"{what}: a kernel launched alone did not finish (warm-up)"}
+        if code != 0:
+            finalize_all()
+            raise CudaFault(f"{what}: setup failed: {lib.error(code) if code > 0 else code}")
+        lib.lib.mpkb_save(slot)
+        live.append(slot)
+        hung = _launch_once(lib, rt, what, 1, rg)
+        if hung:
+            return hung
+        _sync()
+        held = {}
+        for j, recipe in enumerate(rg["tensors"]):
+            if recipe["use"] != "output":
+                continue
+            k = recipe["index"]
+            theirs, mine = rtensors[j], tensors[n_in + k]
+            vs_ref, _ = compare(theirs, refs[k], vcfg)
+            vs_ours, problem = _against(mine, theirs, recipe, tensors, vcfg)
+            held[outs[k][0]] = {"incumbent_vs_reference": vs_ref, "ours_vs_incumbent": vs_ours}
+            if problem:
+                finalize_all()
+                return {"verdict": "fail", "check": "incumbent numerics",
+                        "message": f"{graph['name']} output {outs[k][0]} against incumbent "
+                                   f"{rg['incumbent']} on the same inputs: {problem}",
+                        "numbers": held}
+        numbers[rg["incumbent"]] = held
+        slots.append((slot, ri, rg, task_types(lib, ri)))
+    samples = {rg["incumbent"] if rg is not graph else "ours": {"makespan_us": [], "slowcta_us": []}
+               for _, _, rg, _ in slots}
+    for p in range(rt["pairs"]):
+        for slot, g_index, g, types in slots:
+            key = "ours" if g is graph else g["incumbent"]
+            lib.lib.mpkb_restore(slot)
+            prof.zero_()
+            _sync()
+            hung = _launch_once(lib, rt, f"{g['name']} (pair {p + 1})", p + 2, g)
+            if hung:
+                return hung
+            rec = task_records(prof, types)
+            want = sum(l["tasks"] for l in g["layers"])
+            if len(rec) != want:
+                finalize_all()
+                return {"verdict": "fail", "check": "profile",
+                        "message": f"{g['name']} pair {p + 1}: the profiler saw {len(rec)} task "
+                                   f"spans, the graph has {want} tasks"}
+            makespan, slowest = op_figures(rec)
+            samples[key]["makespan_us"].append(round(makespan, 4))
+            samples[key]["slowcta_us"].append(round(slowest, 4))
+    finalize_all()
+    return {"pairs": rt["pairs"], "order": "interleaved: " + " ".join(
+                "ours" if g is graph else g["incumbent"] for _, _, g, _ in slots) + " ...",
+            "ours": samples["ours"],
+            "incumbents": {rg["incumbent"]: {"graph": rg["name"], "tasks": sum(l["tasks"] for l in rg["layers"]),
+                                             "task_types": sorted(types),
+                                             "registers": [l["register"] for l in rg["layers"]],
+                                             **samples[rg["incumbent"]],
+                                             "numerics": numbers[rg["incumbent"]]}
+                           for _, _, rg, types in slots[1:]}}
 
 
 def span_stats(per_iteration: list[list[float]]) -> dict:
@@ -277,7 +492,11 @@ def main(job: dict) -> dict:
     for gi, name in enumerate(lib.graphs):
         graph = job["runtime"]["graphs"][gi]
         assert graph["name"] == name, (graph["name"], name)
+        if graph.get("role") == "incumbent":
+            continue            # run beside its variant (head_to_head)
         res = run_graph(lib, job, gi, graph, grid)
+        if name in (job["runtime"].get("missing") or {}):
+            res["no_incumbent"] = job["runtime"]["missing"][name]
         graphs[name] = res
         if res["verdict"] == "fail":
             lib.lib.mpkb_finalize()     # idempotent; the next graph sets up afresh

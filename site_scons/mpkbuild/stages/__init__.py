@@ -31,6 +31,8 @@ class Gate:
     can_share_gpu: bool = False       # the spec may let it share a GPU (`share_gpu`)
     timeout_s: float | None = None    # fixed watchdog (else the settings section's timeout_s)
     section: str | None = None        # the spec section with its settings (default: the stage's name)
+    thresholds: str | None = None     # the spec section whose `thresholds` the judge applies
+                                      # (default: the settings section)
 
     def code(self) -> tuple[str, ...]:
         return (f"mpkbuild.runners.{self.runner}",) + tuple(m for m in (self.judge, self.ledger) if m)
@@ -82,11 +84,15 @@ STAGES: tuple[Stage, ...] = (
           "run every variant against the float64 torch reference (GPU)",
           gate=Gate("validate", "validate.reference", can_sanitize=True, can_share_gpu=True)),
     # judged by validate's reference and tolerances, so its settings are the validate section
-    Stage("runtime", ("codegen", "generators", "validate", "wiring"), ("generate",), "gpu", True, True,
-          "runtime",
+    # its settings are validate's too; its head to head against the incumbents and their
+    # thresholds are the runtime section's
+    Stage("runtime", ("codegen", "generators", "validate", "wiring", "runtime"), ("generate",), "gpu",
+          True, True, "runtime",
           "every variant as tasks of the real MPK persistent kernel of mpk_root= at the "
-          "production grid, 3+ iterations, with the runtime profiler's task spans (GPU)",
-          gate=Gate("runtime", "validate.reference", section="validate")),
+          "production grid, 3+ iterations, then head to head with the MPK task it would "
+          "replace (makespan and slowCTA from the runtime's profiler, judged) (GPU)",
+          gate=Gate("runtime", "validate.reference", judge="mpkbuild.stages.runtime.judge",
+                    section="validate", thresholds="runtime")),
     Stage("perf", ("codegen", "generators", "perf"), ("compile", "validate"), "gpu", True, True, "perf",
           "CUDA-graph timing, cold/hot, slowCTA, torch baseline, bandwidth (GPU)",
           gate=Gate("perf", "perf.baseline", judge="mpkbuild.stages.perf.judge",

@@ -249,8 +249,10 @@ def run_gate(build, info, target, source) -> int:
                 extra = {"history": importlib.import_module(kind.ledger).last_entry(k.root, fp.key, k.name)}
                 if "max_regression" in section:
                     extra["max_regression"] = section["max_regression"]
+            rules = (read_json(k.section_file(kind.thresholds))[kind.thresholds] if kind.thresholds
+                     else section)["thresholds"]
             result = importlib.import_module(kind.judge).judge(
-                result, section["thresholds"], list(payload["codegen"]["codegen"]["variants"]), **extra)
+                result, rules, list(payload["codegen"]["codegen"]["variants"]), **extra)
     full = record(result, gate=gate, kernel=k.name, fingerprint=fp,
                   lock=lock_for(source, k.root, fp), result_path=Path(target[0].abspath),
                   verdict_path=Path(target[1].abspath))

@@ -14,7 +14,7 @@ from mpkbuild.model.graph import Node
 from mpkbuild.model.paths import summary_file
 from mpkbuild.stages.generate import render_template
 from mpkbuild.stages.perf import report as perf_report
-from mpkbuild.stages.runtime.report import runtime_table
+from mpkbuild.stages.runtime.report import head_to_head_table, runtime_table
 from mpkbuild.stages.tune.report import tune_review
 from mpkbuild.util import config
 from mpkbuild.util.fsutil import read_json, write_atomic, write_json_atomic
@@ -46,7 +46,9 @@ def kernel_review(name: str, build_dir: Path, archs, gpu_key: str | None,
             "log": _rel(path.with_suffix(".log"), build_dir),
             "json": _rel(path, build_dir)}
         if gate == "runtime" and res:
-            gates[gate]["table"] = runtime_table(res, read_json(results["perf"]) if "perf" in results else None)
+            perf = read_json(results["perf"]) if "perf" in results else None
+            gates[gate]["table"] = runtime_table(res, perf)
+            gates[gate]["head_to_head"] = head_to_head_table(res, perf)
         if gate == "perf" and res:
             gates[gate].update(perf_report.section(res))
     wire = None

@@ -15,7 +15,9 @@ would write: `_init_persistent_kernel` (one graph per variant: terminate task, b
 task whose launch-dependent event starts every task of the variant, each task triggering
 the end-of-graph event, which is the last event) and `_execute_task`, whose branches are
 the very call the wire stage registers (wire.section's call lines with the variant's
-symbols substituted). A chain graph (two kernels, the event between them) is added for
+symbols substituted). Per variant, one more graph per incumbent the spec names
+(runtime.incumbent: the MPK task it would replace, wire/incumbents.py), dispatched with the
+call the checkout's own register function emits; the gate runs it beside ours (judge.py). A chain graph (two kernels, the event between them) is added for
 kernels named in CHAINS. What is MPK's (the checkout, its compile flags, the graphs, the
 megakernel source) is megakernel.py; this module is the stage: its nodes and actions.
 """
@@ -68,8 +70,12 @@ def nodes(g, k, stage: str) -> None:
         extra = [g.rel(pdir / "spec" / "codegen.json"), g.rel(pdir / "spec" / "wiring.json"),
                  g.rel(pdir / "gen" / f"{producer[0]}_spec.h"), g.rel(pdir / "gen" / f"{producer[0]}.cuh")]
     fact = runtime_fact(mpk_root)
+    # the incumbents' calls are read from the checkout's register functions
+    from mpkbuild.wire.incumbents import REGISTER_FILE
+    register = [g.rel(checkout.root / REGISTER_FILE)] if (checkout.root / REGISTER_FILE).is_file() else []
     src = g.add(Node(f"megakernel {k.name}", "megakernel", stage, k.name, (g.rel(source_path(k)),),
-                     (k.rel.section_file("codegen"), k.rel.section_file("wiring"), *gen, *extra,
+                     (k.rel.section_file("codegen"), k.rel.section_file("wiring"),
+                      k.rel.section_file("runtime"), *register, *gen, *extra,
                       g.pkg("templates", "megakernel.cu.j2"),
                       g.rel(g.root / config.WIRING_DIRNAME / config.WIRING_SURFACE)),
                      (fact, g.code_fact("megakernel", (f"{__name__}.megakernel",))),

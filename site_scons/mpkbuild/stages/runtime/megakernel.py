@@ -139,26 +139,78 @@ def _layer(spec: dict, variant: str, dispatch_id: int, tensor_index: list[int]) 
     outs = [t for t in view["tensors"] if t["kind"] == "outputs"]
     dtypes = {t["name"]: t["dtype"] for t in spec["codegen"]["inputs"] + spec["codegen"]["outputs"]}
     return {"id": dispatch_id, "kernel": spec["kernel"], "variant": variant,
-            "tasks": view["grid"], "num_inputs": len(ins), "num_outputs": len(outs),
-            "tensors": tensor_index,
+            "task_type": "MPKB_TASK_TYPE", "tasks": view["grid"], "grid_x": view["grid"],
+            "num_inputs": len(ins), "num_outputs": len(outs), "tensors": tensor_index,
             "strides": [t["task_stride"] * config.DTYPE_BYTES[dtypes[t["name"]]] for t in ins + outs],
+            "strides_y": [0] * (len(ins) + len(outs)),
             "tensor_names": [t["name"] for t in ins + outs]}
 
 
-def plan(spec: dict, wiring_root: Path, producer: dict | None = None) -> dict:
+def _incumbent_graphs(spec: dict, variant: str, text: str | None, next_id: int) -> tuple[list, list, list]:
+    """(graphs, dispatch entries, [{incumbent, why}] of those that cannot run) for one
+    variant's incumbents (wire/incumbents.py) on the checkout whose register text is `text`."""
+    from mpkbuild.wire import incumbents as inc
+    rules, why = inc.rules_for(spec, variant)
+    graphs, dispatch, missing = [], [], []
+    if not rules:
+        return [], [], [{"incumbent": None, "why": why}]
+    shapes, dtypes = inc.variant_shapes(spec, variant)
+    for rule in rules:
+        try:
+            lay = inc.layout(rule["task"], spec["op"], shapes, dtypes, rule.get("params", {}), text)
+        except inc.NoIncumbent as exc:
+            missing.append({"incumbent": rule["task"], "why": str(exc)})
+            continue
+        layers = []
+        for layer in lay["layers"]:
+            gx, gy = layer["grid"]
+            n = len(layer["inputs"]) + len(layer["outputs"])
+            dispatch.append({"id": next_id, "kernel": rule["task"], "variant": variant,
+                             "task_type": layer["task_type"], "call": layer["call"],
+                             "register": layer["register"]})
+            layers.append({"id": next_id, "kernel": rule["task"], "variant": variant,
+                           "task_type": layer["task_type"], "tasks": gx * gy, "grid_x": gx,
+                           "num_inputs": len(layer["inputs"]), "num_outputs": len(layer["outputs"]),
+                           "tensors": layer["inputs"] + layer["outputs"],
+                           "strides": [st[0] for st in layer["stride"][:n]],
+                           "strides_y": [st[1] for st in layer["stride"][:n]],
+                           "register": layer["register"]})
+            next_id += 1
+        graphs.append({"name": f"incumbent:{variant}:{rule['task']}", "role": "incumbent",
+                       "of": variant, "incumbent": rule["task"], "num_tensors": len(lay["tensors"]),
+                       "tensors": lay["tensors"], "layers": layers,
+                       "active_tokens": lay["layers"][0]["active_tokens"]})
+    return graphs, dispatch, missing
+
+
+def plan(spec: dict, wiring_root: Path, producer: dict | None = None,
+         checkout_root: Path | None = None) -> dict:
     """Everything the template renders: the dispatch branches and the graphs.
 
-    Per variant one graph of one layer; with a chain producer (its spec), one more graph of
-    two layers, the producer's output feeding this kernel's first input."""
+    Per variant one graph of one layer, and one per incumbent the spec names for it
+    (runtime.incumbent) that the checkout has (its register text, wire/incumbents.py); with
+    a chain producer (its spec), one more graph of two layers, the producer's output feeding
+    this kernel's first input. Without a checkout, no incumbent graphs."""
     from mpkbuild.util.expr import variant_symbols
+    from mpkbuild.wire.incumbents import register_text
     kernel, cg = spec["kernel"], spec["codegen"]
-    dispatch, graphs = [], []
+    text = register_text(checkout_root) if checkout_root is not None else None
+    dispatch, graphs, rivals, missing = [], [], [], {}
     for i, variant in enumerate(cg["variants"]):
-        dispatch.append({"id": i, "kernel": kernel, "variant": variant, "spec": f"{kernel}_spec",
+        dispatch.append({"id": i, "kernel": kernel, "variant": variant, "task_type": "MPKB_TASK_TYPE",
                          "call": _call_lines(spec, variant_symbols(cg, variant), wiring_root)})
         n = len(cg["inputs"]) + len(cg["outputs"])
-        graphs.append({"name": variant, "num_tensors": n,
+        graphs.append({"name": variant, "role": "ours", "num_tensors": n, "active_tokens": 0,
                        "layers": [_layer(spec, variant, i, list(range(n)))]})
+    if checkout_root is not None:
+        next_id = len(dispatch)
+        for variant in cg["variants"]:
+            more, calls, lost = _incumbent_graphs(spec, variant, text, next_id)
+            next_id += len(calls)
+            rivals += more
+            dispatch += calls
+            if lost:
+                missing[variant] = lost
     includes = [f"{kernel}_spec.h", f"{kernel}.cuh"]
     if producer is not None:
         chain = chain_variants(producer, spec)
@@ -167,6 +219,7 @@ def plan(spec: dict, wiring_root: Path, producer: dict | None = None) -> dict:
             pid = len(dispatch)
             pk, pcg = producer["kernel"], producer["codegen"]
             dispatch.append({"id": pid, "kernel": pk, "variant": pv, "spec": f"{pk}_spec",
+                             "task_type": "MPKB_TASK_TYPE",
                              "call": _call_lines(producer, variant_symbols(pcg, pv), wiring_root)})
             np_in, np_out = len(pcg["inputs"]), len(pcg["outputs"])
             first = _layer(producer, pv, pid, list(range(np_in + np_out)))
@@ -181,17 +234,24 @@ def plan(spec: dict, wiring_root: Path, producer: dict | None = None) -> dict:
                     index.append(nxt)
                     nxt += 1
             second = _layer(spec, cv, list(cg["variants"]).index(cv), index)
-            graphs.append({"name": f"chain:{pk}.{pv}>{kernel}.{cv}", "num_tensors": nxt,
+            graphs.append({"name": f"chain:{pk}.{pv}>{kernel}.{cv}", "role": "chain",
+                           "num_tensors": nxt, "active_tokens": 0,
                            "layers": [first, second], "feed": list(feed)})
             includes = [f"{pk}_spec.h", f"{pk}.cuh"] + includes
+    graphs += rivals
+    for d in dispatch:
+        d.setdefault("spec", f"{kernel}_spec" if d["task_type"] == "MPKB_TASK_TYPE" else None)
     max_tensors = max(len(l["tensors"]) for g in graphs for l in g["layers"])
     max_tensors = max(max_tensors, max(g["num_tensors"] for g in graphs))
     for g in graphs:
         for l in g["layers"]:
-            l["tensors"] = l["tensors"] + [0] * (max_tensors - len(l["tensors"]))
-            l["strides"] = l["strides"] + [0] * (max_tensors - len(l["strides"]))
+            pad = max_tensors - len(l["tensors"])
+            l["tensors"] = l["tensors"] + [0] * pad
+            l["strides"] = l["strides"] + [0] * pad
+            l["strides_y"] = l["strides_y"] + [0] * pad
     return {"kernel": kernel, "task_type": TASK_TYPE, "dispatch": dispatch, "graphs": graphs,
-            "includes": includes, "max_tensors": max_tensors}
+            "includes": includes, "max_tensors": max_tensors, "missing": missing,
+            "max_layers": max(len(g["layers"]) for g in graphs)}
 
 
 def chain_variants(producer: dict, consumer: dict):
@@ -232,7 +292,8 @@ def expand(graph: dict) -> tuple[list[dict], list[dict]]:
 
 def render(k, wiring_root: Path, mpk_root: Path | None, producer=None) -> str:
     from mpkbuild.stages.generate import render_template
-    p = plan(k.spec.data, wiring_root, producer.spec.data if producer is not None else None)
+    p = plan(k.spec.data, wiring_root, producer.spec.data if producer is not None else None,
+             mpk_root)
     return render_template(config.TEMPLATE_DIR / "megakernel.cu.j2",
                            {**p, "mpk_root": str(mpk_root) if mpk_root else "(none)"})
 
@@ -280,15 +341,23 @@ LAUNCH_FLAGS = 2 | 8
 LAUNCH_TIMEOUT_S = 20.0
 
 
-def job_payload(k, build=None, wiring_root: Path | None = None) -> dict:
-    """What the runner needs beyond the gate's sections: the graphs (as plan() has them),
-    every kernel's codegen/generators/validate, the iteration count, the launch knobs."""
+def job_payload(k, build=None, wiring_root: Path | None = None,
+                checkout_root: Path | None = None) -> dict:
+    """What the runner needs beyond the gate's sections: the graphs (as plan() has them,
+    the incumbents' with their tensor recipes), every kernel's codegen/generators/validate,
+    the iteration count, the launch knobs, the head to head's pairs and generators, and
+    why a variant's incumbent cannot run."""
     producer = producer_for(k, build.kernels if build is not None else {})
+    if checkout_root is None and build is not None and build.wire_request is not None:
+        checkout_root = build.wire_request.mpk_root
     p = plan(k.spec.data, wiring_root or k.root / "wiring",
-             producer.spec.data if producer is not None else None)
+             producer.spec.data if producer is not None else None, checkout_root)
     kernels = {}
     for x in [k] + ([producer] if producer is not None else []):
         kernels[x.name] = {s: x.spec.sections[s][s] for s in ("codegen", "generators", "validate")}
     steps = int(k.spec.data["validate"].get("steps", 0))
+    section = k.spec.data["runtime"]
     return {"graphs": p["graphs"], "kernels": kernels, "iterations": max(ITERATIONS, steps),
-            "flags": LAUNCH_FLAGS, "launch_timeout_s": LAUNCH_TIMEOUT_S}
+            "flags": LAUNCH_FLAGS, "launch_timeout_s": LAUNCH_TIMEOUT_S,
+            "pairs": section["pairs"], "generators": section.get("generators", {}),
+            "missing": p["missing"]}

@@ -43,3 +43,46 @@ def runtime_table(rt: dict, perf: dict | None) -> list[dict]:
                            else "within noise")
         rows.append(row)
     return rows
+
+
+def _interval(fig: dict | None) -> dict | None:
+    return {"us": fig["median"], "lo": fig["lo"], "hi": fig["hi"]} if fig else None
+
+
+def head_to_head_table(rt: dict, perf: dict | None) -> list[dict]:
+    """The runtime gate's verdict rows: per variant and incumbent, ours and the incumbent's
+    in-runtime makespan and slowCTA with their intervals, ours / incumbent (ratio, interval,
+    faster / slower / same / unsure), the numerics against the incumbent, and the harness's
+    comparison with the fastest torch baseline (perf.json) beside it as corroboration,
+    flagged where the two point opposite ways. A variant without an incumbent says why."""
+    from mpkbuild.stages.perf.report import against_fastest
+    harness = {}
+    for row in against_fastest(perf or {}):
+        if row["figure"] == "hot":
+            harness[row["variant"]] = row
+    rows = []
+    for name, r in (rt.get("variants") or {}).items():
+        if name.startswith("chain:"):
+            continue
+        h2h = r.get("head_to_head") or {}
+        h = harness.get(name)
+        for inc, x in (h2h.get("incumbents") or {}).items():
+            figs = x.get("figures") or {}
+            ours = h2h.get("ours_figures") or {}
+            vs = x.get("vs") or {}
+            row = {"variant": name, "incumbent": inc, "tasks": r.get("tasks"), "incumbent_tasks": x.get("tasks"),
+                   "makespan": _interval(ours.get("makespan")), "incumbent_makespan": _interval(figs.get("makespan")),
+                   "slowcta": _interval(ours.get("slowcta")), "incumbent_slowcta": _interval(figs.get("slowcta")),
+                   "vs_makespan": vs.get("makespan"), "vs_slowcta": vs.get("slowcta"),
+                   "numerics": {out: n.get("ours_vs_incumbent") for out, n in (x.get("numerics") or {}).items()},
+                   "harness": h, "flag": ""}
+            verdict = (vs.get("makespan") or {}).get("verdict")
+            if h and verdict in ("faster", "slower") and h["verdict"] in ("faster", "slower") \
+                    and verdict != h["verdict"]:
+                row["flag"] = (f"in-runtime {verdict} than {inc}, harness {h['verdict']} than "
+                               f"{h['baseline']}")
+            rows.append(row)
+        for m in r.get("no_incumbent") or []:
+            rows.append({"variant": name, "incumbent": m["incumbent"] or "none", "why": m["why"],
+                         "harness": h})
+    return rows

@@ -1,0 +1,88 @@
+"""The runtime gate's verdict on its in-runtime figures, made on the build side.
+
+The runner checks numerics (the reference, every iteration; the incumbent's output on the
+same inputs) and times ours and each incumbent launched in turn inside the persistent
+kernel. Here each figure gets its interval and each comparison its verdict, the way the
+perf judge does it: the makespan (the op's first task start to its last task end) and the
+slowCTA (its slowest task) as the interval of the median over the launches; ours /
+incumbent as the interval of the median of the paired ratios (launch p of ours with launch
+p of the incumbent), faster / slower / same / unsure. A `runtime.thresholds` rule passes
+when the whole interval is within `max_vs_incumbent`, fails when the whole of it is over,
+is unsure otherwise; a rule with nothing to judge (the incumbent cannot run on this
+checkout) fails and says why. No capture floor: every sample is one launch, timed by the
+runtime's own profiler. Standard library only.
+"""
+from __future__ import annotations
+
+import fnmatch
+
+from mpkbuild.util import stats
+
+FIGURES = ("makespan", "slowcta")
+
+
+def figures(h2h: dict) -> None:
+    """Intervals and comparisons into the head to head record, in place."""
+    ours = h2h["ours"]
+    h2h["ours_figures"] = {f: stats.median_interval(ours[f"{f}_us"]) for f in FIGURES}
+    for x in h2h["incumbents"].values():
+        x["figures"] = {f: stats.median_interval(x[f"{f}_us"]) for f in FIGURES}
+        x["vs"] = {f: stats.ratio_figure(ours[f"{f}_us"], x[f"{f}_us"], floor=0.0) for f in FIGURES}
+
+
+def _no_figure(name: str, r: dict, incumbent: str | None) -> str:
+    why = "; ".join(f"{m['incumbent'] or 'none'}: {m['why']}" for m in r.get("no_incumbent") or [])
+    who = f"incumbent {incumbent}" if incumbent else "an incumbent"
+    return f"{name}: no in-runtime figure of {who}" + (f" ({why})" if why else "")
+
+
+def rule_outcomes(name: str, r: dict, rule: dict) -> list[tuple[str, str]]:
+    h2h = r.get("head_to_head") or {}
+    incumbents = h2h.get("incumbents") or {}
+    names = [rule["incumbent"]] if "incumbent" in rule else list(incumbents)
+    if not names or any(n not in incumbents for n in names):
+        return [("fail", _no_figure(name, r, rule.get("incumbent")))]
+    fig, limit = rule.get("figure", "makespan"), rule["max_vs_incumbent"]
+    out = []
+    for inc in names:
+        x = incumbents[inc]
+        c = x["vs"][fig]
+        if c["ratio"] is None:
+            out.append(("unsure", f"{name}: no paired {fig} samples against {inc}"))
+            continue
+        verdict = stats.at_most(c["lo"], c["hi"], limit)
+        ours_med, theirs_med = h2h["ours_figures"][fig]["median"], x["figures"][fig]["median"]
+        out.append((verdict, f"{name}: in-runtime {fig} {ours_med:.2f} us is {c['ratio']:.3f}x "
+                             f"{inc}'s {theirs_med:.2f} us (limit {limit}x; 95% CI "
+                             f"{c['lo']:.3f}-{c['hi']:.3f}x, n={c['n']})"))
+    return out
+
+
+def judge(result: dict, thresholds: list, expected: list[str], **_ignored) -> dict:
+    """A runner's passing result with its head to head figures judged; anything else (a
+    numeric failure, a hang, a crash) is returned as it is."""
+    if result.get("verdict") != "pass":
+        return result
+    variants = result.get("variants") or {}
+    for r in variants.values():
+        if r.get("head_to_head"):
+            figures(r["head_to_head"])
+    problems, unsure = [], []
+    for rule in thresholds:
+        for name in fnmatch.filter(expected, rule["variants"]):
+            r = variants.get(name)
+            if r is None:
+                problems.append(f"{name}: the runtime gate has no result for it")
+                continue
+            r.setdefault("limits", []).append(rule)
+            for verdict, text in rule_outcomes(name, r, rule):
+                (problems if verdict == "fail" else unsure if verdict == "unsure" else []).append(text)
+    verdict = "fail" if problems else ("unsure" if unsure else "pass")
+    message = result.get("message", "")
+    if problems:
+        message = "; ".join(problems)
+    elif unsure:
+        message = "unsure: " + "; ".join(unsure)
+    elif thresholds:
+        message += f"; every in-runtime threshold met ({len(thresholds)} rules)"
+    return {**result, "verdict": verdict, "message": message, "problems": problems, "unsure": unsure}

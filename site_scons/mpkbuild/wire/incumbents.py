@@ -1,0 +1,327 @@
+"""The MPK tasks a kernel is judged against inside the runtime: the incumbents.
+
+An incumbent is the task MPK's own Python builder registers for the same op on a Hopper
+checkout (persistent_kernel.py's layer -> graph.cc's name -> a TaskRegister function in
+src/kernel/task_register.cc). The call it is dispatched with is read from that register
+function's text in the checkout (its CodeKeeper lines, `$` for each value), never written
+here: what this table holds is what the text cannot say, i.e. the values the function
+computes from the graph's tensor dims, in its order, at a shape, and how the layer splits
+the tensors over its grid. A checkout whose register function is missing, or takes another
+number of values, has no incumbent of that name ("not on this checkout", with the reason).
+
+Standard library only (the build side).
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REGISTER_FILE = "src/kernel/task_register.cc"
+
+
+class NoIncumbent(Exception):
+    """This incumbent cannot run at this shape or on this checkout; the message says why."""
+
+
+@dataclass(frozen=True)
+class Incumbent:
+    name: str                 # what a spec's runtime.incumbent[].task names
+    op: str                   # the spec `op` it stands in for
+    registers: tuple[str, ...]  # TaskRegister functions, one per layer, in graph order
+    doc: str                  # where MPK's builder picks it and how it partitions
+    params: dict = field(default_factory=dict)   # param -> what it means (spec-settable)
+    skip: tuple[str, ...] = ()    # CodeKeeper lines of a branch the builder does not take
+    unsupported: str | None = None  # why the gate cannot run it (yet)
+
+
+def _largest_factor_leq(n: int, limit: int) -> int:
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
+
+
+def grid_for_rmsnorm_linear_layer(size: int) -> int:
+    """MPK's models/utils.py rule for the gate|up linear's grid (qwen3 builder)."""
+    if size / 96 > 400:
+        return size // 256
+    for n in (96, 64):
+        if size % n == 0:
+            return n
+    raise NoIncumbent(f"MPK's grid_for_rmsnorm_linear_layer has no grid for {size}")
+
+
+TABLE: dict[str, Incumbent] = {i.name: i for i in (
+    Incumbent("rmsnorm_hopper", "rmsnorm", ("register_rmsnorm_hopper_task",),
+              "rmsnorm_layer on sm_90 registers 'rmsnorm_hopper'; the builders give it "
+              "grid (max_num_batched_tokens): one row per task",
+              {"rows_per_task": "rows each task normalises (default 1, as the builders)"}),
+    Incumbent("silu_mul", "silu_mul", ("register_silu_mul_task",),
+              "silu_mul_layer on sm_90 registers 'silu_mul' (the Ampere-named task, all of "
+              "the worker's threads); the qwen3 builder's grid is "
+              "grid_for_rmsnorm_linear_layer(2 * inter) // 2 column tiles, each tile's gate "
+              "and up halves side by side (its gate|up weight is shuffled to match)",
+              {"tasks": "column tiles (default: the qwen3 builder's)"}),
+    Incumbent("silu_mul_hopper", "silu_mul", ("register_silu_mul_hopper_task",),
+              "the Hopper task graph.cc maps 'silu_mul_hopper' to (128 consumer threads); "
+              "no builder layer asks for it on the pinned tree; tiles as silu_mul",
+              {"tasks": "column tiles (default: the qwen3 builder's)"}),
+    Incumbent("embedding", "embedding", ("register_embedding_task",),
+              "embed_layer on sm_90 registers 'embedding' (the Ampere-named task) with "
+              "input_source=1 (ids from an input tensor); the qwen3 builder's grid is (1, 1): "
+              "one task gathers every token's whole row",
+              {"grid": "[column tiles, token groups] (default [1, 1], as the builder)"},
+              skip=("    runtime_config.tokens + runtime_config.step[0], ",)),
+    Incumbent("embedding_hopper", "embedding", ("register_embedding_hopper_task",),
+              "the Hopper task graph.cc maps 'embedding_hopper' to (128 consumer threads); "
+              "no builder layer asks for it on the pinned tree; input_source=1",
+              {"grid": "[column tiles, token groups] (default [1, 1], as the builder)"},
+              skip=("    runtime_config.tokens + runtime_config.step[0], ",)),
+    Incumbent("argmax_hopper", "argmax", ("register_argmax_partial_sm100_task",
+                                          "register_argmax_reduce_task"),
+              "argmax_partial_layer on sm_90 registers 'argmax_partial_sm100' over grid "
+              "(num_workers) column chunks, then argmax_reduce_layer 'argmax_reduce' in one "
+              "task (the qwen3 builder)",
+              {"tasks": "partial tasks (default 128: MPK's worker count at 132-159 SMs)"}),
+    Incumbent("linear_swapAB_hopper", "linear", ("register_linear_swapAB_hopper_task",),
+              "linear_layer on sm_90 registers 'linear_swapAB_hopper'",
+              unsupported="its call takes TMA descriptors (CUtensorMap for the input, weight "
+                          "and output tiles) that MPK's generated _init_persistent_kernel "
+                          "builds on the host with cuTensorMapEncodeTiled; the gate's graph "
+                          "builder does not make them yet"),
+)}
+
+
+# ---------------------------------------------------------------- the checkout's text
+_FUNC = re.compile(r"^int TaskRegister::(\w+)\(", re.M)
+_EMIT = re.compile(r'code\.e\(\s*((?:"(?:[^"\\]|\\.)*"\s*)+)(?:,([^;]*?))?\)\s*;', re.S)
+_VARIANT = re.compile(r"register_task_variant\(\s*(TASK_\w+)\s*,")
+
+
+def register_text(checkout_root: Path) -> str | None:
+    path = Path(checkout_root) / REGISTER_FILE
+    return path.read_text(errors="replace") if path.is_file() else None
+
+
+def register_function(text: str, name: str) -> tuple[list[str], list[str]]:
+    """(the CodeKeeper lines, the task types it registers) of TaskRegister::<name>."""
+    starts = [(m.start(), m.group(1)) for m in _FUNC.finditer(text)]
+    for i, (pos, fn) in enumerate(starts):
+        if fn == name:
+            body = text[pos:starts[i + 1][0] if i + 1 < len(starts) else len(text)]
+            lines = []
+            for m in _EMIT.finditer(body):
+                lines.append("".join(re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(1))))
+            return lines, _VARIANT.findall(body)
+    raise NoIncumbent(f"TaskRegister::{name} is not in {REGISTER_FILE}")
+
+
+def call_lines(text: str, register: str, values: list[int], skip: tuple[str, ...] = ()) -> tuple[list[str], str]:
+    """The dispatch call TaskRegister::<register> emits for these values, and its task type."""
+    lines, types = register_function(text, register)
+    lines = [l for l in lines if l not in skip]
+    holes = sum(l.count("$") for l in lines)
+    if holes != len(values):
+        raise NoIncumbent(f"TaskRegister::{register} emits {holes} values on this checkout; "
+                          f"the incumbent table knows {len(values)}")
+    if len(set(types)) != 1:
+        raise NoIncumbent(f"TaskRegister::{register} registers {types or 'no task type'}: "
+                          "not one task type")
+    out, it = [], iter(values)
+    for line in lines:
+        while "$" in line:
+            line = line.replace("$", str(next(it)), 1)
+        out.append(line)
+    return out, types[0]
+
+
+# ---------------------------------------------------------------- layouts per incumbent
+# A layout: the incumbent's tensor table (recipes the runner makes from our tensors) and
+# its layers (values for the register text, grid, tensors and per-task byte strides).
+#   {"use": "input", "index": i}                 our input i itself (the same buffer)
+#   {"use": "gate_up_tiles", "index": i, "tiles": T}   our [rows, 2*inter] (gate then up)
+#                                                 as MPK's tiles (gate tile t, up tile t, ...)
+#   {"use": "int64", "index": i}                 our integer input i widened to int64
+#   {"use": "output", "index": j}                our output j's shape and dtype, its own buffer
+#                                                 (compare_values_of: i -- an index into our
+#                                                 input i's last dim, compared by the value)
+#   {"use": "scratch", "shape": [...], "dtype": d}
+def _rmsnorm(shapes, p):
+    (rows, hidden), _w = shapes["inputs"][0], shapes["inputs"][1]
+    b = int(p.get("rows_per_task", 1))
+    if rows % b:
+        raise NoIncumbent(f"rows_per_task {b} does not divide {rows} rows")
+    # its static_asserts: 256 threads share the row in 4-, 8- or 16-byte copies that tile it
+    per_thread = hidden // 256 * 2
+    copy = next((c for c in (16, 8, 4) if per_thread % c == 0), None)
+    if hidden % 256 or copy is None or hidden % (256 * copy // 2):
+        raise NoIncumbent(f"rms_norm_hopper_impl's static_asserts refuse hidden {hidden}")
+    tensors = [{"use": "input", "index": 0}, {"use": "input", "index": 1},
+               {"use": "output", "index": 0}]
+    row = b * hidden * 2
+    return tensors, [{"values": [b, hidden], "grid": [rows // b, 1], "inputs": [0, 1],
+                      "outputs": [2], "stride": [[row, 0], [0, 0], [row, 0]],
+                      "active_tokens": rows}]
+
+
+def _silu_mul(shapes, p):
+    shape = shapes["inputs"][0]
+    rows, inter = shape[0], math.prod(shape[1:]) // 2
+    tasks = int(p["tasks"]) if "tasks" in p else grid_for_rmsnorm_linear_layer(2 * inter) // 2
+    if inter % tasks:
+        raise NoIncumbent(f"{tasks} tiles do not divide inter {inter}")
+    o = inter // tasks
+    tensors = [{"use": "gate_up_tiles", "index": 0, "tiles": tasks}, {"use": "output", "index": 0}]
+    return tensors, [{"values": [rows, o, 2 * inter, inter], "grid": [tasks, 1], "inputs": [0],
+                      "outputs": [1], "stride": [[2 * o * 2, 0], [o * 2, 0]],
+                      "active_tokens": rows}]
+
+
+def _embedding(shapes, p):
+    (rows,), (vocab, hidden) = shapes["inputs"][0], shapes["inputs"][1]
+    gx, gy = (int(x) for x in p.get("grid", [1, 1]))
+    if hidden % gx or rows % gy:
+        raise NoIncumbent(f"grid [{gx}, {gy}] does not divide hidden {hidden} x rows {rows}")
+    if rows // gy > 64:
+        raise NoIncumbent(f"{rows // gy} tokens per task: the task unrolls its token loop "
+                          "(set runtime.incumbent[].params.grid)")
+    chunk, b = hidden // gx, rows // gy
+    tensors = [{"use": "int64", "index": 0}, {"use": "input", "index": 1},
+               {"use": "output", "index": 0}]
+    return tensors, [{"values": [b, chunk, hidden], "grid": [gx, gy], "inputs": [0, 1],
+                      "outputs": [2], "stride": [[0, b * 8], [chunk * 2, 0],
+                                                 [chunk * 2, b * hidden * 2]],
+                      "active_tokens": rows}]
+
+
+def _argmax(shapes, p):
+    rows, vocab = shapes["inputs"][0]
+    tasks = int(p.get("tasks", 128))
+    if vocab % tasks:
+        raise NoIncumbent(f"{tasks} partial tasks do not divide vocab {vocab}")
+    chunk = vocab // tasks
+    tensors = [{"use": "input", "index": 0},
+               {"use": "scratch", "shape": [rows, tasks], "dtype": "bf16"},
+               {"use": "scratch", "shape": [rows, tasks], "dtype": "int64"},
+               # an index is judged by the value it picks: on a tie either index is right
+               {"use": "output", "index": 0, "compare_values_of": 0}]
+    return tensors, [
+        {"values": [rows, chunk, tasks], "grid": [tasks, 1], "inputs": [0], "outputs": [1, 2],
+         "stride": [[chunk * 2, 0], [2, 0], [8, 0]], "active_tokens": rows},
+        {"values": [rows, chunk, tasks], "grid": [1, 1], "inputs": [1, 2], "outputs": [3],
+         "stride": [[0, 0], [0, 0], [0, 0]], "active_tokens": rows}]
+
+
+LAYOUTS = {"rmsnorm_hopper": _rmsnorm, "silu_mul": _silu_mul, "silu_mul_hopper": _silu_mul,
+           "embedding": _embedding, "embedding_hopper": _embedding, "argmax_hopper": _argmax}
+
+# what each op's incumbent reads from the spec's tensors, in order (dtypes MPK's tasks take)
+EXPECTS = {"rmsnorm": (("bf16", "bf16"), ("bf16",)), "silu_mul": (("bf16",), ("bf16",)),
+           "embedding": ((None, "bf16"), ("bf16",)), "argmax": (("bf16",), ("int64",)),
+           "linear": (("bf16", "bf16"), ("bf16",))}
+
+
+def layout(name: str, op: str, shapes: dict, dtypes: dict, params: dict, text: str | None) -> dict:
+    """The incumbent `name`'s graph at one variant's shapes: {"tensors", "layers"} with each
+    layer's call (from the checkout's text) and task type. Raises NoIncumbent."""
+    inc = TABLE.get(name)
+    if inc is None:
+        raise NoIncumbent(f"no incumbent named {name!r} (known: {', '.join(TABLE)})")
+    if inc.op != op:
+        raise NoIncumbent(f"{name} stands in for op {inc.op!r}, the spec's op is {op!r}")
+    if inc.unsupported:
+        raise NoIncumbent(f"{name} is not run by the gate: {inc.unsupported}")
+    _check_dtypes(inc, dtypes)
+    if text is None:
+        raise NoIncumbent(f"the checkout has no {REGISTER_FILE}")
+    tensors, layers = LAYOUTS[name](shapes, params)
+    for reg, lay in zip(inc.registers, layers):
+        lay["call"], lay["task_type"] = call_lines(text, reg, lay.pop("values"), inc.skip)
+        lay["register"] = reg
+    return {"incumbent": name, "tensors": tensors, "layers": layers}
+
+
+# ---------------------------------------------------------------- the spec's runtime section
+def rules_for(spec: dict, variant: str) -> tuple[list[dict], str | None]:
+    """(the incumbent rules of one variant, why it has none): a matching `task: none` rule
+    leaves it none, with that rule's `why`."""
+    rules = [r for r in spec["runtime"]["incumbent"] if fnmatch.fnmatch(variant, r["variants"])]
+    for r in rules:
+        if r["task"] == "none":
+            return [], r.get("why") or "the spec says there is none"
+    return rules, (None if rules else "the spec names none (runtime.incumbent)")
+
+
+def variant_shapes(spec: dict, variant: str) -> tuple[dict, dict]:
+    """({"inputs": [shape], "outputs": [shape]}, the same with dtypes) for one variant."""
+    from mpkbuild.util.expr import tensor_shape, variant_symbols
+    cg = spec["codegen"]
+    sym = variant_symbols(cg, variant)
+    shapes = {kind: [tensor_shape(t, sym) for t in cg[kind]] for kind in ("inputs", "outputs")}
+    dtypes = {kind: [t["dtype"] for t in cg[kind]] for kind in ("inputs", "outputs")}
+    return shapes, dtypes
+
+
+def check_section(data: dict):
+    """(field path, message) for each problem of spec['runtime'] a checkout cannot change:
+    an unknown task, another op's, params it does not take, a shape it refuses."""
+    section = data["runtime"]
+    variants = list(data["codegen"]["variants"])
+    for i, rule in enumerate(section["incumbent"]):
+        where = ("runtime", "incumbent", i)
+        matched = fnmatch.filter(variants, rule["variants"])
+        if not matched:
+            yield where + ("variants",), f"{rule['variants']!r} matches no variant"
+        if rule["task"] == "none":
+            if "params" in rule:
+                yield where + ("params",), "task: none takes no params"
+            continue
+        inc = TABLE.get(rule["task"])
+        if inc is None:
+            yield where + ("task",), f"no incumbent named {rule['task']!r} (known: {', '.join(TABLE)}, none)"
+            continue
+        if inc.op != data["op"]:
+            yield where + ("task",), f"{inc.name} stands in for op {inc.op!r}, this spec's op is {data['op']!r}"
+            continue
+        unknown = sorted(set(rule.get("params", {})) - set(inc.params))
+        if unknown:
+            yield where + ("params", unknown[0]), (f"{inc.name} takes no param {unknown[0]!r}"
+                                                   f" (it takes: {', '.join(inc.params) or 'none'})")
+            continue
+        if inc.unsupported:
+            continue            # the review says why; a spec may name it
+        for v in matched:
+            shapes, dtypes = variant_shapes(data, v)
+            try:
+                _check_dtypes(inc, dtypes)
+                LAYOUTS[inc.name](shapes, rule.get("params", {}))
+            except NoIncumbent as exc:
+                yield where, f"variant {v}: {exc}"
+                break
+            except (TypeError, ValueError, KeyError) as exc:
+                yield where + ("params",), f"variant {v}: {exc!r}"
+                break
+    for i, rule in enumerate(section["thresholds"]):
+        where = ("runtime", "thresholds", i)
+        matched = fnmatch.filter(variants, rule["variants"])
+        if not matched:
+            yield where + ("variants",), f"{rule['variants']!r} matches no variant"
+        for v in matched:
+            rules, why = rules_for(data, v)
+            names = [r["task"] for r in rules]
+            if not names:
+                yield where + ("variants",), f"variant {v} has no incumbent to judge ({why})"
+                break
+            if "incumbent" in rule and rule["incumbent"] not in names:
+                yield where + ("incumbent",), (f"variant {v}'s incumbents are {', '.join(names)}, "
+                                               f"not {rule['incumbent']!r}")
+                break
+
+
+def _check_dtypes(inc: Incumbent, dtypes: dict) -> None:
+    want_in, want_out = EXPECTS[inc.op]
+    got_in, got_out = dtypes["inputs"], dtypes["outputs"]
+    if len(got_in) != len(want_in) or len(got_out) != len(want_out) or any(
+            w is not None and w != g for w, g in zip(want_in + want_out, got_in + got_out)):
+        raise NoIncumbent(f"{inc.name} takes inputs {list(want_in)} and outputs {list(want_out)}; "
+                          f"the spec has {got_in} and {got_out}")

@@ -1,0 +1,111 @@
+"""The incumbents: each table entry's call is what the checkout's own register function
+emits (its CodeKeeper text, the template values this table derives at a shape), and a
+checkout whose register function is missing or different has no incumbent, with the
+reason. CPU only: the pinned MPK tree (../shared/mirage/mpk)."""
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from conftest import REPO
+from mpkbuild.model.kernel import Kernel
+from mpkbuild.stages.runtime import megakernel
+from mpkbuild.wire import incumbents as inc
+
+PINNED = REPO.parent / "shared" / "mirage" / "mpk"
+pytestmark = pytest.mark.skipif(not (PINNED / inc.REGISTER_FILE).is_file(),
+                                reason="../shared/mirage (the pinned MPK tree) is absent")
+
+
+def _text() -> str:
+    return (PINNED / inc.REGISTER_FILE).read_text()
+
+
+# (entry, op, shapes, params, the call it must emit) -- the values as the register function
+# computes them from the task's tensor dims at that shape
+CALLS = [
+    ("rmsnorm_hopper", "rmsnorm", {"inputs": [[8, 4096], [4096]], "outputs": [[8, 4096]]}, {},
+     ["kernel::rms_norm_hopper_impl<bfloat16, 1, 4096>(", "task_desc->input_ptrs[0],",
+      "task_desc->input_ptrs[1],", "task_desc->output_ptrs[0],", "1e-6f);"], "TASK_RMS_NORM_HOPPER"),
+    ("silu_mul", "silu_mul", {"inputs": [[16, 2, 14336]], "outputs": [[16, 14336]]}, {},
+     # grid_for_rmsnorm_linear_layer(28672) = 64 -> 32 tiles of 448 columns
+     ["kernel::silu_mul_task_impl<bfloat16, 16, 448, 28672, 14336>(", "task_desc->input_ptrs[0],",
+      "task_desc->output_ptrs[0],",
+      "runtime_config.qo_indptr_buffer[MPK_MAX_NUM_BATCHED_REQUESTS]);"], "TASK_SILU_MUL"),
+    ("silu_mul_hopper", "silu_mul", {"inputs": [[8, 2, 2304]], "outputs": [[8, 2304]]}, {},
+     ["kernel::silu_mul_task_impl_hopper<bfloat16, 8, 48, 4608, 2304>(", "task_desc->input_ptrs[0],",
+      "task_desc->output_ptrs[0],",
+      "runtime_config.qo_indptr_buffer[MPK_MAX_NUM_BATCHED_REQUESTS]);"], "TASK_SILU_MUL_HOPPER"),
+    ("embedding", "embedding", {"inputs": [[8], [129280, 7168]], "outputs": [[8, 7168]]}, {},
+     ["kernel::embedding_kernel<bfloat16, 8, 7168, 7168>(", "task_desc->input_ptrs[0],",
+      "task_desc->input_ptrs[1],", "task_desc->output_ptrs[0]);"], "TASK_EMBEDDING"),
+    ("embedding_hopper", "embedding", {"inputs": [[16384], [129280, 7168]], "outputs": [[16384, 7168]]},
+     {"grid": [2, 1024]},
+     ["kernel::embedding_kernel_hopper<bfloat16, 16, 3584, 7168>(", "task_desc->input_ptrs[0],",
+      "task_desc->input_ptrs[1],", "task_desc->output_ptrs[0]);"], "TASK_EMBEDDING_HOPPER"),
+]
+
+
+@pytest.mark.parametrize("name, op, shapes, params, call, task_type", CALLS, ids=[c[0] for c in CALLS])
+def test_the_call_is_the_checkouts_register_text_at_the_shape(name, op, shapes, params, call, task_type):
+    dtypes = {"inputs": ["int32" if op == "embedding" and i == 0 else "bf16"
+                         for i in range(len(shapes["inputs"]))], "outputs": ["bf16"]}
+    lay = inc.layout(name, op, shapes, dtypes, params, _text())
+    (layer,) = lay["layers"]
+    assert [l.strip() for l in layer["call"]] == call
+    assert layer["task_type"] == task_type
+    # and the register function's own lines, `$` for each value, are those very lines
+    lines, types = inc.register_function(_text(), layer["register"])
+    holes = [l for l in lines if "$" in l]
+    assert len(holes) == 1 and re.sub(r"\d+", "$", call[0].split("<", 1)[1]) == \
+        re.sub(r"\d+", "$", holes[0].split("<", 1)[1].replace("$", "0"))
+
+
+def test_argmax_is_two_layers_of_two_register_functions():
+    lay = inc.layout("argmax_hopper", "argmax", {"inputs": [[8, 129280]], "outputs": [[8]]},
+                     {"inputs": ["bf16"], "outputs": ["int64"]}, {"tasks": 128}, _text())
+    partial, reduce = lay["layers"]
+    assert partial["call"][0].strip() == "kernel::argmax_partial_sm100_kernel<bfloat16, 8, 1010, 128>("
+    assert partial["task_type"] == "TASK_ARGMAX_PARTIAL_SM100" and partial["grid"] == [128, 1]
+    assert reduce["call"][0].strip() == "kernel::argmax_reduce_kernel<bfloat16, 8, 1010, 128>("
+    assert reduce["task_type"] == "TASK_ARGMAX_REDUCE" and reduce["grid"] == [1, 1]
+    assert lay["tensors"][-1]["compare_values_of"] == 0
+
+
+def test_a_checkout_without_the_register_function_has_no_incumbent_and_says_why(tmp_path):
+    tree = tmp_path / "mpk"
+    (tree / "src" / "kernel").mkdir(parents=True)
+    text = _text().replace("TaskRegister::register_rmsnorm_hopper_task(", "TaskRegister::register_rmsnorm_h_task(")
+    (tree / inc.REGISTER_FILE).write_text(text)
+    k = Kernel.load(REPO, "rmsnorm_v2", write_cache=False)
+    p = megakernel.plan(k.spec.data, REPO / "wiring", None, tree)
+    assert not [g for g in p["graphs"] if g["role"] == "incumbent"]
+    (why,) = p["missing"]["decode_r1_h4096"]
+    assert why == {"incumbent": "rmsnorm_hopper",
+                   "why": "TaskRegister::register_rmsnorm_hopper_task is not in src/kernel/task_register.cc"}
+
+
+def test_a_register_function_that_takes_other_values_is_refused(tmp_path):
+    text = _text().replace('"kernel::rms_norm_hopper_impl<bfloat16, $, $>("',
+                           '"kernel::rms_norm_hopper_impl<bfloat16, $, $, $>("')
+    with pytest.raises(inc.NoIncumbent, match="emits 3 values on this checkout; the incumbent table knows 2"):
+        inc.layout("rmsnorm_hopper", "rmsnorm", {"inputs": [[1, 4096], [4096]], "outputs": [[1, 4096]]},
+                   {"inputs": ["bf16", "bf16"], "outputs": ["bf16"]}, {}, text)
+
+
+def test_every_catalog_variant_has_an_incumbent_graph_or_a_reason():
+    """The plan on the pinned tree: per variant an incumbent graph, or the reason (the spec's
+    `none`, or the table's: linear_swapAB_hopper's TMA descriptors)."""
+    from mpkbuild.model.kernel import discover
+    for name in discover(REPO):
+        k = Kernel.load(REPO, name, write_cache=False)
+        if "wiring" not in k.spec.data:
+            continue
+        p = megakernel.plan(k.spec.data, REPO / "wiring", None, PINNED)
+        rivals = {g["of"] for g in p["graphs"] if g["role"] == "incumbent"}
+        for v in k.spec.data["codegen"]["variants"]:
+            assert v in rivals or p["missing"].get(v), (name, v)
+        if name == "linear_v2":
+            assert "TMA descriptors" in p["missing"]["decode_m1_n4096_k4096"][0]["why"]
