@@ -41,7 +41,9 @@ def _materialise(name: str, out: Path, root: Path = REPO) -> Path:
         sec = x.spec.sections["codegen"]
         for role, fn in (("body", f"{x.name}.cuh"), ("spec_header", f"{x.name}_spec.h")):
             (out / fn).write_text(generate.render_file(role, sec, x.spec.file, x.body_source, x.root))
-    (out / "megakernel.cu").write_text(runtime.render(k, root / "wiring", PINNED, prod))
+    for name, data in runtime.render_all(k, root / "wiring", PINNED, prod).items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
     return out
 
 
@@ -80,7 +82,8 @@ def compiled(tmp_path_factory):
         d.mkdir()
         _materialise(name, d)
         lib = d / f"lib{name}_mpk.so"
-        ok, log, took = runtime.compile_megakernel(checkout, d / "megakernel.cu", [d], lib, d / "log")
+        ok, log, took = runtime.compile_megakernel(checkout, d / "megakernel.cu", [d], lib, d / "log",
+                                                   shadow=d / "shadow")
         return name, (ok, log, took, lib)
 
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
@@ -220,7 +223,7 @@ def test_state_kept_across_iterations_is_caught_at_iteration_2_and_passes_valida
     _materialise(STALE, d, root)
     lib = d / f"lib{STALE}_mpk.so"
     ok, log, took = runtime.compile_megakernel(runtime.Checkout.find(PINNED), d / "megakernel.cu",
-                                               [d], lib, d / "log")
+                                               [d], lib, d / "log", shadow=d / "shadow")
     assert ok, "\n".join(l for l in log.splitlines() if "error" in l)[:2000]
     res, out = _run_runtime(root, STALE, lib, tmp_path)
     r = res["variants"]["r1024_c256"]
@@ -406,3 +409,48 @@ def test_a_rule_whose_incumbent_cannot_run_fails_and_says_why():
     out = _judged(res, [{"variants": "*", "max_vs_incumbent": 1.0}], ["v"])
     assert out["verdict"] == "fail"
     assert "no in-runtime figure of an incumbent (linear_swapAB_hopper: its call takes TMA" in out["message"]
+
+
+def _text_sections(cubin: Path) -> dict[str, bytes]:
+    """The machine code of each function of a cubin (ELF64): its .text.<name> sections."""
+    import struct
+    b = cubin.read_bytes()
+    shoff = struct.unpack_from("<Q", b, 0x28)[0]
+    size, count, names_at = struct.unpack_from("<HHH", b, 0x3A)
+    heads = [struct.unpack_from("<IIQQQQIIQQ", b, shoff + i * size) for i in range(count)]
+    names = heads[names_at][4]
+    name = lambda off: b[names + off:b.index(b"\0", names + off)].decode()
+    return {name(h[0]): b[h[4]:h[4] + h[5]] for h in heads if name(h[0]).startswith(".text.")}
+
+
+@needs_tree
+@pytest.mark.nvcc
+def test_the_split_build_makes_the_device_code_of_one_plain_nvcc_and_reuses_the_host_object(tmp_path):
+    """The runtime gate's megakernel compile runs nvcc's own steps as two chains side by
+    side; the worker's SASS (every function's machine code in the cubin) is byte for byte
+    what one plain nvcc of the same source makes. A body edit that leaves the host side as
+    it was (a comment, lines moved) reuses the host object; the library still links."""
+    import shutil
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc on PATH")
+    (tmp_path / "mk").mkdir()
+    d = _materialise("rmsnorm_v2", tmp_path / "mk")
+    assert (d / "shadow" / "persistent_kernel.cuh").read_bytes() == \
+        (PINNED / "include/mirage/persistent_kernel/persistent_kernel.cuh").read_bytes()
+    assert '#include "tasks/hopper/rmsnorm_hopper.cuh"' in (d / "shadow/tasks/hopper/task_header.cuh").read_text()
+    checkout = runtime.Checkout.find(PINNED)
+    lib = d / "lib.so"
+    ok, log, _ = runtime.compile_megakernel(checkout, d / "megakernel.cu", [d], lib, d / "log", shadow=d / "shadow")
+    assert ok, log[-3000:]
+    plain = d / "plain"
+    plain.mkdir()
+    cmd = runtime.nvcc_command(checkout, d / "megakernel.cu", [d], plain / "lib.so", shadow=d / "shadow")
+    proc = subprocess.run(cmd + ["--keep", f"--keep-dir={plain}"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ours, theirs = _text_sections(d / "nvcc-steps" / "megakernel.cubin"), _text_sections(plain / "megakernel.cubin")
+    assert any("worker_kernel" in n for n in ours) and ours == theirs
+    body = d / "rmsnorm_v2.cuh"
+    body.write_text("// an edit that moves every line\n\n" + body.read_text())
+    ok, log, _ = runtime.compile_megakernel(checkout, d / "megakernel.cu", [d], lib, d / "log", shadow=d / "shadow")
+    assert ok and "(the host object of an identical host side:" in log, log[-3000:]
+    assert _text_sections(d / "nvcc-steps" / "megakernel.cubin") == theirs

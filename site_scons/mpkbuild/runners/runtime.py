@@ -107,36 +107,29 @@ def describe(lib: Megakernel, g: int) -> dict:
 
 def task_records(buf: torch.Tensor, task_types) -> list[tuple[int, int]]:
     """(begin, end) in ns of every task of these types, from the runtime profiler's records,
-    relative to the first begin seen (%globaltimer_lo wraps every 4.3 s: differences are
-    taken modulo 2**32, signed, valid within a launch)."""
-    types = {task_types} if isinstance(task_types, int) else set(task_types)
+    relative to the first begin (%globaltimer_lo wraps every 4.3 s: differences are taken
+    modulo 2**32, signed, valid within a launch). A worker's records are a prefix of its
+    column (zeroed before the launch) and its tasks of one type never nest, so its k-th
+    begin pairs with its k-th end; read with tensor ops (a launch has up to 2**19 entries)."""
+    types = [task_types] if isinstance(task_types, int) else sorted(set(task_types))
     raw = buf.cpu()
     nblocks = int(raw[0].item()) & 0xFFFFFFFF
     if nblocks <= 0:
         return []
-    body = raw[1:1 + (len(raw) - 1) // nblocks * nblocks].view(-1, nblocks)
-    tag = (body & 0xFFFFFFFF)
+    body = raw[1:1 + (len(raw) - 1) // nblocks * nblocks].view(-1, nblocks).t()   # [worker, entry]
+    written = torch.cumprod((body != 0).to(torch.int8), dim=1).bool()
+    kind = (body >> 2) & 0x1FF
+    phase = body & 0x3
+    ours = written & torch.isin(kind, torch.tensor(types, dtype=body.dtype))
     t = (body >> 32) & 0xFFFFFFFF
-    kind = (tag >> 2) & 0x1FF
-    phase = tag & 0x3
-    out, ref = [], None
-    for w in range(nblocks):
-        col_k, col_p, col_t = kind[:, w].tolist(), phase[:, w].tolist(), t[:, w].tolist()
-        begin = None
-        for k_, p_, t_ in zip(col_k, col_p, col_t):
-            if k_ == 0 and p_ == 0 and t_ == 0:
-                break                      # never written (zeroed before the launch)
-            if k_ not in types:
-                continue
-            if ref is None:
-                ref = t_
-            rel = ((t_ - ref + 2**31) & 0xFFFFFFFF) - 2**31
-            if p_ == 0:
-                begin = rel
-            elif p_ == 1 and begin is not None:
-                out.append((begin, rel))
-                begin = None
-    return out
+    begins, ends = t[ours & (phase == 0)], t[ours & (phase == 1)]     # row-major: per worker, in order
+    per_worker_b = (ours & (phase == 0)).sum(dim=1)
+    per_worker_e = (ours & (phase == 1)).sum(dim=1)
+    if len(begins) == 0 or not torch.equal(per_worker_b, per_worker_e):
+        return []                 # an unfinished task: the caller's count check reports it
+    ref = int(begins[0])
+    rel = lambda x: ((x - ref + 2**31) & 0xFFFFFFFF) - 2**31
+    return list(zip(rel(begins).tolist(), rel(ends).tolist()))
 
 
 def spans_from_profile(buf: torch.Tensor, task_type) -> list[float]:

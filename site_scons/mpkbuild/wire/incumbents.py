@@ -35,6 +35,7 @@ class Incumbent:
     params: dict = field(default_factory=dict)   # param -> what it means (spec-settable)
     skip: tuple[str, ...] = ()    # CodeKeeper lines of a branch the builder does not take
     unsupported: str | None = None  # why the gate cannot run it (yet)
+    headers: tuple[str, ...] = ()   # its task headers under include/mirage/persistent_kernel
 
 
 def _largest_factor_leq(n: int, limit: int) -> int:
@@ -55,40 +56,47 @@ TABLE: dict[str, Incumbent] = {i.name: i for i in (
     Incumbent("rmsnorm_hopper", "rmsnorm", ("register_rmsnorm_hopper_task",),
               "rmsnorm_layer on sm_90 registers 'rmsnorm_hopper'; the builders give it "
               "grid (max_num_batched_tokens): one row per task",
-              {"rows_per_task": "rows each task normalises (default 1, as the builders)"}),
+              {"rows_per_task": "rows each task normalises (default 1, as the builders)"},
+              headers=('tasks/hopper/rmsnorm_hopper.cuh',)),
     Incumbent("silu_mul", "silu_mul", ("register_silu_mul_task",),
               "silu_mul_layer on sm_90 registers 'silu_mul' (the Ampere-named task, all of "
               "the worker's threads); the qwen3 builder's grid is "
               "grid_for_rmsnorm_linear_layer(2 * inter) // 2 column tiles, each tile's gate "
               "and up halves side by side (its gate|up weight is shuffled to match)",
-              {"tasks": "column tiles (default: the qwen3 builder's)"}),
+              {"tasks": "column tiles (default: the qwen3 builder's)"},
+              headers=('tasks/ampere/silu_mul.cuh',)),
     Incumbent("silu_mul_hopper", "silu_mul", ("register_silu_mul_hopper_task",),
               "the Hopper task graph.cc maps 'silu_mul_hopper' to (128 consumer threads); "
               "no builder layer asks for it on the pinned tree; tiles as silu_mul",
-              {"tasks": "column tiles (default: the qwen3 builder's)"}),
+              {"tasks": "column tiles (default: the qwen3 builder's)"},
+              headers=('tasks/hopper/silu_mul_hopper.cuh',)),
     Incumbent("embedding", "embedding", ("register_embedding_task",),
               "embed_layer on sm_90 registers 'embedding' (the Ampere-named task) with "
               "input_source=1 (ids from an input tensor); the qwen3 builder's grid is (1, 1): "
               "one task gathers every token's whole row",
               {"grid": "[column tiles, token groups] (default [1, 1], as the builder)"},
-              skip=("    runtime_config.tokens + runtime_config.step[0], ",)),
+              skip=("    runtime_config.tokens + runtime_config.step[0], ",),
+              headers=('tasks/ampere/embedding.cuh',)),
     Incumbent("embedding_hopper", "embedding", ("register_embedding_hopper_task",),
               "the Hopper task graph.cc maps 'embedding_hopper' to (128 consumer threads); "
               "no builder layer asks for it on the pinned tree; input_source=1",
               {"grid": "[column tiles, token groups] (default [1, 1], as the builder)"},
-              skip=("    runtime_config.tokens + runtime_config.step[0], ",)),
+              skip=("    runtime_config.tokens + runtime_config.step[0], ",),
+              headers=('tasks/hopper/embedding_hopper.cuh',)),
     Incumbent("argmax_hopper", "argmax", ("register_argmax_partial_sm100_task",
                                           "register_argmax_reduce_task"),
               "argmax_partial_layer on sm_90 registers 'argmax_partial_sm100' over grid "
               "(num_workers) column chunks, then argmax_reduce_layer 'argmax_reduce' in one "
               "task (the qwen3 builder)",
-              {"tasks": "partial tasks (default 128: MPK's worker count at 132-159 SMs)"}),
+              {"tasks": "partial tasks (default 128: MPK's worker count at 132-159 SMs)"},
+              headers=('tasks/blackwell/argmax_sm100.cuh', 'tasks/ampere/argmax.cuh')),
     Incumbent("linear_swapAB_hopper", "linear", ("register_linear_swapAB_hopper_task",),
               "linear_layer on sm_90 registers 'linear_swapAB_hopper'",
               unsupported="its call takes TMA descriptors (CUtensorMap for the input, weight "
                           "and output tiles) that MPK's generated _init_persistent_kernel "
                           "builds on the host with cuTensorMapEncodeTiled; the gate's graph "
-                          "builder does not make them yet"),
+                          "builder does not make them yet",
+              headers=('tasks/hopper/linear_swapAB_hopper.cuh',)),
 )}
 
 
@@ -238,7 +246,7 @@ def layout(name: str, op: str, shapes: dict, dtypes: dict, params: dict, text: s
     for reg, lay in zip(inc.registers, layers):
         lay["call"], lay["task_type"] = call_lines(text, reg, lay.pop("values"), inc.skip)
         lay["register"] = reg
-    return {"incumbent": name, "tensors": tensors, "layers": layers}
+    return {"incumbent": name, "tensors": tensors, "layers": layers, "headers": list(inc.headers)}
 
 
 # ---------------------------------------------------------------- the spec's runtime section

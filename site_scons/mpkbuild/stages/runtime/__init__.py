@@ -31,7 +31,7 @@ from mpkbuild.util import config
 from mpkbuild.util.console import say
 from mpkbuild.util.fsutil import write_atomic
 from mpkbuild.stages.runtime.megakernel import (CHAINS, Checkout, compile_megakernel, job_payload,
-                                                producer_for, render, runtime_fact)
+                                                producer_for, render_all, runtime_fact)
 
 
 # ---------------------------------------------------------------- paths
@@ -45,6 +45,19 @@ def source_path(k) -> Path:
 
 def library_path(k, arch: str = "sm_90a") -> Path:
     return runtime_dir(k) / arch / f"lib{k.name}_mpk.so"
+
+
+def shadow_dir(k) -> Path:
+    """The include folder searched first: the checkout's entry header beside a task header
+    of only the tasks the graphs use (megakernel.render_all)."""
+    return runtime_dir(k) / "shadow"
+
+
+def source_files(k) -> dict[str, Path]:
+    """render_all's names -> the megakernel node's targets."""
+    from mpkbuild.stages.runtime.megakernel import ENTRY_HEADER, TASK_HEADER
+    return {"megakernel.cu": source_path(k), f"shadow/{TASK_HEADER}": shadow_dir(k) / TASK_HEADER,
+            f"shadow/{ENTRY_HEADER}": shadow_dir(k) / ENTRY_HEADER}
 
 
 # ---------------------------------------------------------------- the stage's nodes
@@ -73,13 +86,16 @@ def nodes(g, k, stage: str) -> None:
     # the incumbents' calls are read from the checkout's register functions
     from mpkbuild.wire.incumbents import REGISTER_FILE
     register = [g.rel(checkout.root / REGISTER_FILE)] if (checkout.root / REGISTER_FILE).is_file() else []
-    src = g.add(Node(f"megakernel {k.name}", "megakernel", stage, k.name, (g.rel(source_path(k)),),
+    from mpkbuild.stages.runtime.megakernel import ENTRY_HEADER
+    targets = tuple(g.rel(p) for p in source_files(k).values())
+    src = g.add(Node(f"megakernel {k.name}", "megakernel", stage, k.name, targets,
                      (k.rel.section_file("codegen"), k.rel.section_file("wiring"),
                       k.rel.section_file("runtime"), *register, *gen, *extra,
-                      g.pkg("templates", "megakernel.cu.j2"),
+                      g.rel(checkout.runtime_dir / ENTRY_HEADER),
+                      g.pkg("templates", "megakernel.cu.j2"), g.pkg("templates", "task_header.cuh.j2"),
                       g.rel(g.root / config.WIRING_DIRNAME / config.WIRING_SURFACE)),
                      (fact, g.code_fact("megakernel", (f"{__name__}.megakernel",))),
-                     always=g.edited(g.rel(source_path(k)))))
+                     always=next(filter(None, map(g.edited, targets)), None)))
     from mpkbuild.stages.compile import include_inputs
     from mpkbuild.util.toolchain import toolchain_fact
     lib = library_path(k)
@@ -87,7 +103,7 @@ def nodes(g, k, stage: str) -> None:
     runtime_headers = tuple(g.rel(p) for p in checkout.headers())
     comp = g.add(Node(f"megakernel-compile {k.name} sm_90a", "megakernel_compile", stage, k.name,
                       (g.rel(lib), g.rel(lib.parent / "compile.log")),
-                      tuple(dict.fromkeys((src.targets[0], *gen, *[p for p in extra if p.endswith((".h", ".cuh"))],
+                      tuple(dict.fromkeys((*src.targets, *gen, *[p for p in extra if p.endswith((".h", ".cuh"))],
                                            *runtime_headers, *headers))),
                       (toolchain_fact(), fact, g.code_fact("megakernel", (f"{__name__}.megakernel",)),
                        *include_facts)))
@@ -98,11 +114,12 @@ def run_source(build, info, target, source) -> int:
     from mpkbuild.stages.generate import TemplateError
     k = build.kernels[info["MPK_KERNEL"]]
     try:
-        text = render(k, k.root / "wiring", build.wire_request.mpk_root,
-                      producer_for(k, build.kernels))
+        files = render_all(k, k.root / "wiring", build.wire_request.mpk_root,
+                           producer_for(k, build.kernels))
     except TemplateError as exc:
         return build.fail(str(exc))
-    write_atomic(Path(target[0].abspath), text, only_if_changed=True)
+    for name, path in source_files(k).items():
+        write_atomic(path, files[name], only_if_changed=True)
     return 0
 
 
@@ -114,7 +131,8 @@ def run_compile(build, info, target, source) -> int:
     if producer is not None:
         gen_dirs += [producer.gen_dir, *producer.include_dirs]
     ok, text, took = compile_megakernel(checkout, source_path(k), gen_dirs,
-                                        Path(target[0].abspath), Path(target[1].abspath))
+                                        Path(target[0].abspath), Path(target[1].abspath),
+                                        shadow=shadow_dir(k))
     if not ok:
         return build.fail(f"megakernel-compile {k.name}: nvcc failed ({took:.0f} s), see "
                           f"{os.path.relpath(target[1].abspath, build.root)}\n"
@@ -126,9 +144,8 @@ def run_compile(build, info, target, source) -> int:
 def predict(node, k, predictor) -> dict:
     from mpkbuild.model.graph import CHANGED
     if node.kind == "megakernel":
-        producer = producer_for(k, {})
-        return {node.targets[0]: render(k, predictor.wiring_root,
-                                        predictor.wire_request.mpk_root, producer).encode()}
+        files = render_all(k, predictor.wiring_root, predictor.wire_request.mpk_root, producer_for(k, {}))
+        return {t: files[name] for t, name in zip(node.targets, source_files(k))}
     if node.kind in ("gate", "check"):
         from mpkbuild.stages import gates
         return gates.predict(node, k, predictor)

@@ -5,6 +5,7 @@ very call the wire stage registers."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from dataclasses import dataclass
@@ -80,7 +81,11 @@ class Checkout:
 
     @property
     def runtime_dir(self) -> Path:
-        return self.root / "include/mirage/persistent_kernel"
+        return self.runtime_dir_of(self.root)
+
+    @staticmethod
+    def runtime_dir_of(root: Path) -> Path:
+        return Path(root) / "include/mirage/persistent_kernel"
 
     def headers(self) -> list[Path]:
         """The runtime's own headers (every file under include/mirage): the compile's sources."""
@@ -108,8 +113,9 @@ def compile_flags(arch: str, profiling: bool = True) -> list[str]:
 
 
 def nvcc_command(checkout: Checkout, source: Path, gen_dirs: list[Path], out: Path,
-                 arch: str = "sm_90a") -> list[str]:
-    return ["nvcc", str(source), *checkout.include_flags(), *(f"-I{d}" for d in gen_dirs),
+                 arch: str = "sm_90a", shadow: Path | None = None) -> list[str]:
+    first = [f"-I{shadow}"] if shadow is not None else []
+    return ["nvcc", str(source), *first, *checkout.include_flags(), *(f"-I{d}" for d in gen_dirs),
             *compile_flags(arch), "-Xptxas", "-v", "-o", str(out)]
 
 
@@ -178,7 +184,7 @@ def _incumbent_graphs(spec: dict, variant: str, text: str | None, next_id: int) 
             next_id += 1
         graphs.append({"name": f"incumbent:{variant}:{rule['task']}", "role": "incumbent",
                        "of": variant, "incumbent": rule["task"], "num_tensors": len(lay["tensors"]),
-                       "tensors": lay["tensors"], "layers": layers,
+                       "tensors": lay["tensors"], "layers": layers, "headers": lay["headers"],
                        "active_tokens": lay["layers"][0]["active_tokens"]})
     return graphs, dispatch, missing
 
@@ -251,7 +257,8 @@ def plan(spec: dict, wiring_root: Path, producer: dict | None = None,
             l["strides_y"] = l["strides_y"] + [0] * pad
     return {"kernel": kernel, "task_type": TASK_TYPE, "dispatch": dispatch, "graphs": graphs,
             "includes": includes, "max_tensors": max_tensors, "missing": missing,
-            "max_layers": max(len(g["layers"]) for g in graphs)}
+            "max_layers": max(len(g["layers"]) for g in graphs),
+            "task_headers": sorted({h for g in rivals for h in g["headers"]})}
 
 
 def chain_variants(producer: dict, consumer: dict):
@@ -290,12 +297,33 @@ def expand(graph: dict) -> tuple[list[dict], list[dict]]:
     return tasks, events
 
 
+# the checkout's runtime entry header and the header of every task it includes, which the
+# megakernel's build replaces with one of only the tasks its graphs use (shadow_files)
+ENTRY_HEADER = "persistent_kernel.cuh"
+TASK_HEADER = "tasks/hopper/task_header.cuh"
+
+
 def render(k, wiring_root: Path, mpk_root: Path | None, producer=None) -> str:
+    return render_all(k, wiring_root, mpk_root, producer)["megakernel.cu"].decode()
+
+
+def render_all(k, wiring_root: Path, mpk_root: Path | None, producer=None) -> dict[str, bytes]:
+    """{name: bytes}: megakernel.cu and the shadow include folder's two files: the checkout's
+    persistent_kernel.cuh as it is, and a task_header.cuh of only the tasks the graphs
+    dispatch to (ours come in through megakernel.cu's own includes). Without the
+    checkout's CUTLASS GEMMs the nvcc of a rmsnorm megakernel takes a third of the time."""
     from mpkbuild.stages.generate import render_template
     p = plan(k.spec.data, wiring_root, producer.spec.data if producer is not None else None,
              mpk_root)
-    return render_template(config.TEMPLATE_DIR / "megakernel.cu.j2",
-                           {**p, "mpk_root": str(mpk_root) if mpk_root else "(none)"})
+    out = {"megakernel.cu": render_template(config.TEMPLATE_DIR / "megakernel.cu.j2",
+                                            {**p, "mpk_root": str(mpk_root) if mpk_root else "(none)"}).encode()}
+    if mpk_root is not None:
+        out[f"shadow/{TASK_HEADER}"] = render_template(
+            config.TEMPLATE_DIR / "task_header.cuh.j2",
+            {"kernel": p["kernel"], "headers": p["task_headers"]}).encode()
+        entry = Checkout.runtime_dir_of(mpk_root) / ENTRY_HEADER
+        out[f"shadow/{ENTRY_HEADER}"] = entry.read_bytes() if entry.is_file() else b""
+    return out
 
 
 def producer_for(k, kernels: dict):
@@ -314,21 +342,144 @@ def producer_for(k, kernels: dict):
 
 # ---------------------------------------------------------------- compiling
 def compile_megakernel(checkout: Checkout, source: Path, gen_dirs: list[Path], out: Path,
-                       log: Path) -> tuple[bool, str, float]:
-    """nvcc to `out` (atomically); (ok, log text, seconds)."""
+                       log: Path, shadow: Path | None = None) -> tuple[bool, str, float]:
+    """The library to `out` (atomically), by split_compile; (ok, log text, seconds)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{temp_name(out)}nvcc.tmp")      # named for its writer: an orphan is removed
-    cmd = nvcc_command(checkout, source, gen_dirs, tmp)
+    cmd = nvcc_command(checkout, source, gen_dirs, tmp, shadow=shadow)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    ok, text = split_compile(cmd, out.parent / "nvcc-steps")
     took = time.perf_counter() - t0
-    text = " ".join(cmd) + "\n" + proc.stdout + proc.stderr
-    write_atomic(log, text)
-    if proc.returncode != 0:
+    write_atomic(log, " ".join(cmd) + "\n" + text)
+    if not ok:
         tmp.unlink(missing_ok=True)
         return False, text, took
     os.replace(tmp, out)
     return True, text, took
+
+
+FATBIN_SHIM = """// written by mpkbuild's split build: the device code is linked in from its own object
+#include "fatbinary_section.h"
+#define __CUDAFATBINSECTION ".nvFatBinSegment"
+#define __CUDAFATBINDATASECTION ".nv_fatbin"
+extern "C" const __fatBinC_Wrapper_t mpkb_fat_device_text;
+#define __fatDeviceText mpkb_fat_device_text
+"""
+
+
+def split_compile(cmd: list[str], work: Path, cache: Path | None = None) -> tuple[bool, str]:
+    """nvcc's own steps (from its --dryrun) for one megakernel, with the device chain
+    (preprocess, cicc, ptxas, fatbinary) and the host chain (preprocess, cudafe++, the host
+    compiler) run side by side instead of one after the other, then nvcc's link steps.
+
+    Two changes make them independent, and neither touches the device code: the module id
+    both chains read is written first (a fixed one per source, where nvcc makes it in
+    cudafe++), and the host object takes the device code's wrapper by name
+    (FATBIN_SHIM, in place of the fatbin.c nvcc includes in its stub) from an object of
+    its own made from fatbinary's output. The cubin is the one plain nvcc makes (the test
+    compares their SASS). (ok, every step's command and output)."""
+    import concurrent.futures
+    import hashlib
+    import shlex
+    cache = cache or work.with_name(work.name + "-host")
+    if work.exists():
+        import shutil
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    dry = subprocess.run(cmd + ["--dryrun", "--keep", f"--keep-dir={work}"], capture_output=True, text=True)
+    if dry.returncode != 0:
+        return False, dry.stdout + dry.stderr
+    env, steps = dict(os.environ), []
+    for line in dry.stderr.splitlines():
+        if not line.startswith("#$ "):
+            continue
+        body = line[3:]
+        if re.match(r"[A-Za-z_][A-Za-z0-9_]*=", body):    # nvcc's own variables (expanded)
+            name, _, value = body.partition("=")
+            env[name] = value.replace('"', "").strip()
+        else:
+            steps.append(body)
+    cudafe = next(shlex.split(st) for st in steps if shlex.split(st)[0] == "cudafe++")
+    module_id = cudafe[cudafe.index("--module_id_file_name") + 1]
+    # nvcc's own form (_<hash>_<length>_<file>_<hash>), fixed for this source and these flags
+    digest = hashlib.sha256(" ".join(cmd[:-2]).encode()).hexdigest()
+    base = Path(cmd[1]).name.replace(".", "_")
+    Path(module_id).write_text(f"_{digest[:8]}_{len(base)}_{base}_{digest[8:16]}")
+    device, device_back, host, host_back, link, device_c = [], [], [], [], [], None
+    for st in steps:
+        tool = Path(shlex.split(st)[0]).name
+        if tool == "rm":
+            continue
+        if tool == "cudafe++":
+            host.append(st.replace("--gen_module_id_file ", ""))
+        elif tool == "cicc" or (tool == "gcc" and " -E " in st and "-D__CUDA_ARCH__=" in st):
+            device.append(st)
+        elif tool == "ptxas":
+            device_back.append(st)
+        elif tool == "fatbinary" and " -link " not in st:
+            m = re.search(r'--embedded-fatbin="?([^" ]+)"?', st)
+            device_c = m.group(1)[:-len(".fatbin.c")] + ".device.fatbin.c"
+            device_back.append(st.replace(m.group(1), device_c))
+        elif not link and tool == "gcc" and " -E " in st:
+            host.append(st)
+        elif not link and tool == "gcc" and ".cudafe1.cpp" in st:
+            host_back.append(st)
+        else:
+            link.append(st)
+    log = {}
+
+    def run(name, chain):
+        script = "\n".join(["set -e", *chain])
+        t0 = time.perf_counter()
+        p = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=work, env=env)
+        log[name] = (f"[{name}: {time.perf_counter() - t0:.1f} s]\n" + "\n".join(f"$ {st}" for st in chain)
+                     + "\n" + p.stdout + p.stderr)
+        return p.returncode == 0
+
+    # the host compile's stub includes <name>.fatbin.c: the shim, which names the wrapper
+    Path(device_c[:-len(".device.fatbin.c")] + ".fatbin.c").write_text(FATBIN_SHIM)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        # the fronts (cicc writes the host stub the host compile includes), then the backs
+        ok = all(list(pool.map(run, ("device", "host"), (device, host))))
+        hit, host_back = _host_object(host_back, work, cache)
+        ok = ok and all(list(pool.map(run, ("device back", "host back"), (device_back, host_back))))
+        if hit:
+            log["host back"] = f"(the host object of an identical host side: {hit})"
+    if ok:
+        text = Path(device_c).read_text()
+        Path(device_c).write_text(text.replace("static const __fatBinC_Wrapper_t __fatDeviceText",
+                                               "extern const __fatBinC_Wrapper_t mpkb_fat_device_text"))
+        obj = device_c[:-2] + ".o"
+        link[-1] += f" {shlex.quote(obj)}"
+        ok = run("link", [f'gcc -c -x c++ -fPIC $INCLUDES {shlex.quote(device_c)} -o {shlex.quote(obj)}',
+                          *link])
+    return ok, "\n".join(log[k] for k in ("device", "host", "device back", "host back", "link") if k in log)
+
+
+def _host_object(host_back: list[str], work: Path, cache: Path) -> tuple[str | None, list[str]]:
+    """(the cached object used, the commands still to run) for the host compile. Its input
+    is the host side cudafe++ and cicc leave (the .cudafe1.cpp and its stub); where that
+    is what the last compile had, line markers aside (a body edit moves them, and without
+    -g they change nothing but __LINE__, which NDEBUG leaves unused), the object it made is
+    copied in. Else the compile runs and its object is kept for next time."""
+    import hashlib
+    import shlex
+    import shutil
+    (st,) = host_back
+    argv = shlex.split(st)
+    src, obj = next(a for a in argv if a.endswith(".cudafe1.cpp")), argv[argv.index("-o") + 1]
+    h = hashlib.sha256(re.sub(str(work), "<work>", st).encode())
+    for path in (Path(src), Path(src[:-len(".cpp")] + ".stub.c")):
+        text = path.read_bytes()
+        h.update(re.sub(rb"(?m)^#(line)? \d+( .*)?$", b"", text))
+    key = cache / f"{h.hexdigest()[:24]}.o"
+    if key.is_file():
+        shutil.copyfile(key, obj)
+        return key.name, []
+    if cache.exists():
+        shutil.rmtree(cache)            # one host object kept: the last one
+    cache.mkdir(parents=True)
+    return None, [st, f"cp {shlex.quote(obj)} {shlex.quote(str(key))}"]
 
 
 # ---------------------------------------------------------------- the job
