@@ -152,13 +152,22 @@ def print_runtime(runs: list[dict], gpu_dir: Path, perf: dict) -> None:
         return
     rt = json.loads(path.read_text())
     print(f"runtime {rt['verdict']}: {rt.get('message', '')[:300]}")
-    print(f"\n{'graph':<34} {'tasks':>6} {'runtime slowest us':>18} {'median us':>9} {'harness slowCTA us':>18}")
+    edits = sorted(r["wall_s"] for r in runs if r["what"] != "first")
+    if edits:
+        print(f"median body edit -> in-runtime verdict: {edits[len(edits) // 2]:.2f} s (issue 40 target: <= 10 s)")
+    print(f"\n{'graph':<34} {'tasks':>6} {'runtime slowest us':>18} {'median us':>9} {'harness slowCTA us':>18}"
+          f"  ours / incumbent (makespan, 95%)")
     for name, g in rt.get("variants", {}).items():
         spans = g.get("spans") or {}
         harness = (perf["variants"].get(name) or {}).get("slowcta", {}).get("slowest_task_us")
+        vs = ""
+        for inc, x in ((g.get("head_to_head") or {}).get("incumbents") or {}).items():
+            c = (x.get("vs") or {}).get("makespan") or {}
+            if c.get("ratio") is not None:
+                vs += f"  {inc} {c['ratio']:.3f} [{c['lo']:.3f}, {c['hi']:.3f}] {c['verdict']}"
         print(f"{name:<34} {g.get('tasks', 0):>6} {spans.get('slowest_task_us', float('nan')):>18.2f} "
               f"{spans.get('median_us', float('nan')):>9.2f} "
-              f"{harness if harness is not None else float('nan'):>18.2f}")
+              f"{harness if harness is not None else float('nan'):>18.2f}{vs}")
 
 
 if __name__ == "__main__":
