@@ -51,7 +51,7 @@ def _run_runtime(root: Path, name: str, lib: Path, tmp_path: Path) -> tuple[dict
     """The runtime gate's runner on one compiled megakernel, as the gate runs it."""
     k = Kernel.load(root, name, write_cache=False)
     job = {"root": str(root), "library": str(lib), "kernel": name,
-           "runtime": runtime.job_payload(k), "result_file": str(tmp_path / f"{name}.json")}
+           "runtime": runtime.job_payload(k, checkout_root=PINNED), "result_file": str(tmp_path / f"{name}.json")}
     (tmp_path / f"{name}.job").write_text(json.dumps(job))
     proc = subprocess.run([sys.executable, "-m", "mpkbuild.runners.runtime",
                            str(tmp_path / f"{name}.job")], cwd=root, timeout=600,

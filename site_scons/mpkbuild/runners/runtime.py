@@ -112,7 +112,7 @@ def task_records(buf: torch.Tensor, task_types) -> list[tuple[int, int]]:
     column (zeroed before the launch) and its tasks of one type never nest, so its k-th
     begin pairs with its k-th end; read with tensor ops (a launch has up to 2**19 entries)."""
     types = [task_types] if isinstance(task_types, int) else sorted(set(task_types))
-    raw = buf.cpu()
+    raw = buf                   # read where it is: only the records picked leave the GPU
     nblocks = int(raw[0].item()) & 0xFFFFFFFF
     if nblocks <= 0:
         return []
@@ -120,13 +120,14 @@ def task_records(buf: torch.Tensor, task_types) -> list[tuple[int, int]]:
     written = torch.cumprod((body != 0).to(torch.int8), dim=1).bool()
     kind = (body >> 2) & 0x1FF
     phase = body & 0x3
-    ours = written & torch.isin(kind, torch.tensor(types, dtype=body.dtype))
+    ours = written & torch.isin(kind, torch.tensor(types, dtype=body.dtype, device=body.device))
     t = (body >> 32) & 0xFFFFFFFF
     begins, ends = t[ours & (phase == 0)], t[ours & (phase == 1)]     # row-major: per worker, in order
     per_worker_b = (ours & (phase == 0)).sum(dim=1)
     per_worker_e = (ours & (phase == 1)).sum(dim=1)
     if len(begins) == 0 or not torch.equal(per_worker_b, per_worker_e):
         return []                 # an unfinished task: the caller's count check reports it
+    begins, ends = begins.cpu(), ends.cpu()
     ref = int(begins[0])
     rel = lambda x: ((x - ref + 2**31) & 0xFFFFFFFF) - 2**31
     return list(zip(rel(begins).tolist(), rel(ends).tolist()))
