@@ -124,6 +124,11 @@ _BASELINE = {
         "compile": {"type": "boolean", "default": False,
                     "description": "time torch.compile(function, dynamic=False), compiled once per "
                                    "variant before timing (compile time recorded, not timed)"},
+        "mode": {"enum": ["default", "max-autotune-no-cudagraphs"],
+                 "description": "torch.compile's mode (with compile: true; default: torch's "
+                                "default). max-autotune-no-cudagraphs is what a user tuning "
+                                "for speed picks; the perf gate replays every baseline in its "
+                                "own CUDA graph, so cudagraphs would add nothing"},
         "description": {"type": "string"},
     },
 }

@@ -73,10 +73,11 @@ def prepared_baselines(job: dict, codegen: dict, inputs: list, primary_only: boo
     out = []
     for b in perfspec.baselines(job["perf"]["perf"])[:1 if primary_only else None]:
         fn = bind_params(load_function(job["root"], b["function"]), codegen["params"])
-        entry = {"name": b["name"], "function": b["function"], "compile": b["compile"]}
+        entry = {"name": b["name"], "function": b["function"], "compile": b["compile"], "mode": b.get("mode")}
         if b["compile"]:
             torch._dynamo.reset()
-            compiled = torch.compile(fn, dynamic=False)
+            mode = None if b.get("mode") in (None, "default") else b["mode"]
+            compiled = torch.compile(fn, dynamic=False, mode=mode)
             started = time.perf_counter()
             try:
                 compiled(*inputs)

@@ -3,9 +3,9 @@
 
 - Baselines: `perf.baseline` (a Python function, path:name) is the primary baseline, named
   "torch" (what `max_time_vs_baseline` judges unless a rule names another); `perf.baselines`
-  adds more: [{name, function, compile}] where `compile: true` times
-  `torch.compile(function, dynamic=False)`, compiled once per variant before timing (the
-  compile time is recorded, not timed).
+  adds more: [{name, function, compile, mode}] where `compile: true` times
+  `torch.compile(function, dynamic=False, mode=mode)`, compiled once per variant before
+  timing (the compile time is recorded, not timed).
 - Bytes: `perf.bytes` is either one expression, the total bytes moved per launch (judged
   against the copy ceiling, 1:1 read:write, as before), or {read: expr, write: expr}.
 - Ceilings: the bandwidth node measures read-only, 2:1 and 1:1 (copy) streams; a kernel's
@@ -21,10 +21,12 @@ MIXES = (("1:1", 0.5), ("2:1", 2.0 / 3.0), ("read", 1.0))
 
 
 def baselines(pcfg: dict) -> list[dict]:
-    """[{name, function, compile}], the primary first."""
-    out = [{"name": PRIMARY, "function": pcfg["baseline"], "compile": False}]
+    """[{name, function, compile, mode}], the primary first."""
+    out = [{"name": PRIMARY, "function": pcfg["baseline"], "compile": False, "mode": None}]
     for b in pcfg.get("baselines", []) or []:
-        out.append({"name": b["name"], "function": b["function"], "compile": bool(b.get("compile", False))})
+        compiled = bool(b.get("compile", False))
+        out.append({"name": b["name"], "function": b["function"], "compile": compiled,
+                    "mode": (b.get("mode") or "default") if compiled else None})
     return out
 
 
