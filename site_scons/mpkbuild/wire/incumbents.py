@@ -155,7 +155,7 @@ def call_lines(text: str, register: str, values: list[int], skip: tuple[str, ...
 #                                                 input i's last dim, compared by the value)
 #   {"use": "scratch", "shape": [...], "dtype": d}
 def _rmsnorm(shapes, p):
-    (rows, hidden), _w = shapes["inputs"][0], shapes["inputs"][1]
+    rows, hidden = shapes["inputs"][0]
     b = int(p.get("rows_per_task", 1))
     if rows % b:
         raise NoIncumbent(f"rows_per_task {b} does not divide {rows} rows")
@@ -186,7 +186,7 @@ def _silu_mul(shapes, p):
 
 
 def _embedding(shapes, p):
-    (rows,), (vocab, hidden) = shapes["inputs"][0], shapes["inputs"][1]
+    (rows,), (_, hidden) = shapes["inputs"][0], shapes["inputs"][1]
     gx, gy = (int(x) for x in p.get("grid", [1, 1]))
     if hidden % gx or rows % gy:
         raise NoIncumbent(f"grid [{gx}, {gy}] does not divide hidden {hidden} x rows {rows}")
