@@ -454,3 +454,18 @@ def test_the_split_build_makes_the_device_code_of_one_plain_nvcc_and_reuses_the_
     ok, log, _ = runtime.compile_megakernel(checkout, d / "megakernel.cu", [d], lib, d / "log", shadow=d / "shadow")
     assert ok and "(the host object of an identical host side:" in log, log[-3000:]
     assert _text_sections(d / "nvcc-steps" / "megakernel.cubin") == theirs
+
+
+def test_an_nvcc_whose_steps_are_not_known_compiles_in_one_piece_and_says_so(tmp_path):
+    """The split build reads nvcc's --dryrun; steps of another shape (another CUDA) fall
+    back to the one plain nvcc command, and the log says why."""
+    from mpkbuild.util.nvcc_steps import split_compile
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text("#!/bin/sh\n"
+                    "case \" $* \" in *' --dryrun '*) echo '#$ _HERE_=/x' >&2; echo '#$ sometool a b' >&2; exit 0;; esac\n"
+                    "while [ \"$1\" != -o ]; do shift; done; echo built > \"$2\"\n")
+    nvcc.chmod(0o755)
+    out = tmp_path / "lib.so"
+    ok, log = split_compile([str(nvcc), str(tmp_path / "k.cu"), "-o", str(out)], tmp_path / "steps")
+    assert ok and out.read_text() == "built\n"
+    assert log.startswith("(not split: this nvcc's --dryrun has other steps: StopIteration")

@@ -52,33 +52,17 @@ def split_compile(cmd: list[str], work: Path, cache: Path | None = None) -> tupl
             env[name] = value.replace('"', "").strip()
         else:
             steps.append(body)
-    cudafe = next(shlex.split(st) for st in steps if shlex.split(st)[0] == "cudafe++")
-    module_id = cudafe[cudafe.index("--module_id_file_name") + 1]
-    # nvcc's own form (_<hash>_<length>_<file>_<hash>), fixed for this source and these flags
-    digest = hashlib.sha256(" ".join(cmd[:-2]).encode()).hexdigest()
-    base = Path(cmd[1]).name.replace(".", "_")
-    Path(module_id).write_text(f"_{digest[:8]}_{len(base)}_{base}_{digest[8:16]}")
-    device, device_back, host, host_back, link, device_c = [], [], [], [], [], None
-    for st in steps:
-        tool = Path(shlex.split(st)[0]).name
-        if tool == "rm":
-            continue
-        if tool == "cudafe++":
-            host.append(st.replace("--gen_module_id_file ", ""))
-        elif tool == "cicc" or (tool == "gcc" and " -E " in st and "-D__CUDA_ARCH__=" in st):
-            device.append(st)
-        elif tool == "ptxas":
-            device_back.append(st)
-        elif tool == "fatbinary" and " -link " not in st:
-            m = re.search(r'--embedded-fatbin="?([^" ]+)"?', st)
-            device_c = m.group(1)[:-len(".fatbin.c")] + ".device.fatbin.c"
-            device_back.append(st.replace(m.group(1), device_c))
-        elif not link and tool == "gcc" and " -E " in st:
-            host.append(st)
-        elif not link and tool == "gcc" and ".cudafe1.cpp" in st:
-            host_back.append(st)
-        else:
-            link.append(st)
+    why = ""
+    try:
+        chains = _chains(cmd, steps)
+    except (StopIteration, ValueError, AttributeError, IndexError) as exc:
+        chains, why = None, f": {type(exc).__name__}: {exc}"
+    if chains is None or not all(chains[:4]) or chains[5] is None:
+        # another nvcc's steps than the ones this knows: one plain nvcc, and the log says so
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        note = f"(not split: this nvcc's --dryrun has other steps{why})\n"
+        return proc.returncode == 0, note + proc.stdout + proc.stderr
+    device, device_back, host, host_back, link, device_c = chains
     log = {}
 
     def run(name, chain):
@@ -107,6 +91,41 @@ def split_compile(cmd: list[str], work: Path, cache: Path | None = None) -> tupl
         ok = run("link", [f'gcc -c -x c++ -fPIC $INCLUDES {shlex.quote(device_c)} -o {shlex.quote(obj)}',
                           *link])
     return ok, "\n".join(log[k] for k in ("device", "host", "device back", "host back", "link") if k in log)
+
+
+def _chains(cmd: list[str], steps: list[str]):
+    """(device front, device back, host front, host back, link, the device fatbin.c) from
+    nvcc's steps, the module id file written; raises where the steps are not nvcc 12-13's."""
+    cudafe = next(shlex.split(st) for st in steps if shlex.split(st)[0] == "cudafe++")
+    module_id = cudafe[cudafe.index("--module_id_file_name") + 1]
+    # nvcc's own form (_<hash>_<length>_<file>_<hash>), fixed for this source and these flags
+    digest = hashlib.sha256(" ".join(cmd[:-2]).encode()).hexdigest()
+    base = Path(cmd[1]).name.replace(".", "_")
+    Path(module_id).write_text(f"_{digest[:8]}_{len(base)}_{base}_{digest[8:16]}")
+    device, device_back, host, host_back, link, device_c = [], [], [], [], [], None
+    for st in steps:
+        tool = Path(shlex.split(st)[0]).name
+        if tool == "rm":
+            continue
+        if tool == "cudafe++":
+            host.append(st.replace("--gen_module_id_file ", ""))
+        elif tool == "cicc" or (tool == "gcc" and " -E " in st and "-D__CUDA_ARCH__=" in st):
+            device.append(st)
+        elif tool == "ptxas":
+            device_back.append(st)
+        elif tool == "fatbinary" and " -link " not in st:
+            m = re.search(r'--embedded-fatbin="?([^" ]+)"?', st)
+            device_c = m.group(1)[:-len(".fatbin.c")] + ".device.fatbin.c"
+            device_back.append(st.replace(m.group(1), device_c))
+        elif not link and tool == "gcc" and " -E " in st:
+            host.append(st)
+        elif not link and tool == "gcc" and ".cudafe1.cpp" in st:
+            host_back.append(st)
+        else:
+            link.append(st)
+    if len(host_back) != 1 or not link:
+        raise ValueError(f"{len(host_back)} host compiles, {len(link)} link steps")
+    return device, device_back, host, host_back, link, device_c
 
 
 def _host_object(host_back: list[str], work: Path, cache: Path) -> tuple[str | None, list[str]]:
