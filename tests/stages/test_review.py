@@ -188,3 +188,19 @@ def test_the_review_leads_with_the_in_runtime_verdict_against_the_incumbent(tmp_
     assert "in-runtime faster than rmsnorm_hopper, harness slower than torch" in row
     none = next(ln for ln in page.splitlines() if ln.startswith("| large | linear_swapAB_hopper"))
     assert "no incumbent: TMA descriptors" in none
+
+
+def test_status_has_one_line_on_the_in_runtime_verdict(tmp_path):
+    """`scons status`'s note for the runtime gate: the comparisons against the incumbents by
+    verdict, the closest one with its interval, the variants without an incumbent."""
+    from types import SimpleNamespace
+    from mpkbuild.stages.runtime import judge, report
+    launches = lambda us: {"makespan_us": [us * (1 + 0.001 * i) for i in range(20)], "slowcta_us": [us] * 20}
+    rt = {"verdict": "pass", "message": "ok", "variants": {
+        "a": {"verdict": "pass", "head_to_head": {"ours": launches(5.0), "incumbents": {
+            "x": {**launches(6.0), "numerics": {}}, "y": {**launches(5.2), "numerics": {}}}}},
+        "b": {"verdict": "pass", "no_incumbent": [{"incumbent": None, "why": "none"}]}}}
+    (tmp_path / "runtime.json").write_text(json.dumps(judge.judge(rt, [], ["a", "b"])))
+    line = report.status_note(tmp_path, SimpleNamespace(targets=("runtime.json",)))
+    assert line.startswith("in-runtime vs incumbent (makespan): 2 faster of 2; closest a vs y 0.96")
+    assert line.endswith("; 1 without an incumbent")

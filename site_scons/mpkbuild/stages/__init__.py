@@ -92,7 +92,8 @@ STAGES: tuple[Stage, ...] = (
           "production grid, 3+ iterations, then head to head with the MPK task it would "
           "replace (makespan and slowCTA from the runtime's profiler, judged) (GPU)",
           gate=Gate("runtime", "validate.reference", judge="mpkbuild.stages.runtime.judge",
-                    section="validate", thresholds="runtime")),
+                    section="validate", thresholds="runtime"),
+          note="mpkbuild.stages.runtime.report:status_note"),
     Stage("perf", ("codegen", "generators", "perf"), ("compile", "validate"), "gpu", True, True, "perf",
           "CUDA-graph timing, cold/hot, slowCTA, torch baseline, bandwidth (GPU)",
           gate=Gate("perf", "perf.baseline", judge="mpkbuild.stages.perf.judge",

@@ -86,3 +86,27 @@ def head_to_head_table(rt: dict, perf: dict | None) -> list[dict]:
             rows.append({"variant": name, "incumbent": m["incumbent"] or "none", "why": m["why"],
                          "harness": h})
     return rows
+
+
+def status_note(root, node, files=None) -> str | None:
+    """One line for `scons status`: the last runtime result against its incumbents, on the
+    makespan: how many comparisons faster / slower / same / unsure, the closest one, and how
+    many variants have no incumbent."""
+    from mpkbuild.util.fsutil import ReadOnce
+    res = (files or ReadOnce(root)).json(node.targets[0])
+    if not res or not res.get("variants"):
+        return None
+    found, none = [], 0
+    for name, r in res["variants"].items():
+        for inc, x in ((r.get("head_to_head") or {}).get("incumbents") or {}).items():
+            c = (x.get("vs") or {}).get("makespan")
+            if c and c.get("ratio") is not None:
+                found.append((name, inc, c))
+        none += bool(r.get("no_incumbent"))
+    if not found:
+        return f"no head to head: {none} variants without an incumbent" if none else None
+    words = [c["verdict"] for _, _, c in found]
+    name, inc, c = max(found, key=lambda t: t[2]["ratio"])
+    counts = ", ".join(f"{words.count(w)} {w}" for w in ("faster", "slower", "same", "unsure") if words.count(w))
+    return (f"in-runtime vs incumbent (makespan): {counts} of {len(found)}; closest {name} vs {inc} "
+            f"{c['ratio']:.3f}x [{c['lo']:.3f}, {c['hi']:.3f}]" + (f"; {none} without an incumbent" if none else ""))
