@@ -258,8 +258,10 @@ def test_the_schema_takes_several_baselines_and_read_write_bytes(project):
     assert "compile: true" in text and "bytes: {read:" in text
     from mpkbuild.model.spec import SpecError, load_spec
     loaded = load_spec(spec, project.root)
-    assert [b["name"] for b in perfspec.baselines(loaded.data["perf"])] == ["torch", "compile"]
-    assert perfspec.baselines(loaded.data["perf"])[1]["compile"] is True
+    got = perfspec.baselines(loaded.data["perf"])
+    assert [b["name"] for b in got] == ["torch", "compile", "autotune"]
+    assert [(b["compile"], b["mode"]) for b in got] == [(False, None), (True, "default"),
+                                                        (True, "max-autotune-no-cudagraphs")]
     # the old scalar still loads
     spec.write_text(text.replace("bytes: {read: (rows * hidden + hidden) * 2, write: rows * hidden * 2}",
                                  "bytes: (2 * rows * hidden + hidden) * 2"))
