@@ -16,6 +16,7 @@ C_IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"
 REPO_PATH = r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$"
 REF_PATH = r"^[A-Za-z0-9_][A-Za-z0-9_./-]*\.py:[A-Za-z_][A-Za-z0-9_]*$"
 INT_OR_EXPR = {"type": ["integer", "string"]}
+_VARIANT_GLOB = {"type": "string", "description": "fnmatch glob over variant names"}
 
 _PARTITION = {"type": "array", "minItems": 1, "maxItems": 4, "items": {"enum": [-1, 0]},
               "description": "MPK notation: 0 = this dim is split across grid x, -1 = whole"}
@@ -25,7 +26,7 @@ _OVERRIDE = {
     "additionalProperties": False,
     "required": ["variants", "partition"],
     "properties": {
-        "variants": {"type": "string", "description": "fnmatch glob over variant names"},
+        "variants": _VARIANT_GLOB,
         "partition": {"type": "object", "minProperties": 1,
                       "propertyNames": {"pattern": C_IDENT},
                       "additionalProperties": _PARTITION,
@@ -67,7 +68,7 @@ _THRESHOLD = {
     "additionalProperties": False,
     "required": ["variants"],
     "properties": {
-        "variants": {"type": "string", "description": "fnmatch glob over variant names"},
+        "variants": _VARIANT_GLOB,
         "min_bandwidth_fraction": {"type": "number", "exclusiveMinimum": 0, "maximum": 1.5},
         "max_time_vs_baseline": {"type": "number", "exclusiveMinimum": 0},
         "max_us": {"type": "number", "exclusiveMinimum": 0},
@@ -84,7 +85,7 @@ _RUNTIME_THRESHOLD = {
     "additionalProperties": False,
     "required": ["variants", "max_vs_incumbent"],
     "properties": {
-        "variants": {"type": "string", "description": "fnmatch glob over variant names"},
+        "variants": _VARIANT_GLOB,
         "max_vs_incumbent": {"type": "number", "exclusiveMinimum": 0,
                              "description": "the most ours / incumbent may be on the figure, "
                                             "the whole interval of the paired ratios"},
@@ -101,7 +102,7 @@ _INCUMBENT_RULE = {
     "additionalProperties": False,
     "required": ["variants", "task"],
     "properties": {
-        "variants": {"type": "string", "description": "fnmatch glob over variant names"},
+        "variants": _VARIANT_GLOB,
         "task": {"type": "string", "pattern": C_IDENT,
                  "description": "an entry of the incumbent table (mpkbuild/wire/incumbents.py), "
                                 "or `none`"},

@@ -76,7 +76,6 @@ class Megakernel:
         self.graphs = [L.mpkb_graph_name(i).decode() for i in range(L.mpkb_num_graphs())]
         self.task_type = L.mpkb_task_type()
 
-
     def error(self, code: int) -> str:
         return self.lib.mpkb_error_string(code).decode()
 
@@ -213,21 +212,10 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
         _sync()
         print(f"runtime {graph['name']}: iteration {it}", flush=True)
         t1 = time.perf_counter()
-        code = lib.lib.mpkb_launch(timeout_ms)
+        hung = launch(lib, rt, graph, it)
         walls.append(time.perf_counter() - t1)
-        if code == LAUNCH_BLOCKED:      # the driver holds the host: reading the state could block too
-            phase = f"launch (iteration {it}: the host's launch call did not return)"
-            return {"verdict": "hang", "iteration": it, "seed": seed, "phase": phase,
-                    "message": f"{graph['name']}: {phase} in {rt['launch_timeout_s']} s"}
-        if code == 1:
-            state = lib.lib.mpkb_read_state(2000).decode()
-            return {"verdict": "hang", "iteration": it, "seed": seed, "state": state,
-                    "phase": hang_phase(state, graph, it),
-                    "message": f"{graph['name']}: {hang_phase(state, graph, it)} did not finish "
-                               f"in {rt['launch_timeout_s']} s (runtime state: {state[:300]})"}
-        if code != 0:
-            raise CudaFault(f"{graph['name']} iteration {it}: "
-                            f"{lib.error(code) if code > 0 else code}")
+        if hung:
+            return {**hung, "iteration": it, "seed": seed}
         for i, vcfg in checks:
             numbers, problem = compare(tensors[i], refs[i], vcfg)
             if problem:
@@ -261,27 +249,28 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
     if not rivals:
         lib.lib.mpkb_finalize()
         return result
-    h2h = head_to_head(lib, job, gi, graph, rivals, grid, tensors, checks, prof, gen)
+    h2h = head_to_head(lib, job, gi, graph, rivals, grid, tensors, refs, checks, prof, gen)
     if "verdict" in h2h:            # a hang, or ours or the incumbent failed on its inputs
         return {**h2h, "seed": seed}
     return {**result, "head_to_head": h2h}
 
 
-def _launch_once(lib: Megakernel, rt: dict, what: str, it: int, graph: dict) -> dict | None:
-    """One launch of the current setup; a hang result, or None when it finished."""
-    timeout_ms = int(rt["launch_timeout_s"] * 1000)
-    code = lib.lib.mpkb_launch(timeout_ms)
-    if code == LAUNCH_BLOCKED:
-        phase = f"launch ({what}: the host's launch call did not return)"
-        return {"verdict": "hang", "phase": phase, "message": f"{what}: {phase} in {rt['launch_timeout_s']} s"}
+def launch(lib: Megakernel, rt: dict, graph: dict, it: int) -> dict | None:
+    """Launch `it` (from 1) of the current setup, graph `graph`: a hang result naming its
+    phase, or None when it finished; a CUDA error raises CudaFault."""
+    code = lib.lib.mpkb_launch(int(rt["launch_timeout_s"] * 1000))
+    if code == LAUNCH_BLOCKED:      # the driver holds the host: reading the state could block too
+        phase = f"launch (iteration {it}: the host's launch call did not return)"
+        return {"verdict": "hang", "phase": phase,
+                "message": f"{graph['name']}: {phase} in {rt['launch_timeout_s']} s"}
     if code == 1:
         state = lib.lib.mpkb_read_state(2000).decode()
         phase = hang_phase(state, graph, it)
         return {"verdict": "hang", "state": state, "phase": phase,
-                "message": f"{what}: {phase} did not finish in {rt['launch_timeout_s']} s "
+                "message": f"{graph['name']}: {phase} did not finish in {rt['launch_timeout_s']} s "
                            f"(runtime state: {state[:300]})"}
     if code != 0:
-        raise CudaFault(f"{what}: {lib.error(code) if code > 0 else code}")
+        raise CudaFault(f"{graph['name']} iteration {it}: {lib.error(code) if code > 0 else code}")
     return None
 
 
@@ -325,12 +314,14 @@ def _against(ours_out, theirs, recipe: dict, ours: list[torch.Tensor], vcfg: dic
 
 
 def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list, grid,
-                 tensors: list[torch.Tensor], checks: list, prof: torch.Tensor, gen) -> dict:
+                 tensors: list[torch.Tensor], refs: dict, checks: list, prof: torch.Tensor,
+                 gen) -> dict:
     """Ours and each incumbent on the same inputs, set up side by side (mpkb_save/restore)
     and launched in turn, A B A B ..., `pairs` times: per launch the op's makespan and
     slowest task from the runtime's profiler. Before timing, each incumbent's output is
     compared with the float64 reference (reported) and with ours (held to the spec's
-    tolerances). The judge (stages/runtime/judge.py) makes the intervals and the verdict."""
+    tolerances). The judge (stages/runtime/judge.py) makes the intervals and the verdict.
+    `refs`: the references of ours' outputs by tensor index (made again here on new inputs)."""
     rt = job["runtime"]
     layer = graph["layers"][0]
     side = rt["kernels"][layer["kernel"]]
@@ -339,7 +330,8 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
     n_in = len(ins)
     workers, schedulers = grid
     timeout_ms, flags = int(rt["launch_timeout_s"] * 1000), rt["flags"]
-    slots, numbers, live = [(0, gi, graph, {lib.task_type})], {}, [0]
+    # (slot, whose, graph, its task types): ours first, then each incumbent, launched in turn
+    slots, numbers, live = [(0, "ours", graph, {lib.task_type})], {}, [0]
     # every incumbent's tensors live until the end: a setup holds their addresses, and a
     # buffer the allocator took back would be handed to the next setup (seen on an H200:
     # an illegal address in the first setup's launch once the second had been made)
@@ -357,18 +349,21 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
     for i, (name, shape, dtype) in enumerate(ins):
         if name in gens:
             tensors[i].copy_(random_tensor(shape, dtype, gens[name], gen, device=DEVICE))
-    reference = load_function(job["root"], vcfg["reference"])
-    refs = call_with_params(reference, [tensors[i].to(torch.float64) for i in range(n_in)],
-                            codegen["params"])
+    launches = rt["iterations"]          # ours' launches so far: its iterations
     if gens:
+        reference = load_function(job["root"], vcfg["reference"])
+        refs = dict(zip((i for i, _ in checks),
+                        call_with_params(reference, [tensors[i].to(torch.float64) for i in range(n_in)],
+                                         codegen["params"])))
         for i, _ in checks:
             poison_(tensors[i])
         _sync()
-        hung = _launch_once(lib, rt, f"{graph['name']} (head to head inputs)", 1, graph)
+        launches += 1
+        hung = launch(lib, rt, graph, launches)
         if hung:
             return hung
-        for (i, _), r in zip(checks, refs):
-            got, problem = compare(tensors[i], r, vcfg)
+        for i, _ in checks:
+            got, problem = compare(tensors[i], refs[i], vcfg)
             if problem:
                 lib.lib.mpkb_finalize()
                 return {"verdict": "fail", "check": "numeric",
@@ -376,7 +371,7 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
                                    f"(runtime.generators): {problem}"}
     lib.lib.mpkb_save(0)
     for slot, (ri, rg) in enumerate(rivals, start=1):
-        what = f"{rg['name']}"
+        what = rg["name"]
         rtensors = rival_tensors(rg["tensors"], tensors, n_in)
         held_tensors.append(rtensors)
         ptrs = (ctypes.c_void_p * len(rtensors))(*[t.data_ptr() for t in rtensors])
@@ -391,7 +386,7 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
             raise CudaFault(f"{what}: setup failed: {lib.error(code) if code > 0 else code}")
         lib.lib.mpkb_save(slot)
         live.append(slot)
-        hung = _launch_once(lib, rt, what, 1, rg)
+        hung = launch(lib, rt, rg, 1)
         if hung:
             return hung
         _sync()
@@ -401,7 +396,7 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
                 continue
             k = recipe["index"]
             theirs, mine = rtensors[j], tensors[n_in + k]
-            vs_ref, _ = compare(theirs, refs[k], vcfg)
+            vs_ref, _ = compare(theirs, refs[n_in + k], vcfg)
             vs_ours, problem = _against(mine, theirs, recipe, tensors, vcfg)
             held[outs[k][0]] = {"incumbent_vs_reference": vs_ref, "ours_vs_incumbent": vs_ours}
             if problem:
@@ -411,16 +406,16 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
                                    f"{rg['incumbent']} on the same inputs: {problem}",
                         "numbers": held}
         numbers[rg["incumbent"]] = held
-        slots.append((slot, ri, rg, task_types(lib, ri)))
-    samples = {rg["incumbent"] if rg is not graph else "ours": {"makespan_us": [], "slowcta_us": []}
-               for _, _, rg, _ in slots}
+        slots.append((slot, rg["incumbent"], rg, task_types(lib, ri)))
+    samples = {whose: {"makespan_us": [], "slowcta_us": []} for _, whose, _, _ in slots}
     for p in range(rt["pairs"]):
-        for slot, g_index, g, types in slots:
-            key = "ours" if g is graph else g["incumbent"]
+        for slot, whose, g, types in slots:
             lib.lib.mpkb_restore(slot)
             prof.zero_()
             _sync()
-            hung = _launch_once(lib, rt, f"{g['name']} (pair {p + 1})", p + 2, g)
+            # launch p + 1 of the pairs: the setup's launches before it were ours' iterations
+            # (and one on the head to head's inputs), or the incumbent's check
+            hung = launch(lib, rt, g, (launches if whose == "ours" else 1) + p + 1)
             if hung:
                 return hung
             rec = task_records(prof, types)
@@ -431,18 +426,16 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
                         "message": f"{g['name']} pair {p + 1}: the profiler saw {len(rec)} task "
                                    f"spans, the graph has {want} tasks"}
             makespan, slowest = op_figures(rec)
-            samples[key]["makespan_us"].append(round(makespan, 4))
-            samples[key]["slowcta_us"].append(round(slowest, 4))
+            samples[whose]["makespan_us"].append(round(makespan, 4))
+            samples[whose]["slowcta_us"].append(round(slowest, 4))
     finalize_all()
-    return {"pairs": rt["pairs"], "order": "interleaved: " + " ".join(
-                "ours" if g is graph else g["incumbent"] for _, _, g, _ in slots) + " ...",
+    return {"pairs": rt["pairs"], "order": "interleaved: " + " ".join(w for _, w, _, _ in slots) + " ...",
             "ours": samples["ours"],
-            "incumbents": {rg["incumbent"]: {"graph": rg["name"], "tasks": sum(l["tasks"] for l in rg["layers"]),
-                                             "task_types": sorted(types),
-                                             "registers": [l["register"] for l in rg["layers"]],
-                                             **samples[rg["incumbent"]],
-                                             "numerics": numbers[rg["incumbent"]]}
-                           for _, _, rg, types in slots[1:]}}
+            "incumbents": {whose: {"graph": rg["name"], "tasks": sum(l["tasks"] for l in rg["layers"]),
+                                   "task_types": sorted(types),
+                                   "registers": [l["register"] for l in rg["layers"]],
+                                   **samples[whose], "numerics": numbers[whose]}
+                           for _, whose, rg, types in slots[1:]}}
 
 
 def span_stats(per_iteration: list[list[float]]) -> dict:

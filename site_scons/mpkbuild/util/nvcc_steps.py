@@ -57,7 +57,7 @@ def split_compile(cmd: list[str], work: Path, cache: Path | None = None) -> tupl
         chains = _chains(cmd, steps)
     except (StopIteration, ValueError, AttributeError, IndexError) as exc:
         chains, why = None, f": {type(exc).__name__}: {exc}"
-    if chains is None or not all(chains[:4]) or chains[5] is None:
+    if chains is None:
         # another nvcc's steps than the ones this knows: one plain nvcc, and the log says so
         proc = subprocess.run(cmd, capture_output=True, text=True)
         note = f"(not split: this nvcc's --dryrun has other steps{why})\n"
@@ -82,10 +82,13 @@ def split_compile(cmd: list[str], work: Path, cache: Path | None = None) -> tupl
         ok = ok and all(list(pool.map(run, ("device back", "host back"), (device_back, host_back))))
         if hit:
             log["host back"] = f"(the host object of an identical host side: {hit})"
+    wrapper = "static const __fatBinC_Wrapper_t __fatDeviceText"
+    text = Path(device_c).read_text() if ok else ""
+    if ok and wrapper not in text:
+        log["link"] = f"fatbinary's {device_c} has no `{wrapper}` to link by name"
+        ok = False
     if ok:
-        text = Path(device_c).read_text()
-        Path(device_c).write_text(text.replace("static const __fatBinC_Wrapper_t __fatDeviceText",
-                                               "extern const __fatBinC_Wrapper_t mpkb_fat_device_text"))
+        Path(device_c).write_text(text.replace(wrapper, "extern const __fatBinC_Wrapper_t mpkb_fat_device_text"))
         obj = device_c[:-2] + ".o"
         link[-1] += f" {shlex.quote(obj)}"
         ok = run("link", [f'gcc -c -x c++ -fPIC $INCLUDES {shlex.quote(device_c)} -o {shlex.quote(obj)}',
@@ -123,8 +126,9 @@ def _chains(cmd: list[str], steps: list[str]):
             host_back.append(st)
         else:
             link.append(st)
-    if len(host_back) != 1 or not link:
-        raise ValueError(f"{len(host_back)} host compiles, {len(link)} link steps")
+    if not (device and device_back and host and len(host_back) == 1 and link and device_c):
+        raise ValueError(f"{len(device)}+{len(device_back)} device, {len(host)}+{len(host_back)} "
+                         f"host and {len(link)} link steps")
     return device, device_back, host, host_back, link, device_c
 
 
@@ -137,7 +141,7 @@ def _host_object(host_back: list[str], work: Path, cache: Path) -> tuple[str | N
     (st,) = host_back
     argv = shlex.split(st)
     src, obj = next(a for a in argv if a.endswith(".cudafe1.cpp")), argv[argv.index("-o") + 1]
-    h = hashlib.sha256(re.sub(str(work), "<work>", st).encode())
+    h = hashlib.sha256(st.replace(str(work), "<work>").encode())
     for path in (Path(src), Path(src[:-len(".cpp")] + ".stub.c")):
         text = path.read_bytes()
         h.update(re.sub(rb"(?m)^#(line)? \d+( .*)?$", b"", text))

@@ -76,7 +76,10 @@ def judge(result: dict, thresholds: list, expected: list[str], **_ignored) -> di
                 continue
             r.setdefault("limits", []).append(rule)
             for verdict, text in rule_outcomes(name, r, rule):
-                (problems if verdict == "fail" else unsure if verdict == "unsure" else []).append(text)
+                if verdict == "fail":
+                    problems.append(text)
+                elif verdict == "unsure":
+                    unsure.append(text)
     verdict = "fail" if problems else ("unsure" if unsure else "pass")
     message = result.get("message", "")
     if problems:

@@ -170,16 +170,14 @@ def _incumbent_graphs(spec: dict, variant: str, text: str | None, next_id: int) 
         for layer in lay["layers"]:
             gx, gy = layer["grid"]
             n = len(layer["inputs"]) + len(layer["outputs"])
-            dispatch.append({"id": next_id, "kernel": rule["task"], "variant": variant,
-                             "task_type": layer["task_type"], "call": layer["call"],
-                             "register": layer["register"]})
-            layers.append({"id": next_id, "kernel": rule["task"], "variant": variant,
-                           "task_type": layer["task_type"], "tasks": gx * gy, "grid_x": gx,
+            entry = {"id": next_id, "kernel": rule["task"], "variant": variant,
+                     "task_type": layer["task_type"], "register": layer["register"]}
+            dispatch.append({**entry, "call": layer["call"], "spec": None})
+            layers.append({**entry, "tasks": gx * gy, "grid_x": gx,
                            "num_inputs": len(layer["inputs"]), "num_outputs": len(layer["outputs"]),
                            "tensors": layer["inputs"] + layer["outputs"],
                            "strides": [st[0] for st in layer["stride"][:n]],
-                           "strides_y": [st[1] for st in layer["stride"][:n]],
-                           "register": layer["register"]})
+                           "strides_y": [st[1] for st in layer["stride"][:n]]})
             next_id += 1
         graphs.append({"name": f"incumbent:{variant}:{rule['task']}", "role": "incumbent",
                        "of": variant, "incumbent": rule["task"], "num_tensors": len(lay["tensors"]),
@@ -202,7 +200,8 @@ def plan(spec: dict, wiring_root: Path, producer: dict | None = None,
     text = register_text(checkout_root) if checkout_root is not None else None
     dispatch, graphs, rivals, missing = [], [], [], {}
     for i, variant in enumerate(cg["variants"]):
-        dispatch.append({"id": i, "kernel": kernel, "variant": variant, "task_type": "MPKB_TASK_TYPE",
+        dispatch.append({"id": i, "kernel": kernel, "variant": variant, "spec": f"{kernel}_spec",
+                         "task_type": "MPKB_TASK_TYPE",
                          "call": _call_lines(spec, variant_symbols(cg, variant), wiring_root)})
         n = len(cg["inputs"]) + len(cg["outputs"])
         graphs.append({"name": variant, "role": "ours", "num_tensors": n, "active_tokens": 0,
@@ -244,8 +243,6 @@ def plan(spec: dict, wiring_root: Path, producer: dict | None = None,
                            "layers": [first, second], "feed": list(feed)})
             includes = [f"{pk}_spec.h", f"{pk}.cuh"] + includes
     graphs += rivals
-    for d in dispatch:
-        d.setdefault("spec", f"{kernel}_spec" if d["task_type"] == "MPKB_TASK_TYPE" else None)
     max_tensors = max(len(l["tensors"]) for g in graphs for l in g["layers"])
     max_tensors = max(max_tensors, max(g["num_tensors"] for g in graphs))
     for g in graphs:
