@@ -379,10 +379,11 @@ def take_build_lock(root: Path) -> None:
     write_atomic(pid_file, f"{os.getpid()}\n")
 
 
-def verdict_table(requested: dict) -> None:
+def verdict_table(requested: dict, interrupted=lambda: False) -> None:
     """Printed at exit: every requested gate's verdict, from this run's nodes and results."""
     if GetOption("no_exec") or GetOption("clean") or GetOption("help"):
         return
+    stopped = interrupted()
     rows = []
     for (kname, gate, label), (node, result_path) in requested.items():
         state = node.get_state()
@@ -397,10 +398,15 @@ def verdict_table(requested: dict) -> None:
                 verdict = verdict_line(res) if res else "pass"
         else:
             last = read_json(result_path) if result_path else None
-            verdict = ("not reached (the build stopped at the first failure; -k goes on)"
+            verdict = ("not reached (the build was interrupted)" if stopped else
+                       "not reached (the build stopped at the first failure; -k goes on)")
+            verdict = (verdict
                        + (f"; its last result, not checked this run: {last.get('verdict')}"
                           if last and last.get("verdict") else ""))
         rows.append((kname, label, verdict[:130]))
+    if stopped:
+        say("\nmpk: the build was interrupted (SIGINT or SIGTERM): what was running finished or "
+            "was stopped, nothing else started; run the same command again to go on")
     if not rows:
         return
     width = max(len(r[0]) for r in rows)
@@ -568,7 +574,8 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
     return build, g, targets, requested
 
 
-def report_at_exit(env, requested: dict) -> None:
-    """The verdict table for these (kernel, gate, label) -> result path entries."""
+def report_at_exit(env, requested: dict, interrupted) -> None:
+    """The verdict table for these (kernel, gate, label) -> result path entries;
+    interrupted() says whether SCons caught a signal."""
     nodes = {key: (env.File(str(path)), path) for key, path in requested.items()}
-    atexit.register(verdict_table, nodes)
+    atexit.register(verdict_table, nodes, interrupted)

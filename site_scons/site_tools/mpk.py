@@ -16,15 +16,22 @@ from mpkbuild import cli, stages
 from mpkbuild.util.closure import ACTION_VERSION
 
 
+_INTERRUPT_STATE: list = []       # SCons's flag, once found (it outlives its handler)
+
+
 def _interrupted() -> bool:
     """Whether SCons caught SIGINT/SIGTERM: SCons lets running actions finish, but a GPU gate
     can run for minutes, so the executor polls this and stops the gate's process group.
-    SCons keeps the flag on the Jobs object bound as a default of its signal handler."""
-    handler = signal.getsignal(signal.SIGINT)
-    try:
-        return bool(handler.__defaults__[0].job.interrupted())
-    except (AttributeError, IndexError, TypeError):
-        return False
+    SCons keeps the flag on the Jobs object bound as a default of its signal handler; it is
+    held once found, because SCons puts the old handler back before the verdict table is
+    printed at exit, and the table must say the build was interrupted."""
+    if not _INTERRUPT_STATE:
+        handler = signal.getsignal(signal.SIGINT)
+        try:
+            _INTERRUPT_STATE.append(handler.__defaults__[0].job.interrupted)
+        except (AttributeError, IndexError, TypeError):
+            return False
+    return bool(_INTERRUPT_STATE[0]())
 
 
 _BUILD: list[cli.Build] = []      # this invocation's build (one per scons process)
@@ -35,6 +42,7 @@ def _run_node(target, source, env):
     are looked up by its first target, not kept in construction variables (no override
     environment per Command)."""
     build = _BUILD[0]
+    _interrupted()                 # holds SCons's flag while its handler is installed
     info = build.info[str(target[0])]
     return stages.actions()[info["MPK_KIND"]](build, info, target, source)
 
@@ -100,7 +108,7 @@ def _declare(env) -> list:
                  and (p.name == ".spec-cache.json" or p.name.endswith(".written"))]
         if extra:
             env.Clean(env.File(str(k.spec_json)), [str(p) for p in extra])
-    cli.report_at_exit(env, requested)
+    cli.report_at_exit(env, requested, _interrupted)
     # one alias as the default target: a no-op prints one line, not one per file
     return env.Alias("mpk", [env.File(t) for t in targets])
 

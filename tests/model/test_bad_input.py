@@ -61,6 +61,19 @@ def with_bytes(old: bytes, new: bytes, rel: str = SPEC):
     return mutate
 
 
+def chain(*mutates):
+    def mutate(root: Path) -> None:
+        for m in mutates:
+            m(root)
+    return mutate
+
+
+# the large variants at row counts that hidden happens to divide: every listed variant splits
+# evenly, and only a binding beyond them shows what is wrong
+_SMALL_LARGE = (replace("{rows: 4096, hidden: 7168}", "{rows: 4, hidden: 7168}"),
+                replace("{rows: 16384, hidden: 7168}", "{rows: 16, hidden: 7168}"))
+
+
 def alias_bomb(levels: int = 9) -> str:
     lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
     for i in range(1, levels):
@@ -233,6 +246,20 @@ CASES: dict[str, Case] = {
                                  "codegen.params.worker_threads", "WORKER_THREADS", "worker_threads: 256"),
     "more tasks than the split dim": Case(replace("grid: [rows]", 'grid: ["rows * 2"]'), "codegen.grid.0",
                                           "has only 1 elements to give them", "grid: ["),
+    "split dim the grid does not count": Case(
+        chain(*_SMALL_LARGE, replace("{name: output, dtype: bf16, shape: [rows, hidden], partition: [0, -1]}",
+                                     "{name: output, dtype: bf16, shape: [rows, hidden], partition: [-1, 0]}")),
+        "codegen.outputs.0.partition", "divides it for the listed variants only: for variant "
+        "decode_r1_h4096 with rows=3 (a binding the tiling rules allow) it is 4096 over 3 tasks", "name: output"),
+    "output whole in every task": Case(
+        replace("{name: output, dtype: bf16, shape: [rows, hidden], partition: [0, -1]}",
+                "{name: output, dtype: bf16, shape: [hidden], partition: [-1]}"),
+        "codegen.outputs.0.partition", "each of the 8 tasks of variant decode_r8_h4096", "name: output"),
+    "output whole beyond the listed variants": Case(
+        chain(replace("{name: output, dtype: bf16, shape: [rows, hidden], partition: [0, -1]}",
+                      "{name: output, dtype: bf16, shape: [hidden], partition: [-1]}"),
+              *[replace(f"{{rows: {r}, hidden", "{rows: 1, hidden") for r in (8, 16, 8, 16, 4096, 16384)]),
+        "codegen.outputs.0.partition", "decode_r1_h4096 with rows=2", "name: output"),
     "params eps and EPS": Case(replace("    eps: 1.0e-6\n", "    eps: 1.0e-6\n    EPS: 1.0e-5\n"),
                                "codegen.params.EPS", "param 'eps'", "EPS: 1.0e-5"),
     # the runtime section: the incumbent it names, its params, the shapes it takes

@@ -1,6 +1,7 @@
 """Two builds in one tree, and builds killed mid-gate: nothing corrupt, nothing trusted."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -72,6 +73,23 @@ def test_build_killed_mid_gate_leaves_nothing_trusted(built, sig):
     run = built.scons("stage=validate")
     assert f"validate {K} {GPU}" in run.actions
     assert json.loads(result.read_text())["finished"] != before
+
+
+def test_sigint_to_scons_alone_says_the_build_was_interrupted(built):
+    """^C reaches scons (not its gate's process group): the running gate is stopped, nothing
+    later starts, and the output says so instead of calling the rest "not reached" for a
+    failure that never happened."""
+    built.edit(f"specs/{K}.yaml", "rel_max: 3.0e-2", "rel_max: 2.0e-2")
+    proc = start(built, "stage=perf", sleep_gate="validate")
+    wait_for_gate(built, proc)
+    os.kill(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert "the build was interrupted; the stand-in gate stopped; nothing was recorded" in err
+    assert "mpk: the build was interrupted (SIGINT or SIGTERM)" in out
+    assert re.search(rf"{K}\s+perf\s+not reached \(the build was interrupted\)", out), out
+    assert "stopped at the first failure" not in out
+    assert "perf " not in built.runs_file.read_text()
 
 
 KILLS = {"SIGKILL in validate": ("validate", signal.SIGKILL), "SIGINT in validate": ("validate", signal.SIGINT),

@@ -61,3 +61,32 @@ def test_the_docs_state_the_contract_the_header_defines():
         text = (REPO / doc).read_text()
         assert "task_barrier()" in text and "never `__syncthreads()`" in text, doc
         assert "ends with `__syncthreads()`" not in text, doc
+
+
+@pytest.mark.nvcc
+def test_the_harness_has_a_worker_mode_guarded_as_the_registered_call(project):
+    """validate's worker mode runs the body as MPK's worker does: a WORKER_THREADS block, the
+    body behind the very guard the wire stage puts in the registered call, several tasks per
+    block; the library exports its launcher for every variant."""
+    import subprocess
+    import yaml
+    from mpkbuild.util.config import MPK_WORKER_THREADS
+    project.scons("stage=compile")
+    harness = project.path(f"build/{K}/gen/harness.cu").read_text()
+    guard = yaml.safe_load((REPO / "wiring/surface.yaml").read_text())["call"]["guard"]
+    guard = guard.replace("{{ kernel }}", K)
+    variants = yaml.safe_load((REPO / f"specs/{K}.yaml").read_text())["codegen"]["variants"]
+    for v in variants:
+        start = harness.index(f"{K}__{v}__worker(")
+        kernel = harness[harness.rindex("__global__", 0, start):harness.index("\nextern", start)]
+        assert f"__launch_bounds__({K}_spec::WORKER_THREADS, 1)" in kernel
+        assert kernel.count(guard) == 2                  # the SMEM poison and the task call
+        assert "task += static_cast<int>(gridDim.x)" in kernel
+        assert f"<<<*blocks, {K}_spec::WORKER_THREADS," in harness
+    spec_h = project.path(f"build/{K}/gen/{K}_spec.h").read_text()
+    assert f"constexpr int WORKER_THREADS = {MPK_WORKER_THREADS};" in spec_h
+    lib = project.path(f"build/{K}/sm_90a/lib{K}.so")
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True,
+                             text=True, check=True).stdout
+    for v in variants:
+        assert re.search(rf"\bT {K}_launch_worker_{v}$", symbols, re.M), v

@@ -45,6 +45,11 @@ _TENSOR = {
         "shape": {"type": "array", "minItems": 1, "maxItems": 4, "items": INT_OR_EXPR,
                   "description": "extents: integers or expressions over variant symbols"},
         "partition": _PARTITION,
+        "shared_by_tasks": {"type": "boolean", "description":
+                            "every task is given all of this unsplit tensor by design: the body "
+                            "finds its own part from task_index (silu_mul_v2's tiles) or "
+                            "accumulates into it; without it an output split over no dim, in a "
+                            "grid of more than one task, is an error"},
         "description": {"type": "string"},
     },
 }

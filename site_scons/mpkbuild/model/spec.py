@@ -477,6 +477,7 @@ def _semantic_errors(data: dict, root: Path, stem: str):
                     yield ("codegen", kind, i, "shape"), (
                         f"variant {vname}: {t['name']} is {nbytes} bytes, more than a 64-bit "
                         "byte offset can address")
+    yield from _split_problems(cg, consts)
     # smem: region sizes may use variant symbols, so the plan is checked for every variant
     for i, region in enumerate(cg["smem"]["regions"]):
         if region["align"] & (region["align"] - 1):
@@ -801,6 +802,72 @@ def variant_tensors(codegen: dict, variant: str) -> dict:
             override.update(rule["partition"])
     return {kind: [{**t, "partition": override[t["name"]]} if t["name"] in override else t
                    for t in codegen[kind]] for kind in ("inputs", "outputs")}
+
+
+_PROBES = (2, 3, 5, 7)
+
+
+def _bindings_beyond(cg: dict, consts: dict):
+    """(variant, binding) for bindings the spec allows beyond its listed variants: each
+    variant with one symbol scaled by, or set to, a small prime, kept where every tiling
+    rule holds and the grid is a positive integer. A split that divides only for the listed
+    values holds by accident, and the next variant someone adds breaks it."""
+    for vname, binding in cg["variants"].items():
+        for sym in binding:
+            for p in _PROBES:
+                for value in (binding[sym] * p, p):
+                    probe = {**binding, sym: value}
+                    symbols = {**consts, **probe}
+                    try:
+                        ok = all(probe[r["symbol"]] % expr.evaluate(r["multiple_of"], symbols, cpp_int=True) == 0
+                                 for r in cg["tiling"] if r["symbol"] in probe)
+                        grid = expr.evaluate(cg["grid"][0], symbols)
+                    except (expr.ExprError, TypeError, ZeroDivisionError):
+                        continue
+                    if ok and isinstance(grid, int) and grid >= 1:
+                        yield vname, probe, symbols, grid
+
+
+def _split_problems(cg: dict, consts: dict):
+    """What must hold for every variant, not only the listed ones: a split dim is a multiple
+    of the grid, and an output split over no dim is written by one task, or the spec says
+    the tasks share it (shared_by_tasks: tiles found from task_index, or accumulation)."""
+    listed = [(v, b, {**consts, **b}) for v, b in cg["variants"].items()]
+    try:
+        listed = [(v, b, s, expr.evaluate(cg["grid"][0], s)) for v, b, s in listed]
+    except expr.ExprError:
+        return                                   # reported per variant
+    for vname, probe, symbols, grid in listed + list(_bindings_beyond(cg, consts)):
+        is_listed = probe == cg["variants"][vname]
+        where_from = (f"variant {vname}" if is_listed else
+                      f"variant {vname} with " + ", ".join(f"{k}={probe[k]}" for k in probe
+                                                         if probe[k] != cg["variants"][vname][k]))
+        tensors = variant_tensors(cg, vname)
+        for kind in ("inputs", "outputs"):
+            for i, t in enumerate(tensors[kind]):
+                part = t["partition"]
+                if kind == "outputs" and 0 not in part and grid > 1 and not t.get("shared_by_tasks"):
+                    yield ("codegen", kind, i, "partition"), (
+                        f"output {t['name']} is split over no dim, so each of the {grid} tasks of "
+                        f"{where_from} (grid {cg['grid'][0]} = {grid}) gets all of it: split the "
+                        "dim the grid counts (0 in partition), or say shared_by_tasks: true if the "
+                        "body finds its own part from task_index or accumulates into it")
+                    return
+                if 0 not in part or is_listed:
+                    continue                     # the listed variants are checked one by one
+                d = part.index(0)
+                try:
+                    n = expr.evaluate(t["shape"][d], symbols)
+                except expr.ExprError:
+                    continue
+                if isinstance(n, int) and (n < grid or n % grid):
+                    yield ("codegen", kind, i, "partition"), (
+                        f"{t['name']}'s dim {d} ({t['shape'][d]}) is split over the grid "
+                        f"({cg['grid'][0]}), which divides it for the listed variants only: for "
+                        f"{where_from} (a binding the tiling rules allow) it is {n} over {grid} "
+                        "tasks. Split the dim the grid counts, or add the tiling rule that "
+                        "makes it divide" + _partition_origin(cg, vname, t["name"]))
+                    return
 
 
 def _partition_origin(codegen: dict, variant: str, tensor: str) -> str:

@@ -109,11 +109,25 @@ class Harness:
             library in one call (the perf gate's cold graphs capture thousands)."""
             check(sets_fn(table, nsets, count, stream))
 
+        worker_fn = self.lib[f"{self.kernel}_launch_worker_{variant}"]
+        worker_fn.restype = ctypes.c_int
+        worker_fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+
+        def launch_worker(inputs, outputs) -> int:
+            """One launch in worker mode (the harness's MPK-worker-shaped blocks, several
+            tasks each); the number of blocks it used."""
+            ins = (ctypes.c_void_p * len(inputs))(*[t.data_ptr() for t in inputs])
+            outs = (ctypes.c_void_p * len(outputs))(*[t.data_ptr() for t in outputs])
+            blocks = ctypes.c_int(0)
+            check(worker_fn(ins, outs, ctypes.byref(blocks), torch.cuda.current_stream().cuda_stream))
+            return blocks.value
+
         def check(code):
             if code != 0:
                 raise CudaFault(f"CUDA error {code} from {self.kernel}_launch_{variant}: "
                                 f"{err(code).decode()}")
         launch.sets = launch_sets
+        launch.worker = launch_worker
         return launch
 
 

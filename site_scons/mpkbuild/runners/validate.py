@@ -4,7 +4,10 @@ Per trial: fresh random inputs (seed recorded), outputs poisoned before every st
 reference computed in float64 from the same inputs. A step fails on unwritten elements,
 NaN where the reference is finite, cos below / relative error above the spec's limits (or
 any difference in exact mode); the steps run on the same buffers must also agree bit for
-bit (a moving result is a race or leftover state).
+bit (a moving result is a race or leftover state). Last, one launch in worker mode (the
+harness's blocks shaped as MPK's worker: more threads than the body's, several tasks each,
+SMEM left dirty) must give the same bits: the body contract, tested on the GPU without a
+checkout.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import time
 
 import torch
 
+from ..util.config import MPK_WORKER_THREADS as WORKER_THREADS
 from .common import (CudaFault, Harness, bits_equal, call_with_params, device_facts, load_function,
                      poison_, random_tensor, run_main, tensor_specs, unwritten_mask)
 
@@ -103,9 +107,31 @@ def validate_variant(harness: Harness, job: dict, variant: str) -> dict:
                                            f"step {step - 1} and step {step} on the same inputs "
                                            f"({diff} bytes): a race or state left from the previous step"}
             previous = current
-        trials.append({"seed": seed, "steps": vcfg["steps"]})
+        # worker mode: the same inputs as MPK's worker would run them; bit for bit the
+        # steps' result, so a body that depends on the block it runs in cannot pass
+        for o in outputs:
+            poison_(o)
+        print(f"validate {variant} trial {trial} worker mode", flush=True)
+        blocks = launch.worker(inputs, outputs)
+        torch.cuda.synchronize()
+        mode = (f"worker mode ({WORKER_THREADS}-thread blocks, the body on the first "
+                f"{codegen['threads']}, {blocks} block(s) running the tasks in turn)")
+        for (name, _, _), out, ref, want in zip(outs, outputs, refs, previous):
+            numbers, problem = compare(out, ref, vcfg)
+            if problem is None and not bits_equal(out, want):
+                diff = int((out.view(torch.int8) != want.view(torch.int8)).sum())
+                problem = (f"differs bitwise from the one-task-per-block launch on the same "
+                           f"inputs ({diff} bytes)")
+            if problem:
+                return {"verdict": "fail", "check": "worker", "trial": trial, "seed": seed,
+                        "output": name, "numbers": numbers,
+                        "message": f"trial {trial} {mode}: output {name}: {problem}: the body "
+                                   "depends on the block it runs in (blockDim, a whole-block "
+                                   "barrier, SMEM it did not write), which MPK's worker does not "
+                                   "give it"}
+        trials.append({"seed": seed, "steps": vcfg["steps"], "worker_blocks": blocks})
     return {"verdict": "pass", "cos_min_seen": worst["cos"], "rel_max_seen": worst["rel"],
-            "trials": trials}
+            "trials": trials, "worker_threads": WORKER_THREADS}
 
 
 def main(job: dict) -> dict:
