@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FAKES, copy_project
+from fakes.cpu_perf import cpu_perf as _cpu_perf
 from mpkbuild.model.spec import SpecError, load_spec
 from mpkbuild.stages import tune
 from mpkbuild.util import stats
@@ -281,54 +282,6 @@ def test_trials_need_a_gpu_of_the_profile(tuned_project, tmp_path):
 
 
 # ---------------------------------------------------------------- what a trial times
-def _cpu_perf(monkeypatch, torch):
-    """runners/perf.py on the CPU: every CUDA step (capture, replay, slowCTA, pointer
-    tables, torch.compile) replaced by a recorder; what is timed is what it asks for."""
-    from types import SimpleNamespace
-    from mpkbuild.runners import perf
-    seen = {"loaded": [], "compiled": [], "timed": [], "slowcta": 0}
-
-    class CpuTorch:
-        def __getattr__(self, name):
-            return getattr(torch, name)
-        Generator = staticmethod(lambda device=None: torch.Generator())
-        empty = staticmethod(lambda shape, dtype=None, device=None: torch.empty(shape, dtype=dtype))
-        cuda = SimpleNamespace(synchronize=lambda: None)
-        _dynamo = SimpleNamespace(reset=lambda: None)
-
-        @staticmethod
-        def compile(fn, dynamic=False, mode=None):
-            seen["compiled"].append(fn)
-            return fn
-
-    def time_graphs(graphs, launches, repeats, warmup, prime=False, sampling=None, nvml=None):
-        for enqueue in graphs:            # each "graph" is its enqueue: run it once
-            enqueue(1, None)
-        seen["timed"].append({"graphs": len(graphs), "prime": prime})
-        return [{"median_us": 1.0 + i, "samples_us": [(1.0 + i) * (1 + 0.001 * j) for j in range(repeats)]}
-                for i in range(len(graphs))]
-
-    def slow_cta(*args):
-        seen["slowcta"] += 1
-        return {}
-
-    def load_function(root, ref):
-        seen["loaded"].append(ref)
-        return lambda *tensors, **params: None
-
-    launch = lambda inputs, outputs, spans=None, stream=None: None
-    launch.sets = lambda table, nsets, count, stream: None
-    monkeypatch.setattr(perf, "torch", CpuTorch())
-    monkeypatch.setattr(perf, "capture", lambda enqueue, launches: enqueue)
-    monkeypatch.setattr(perf, "time_graphs", time_graphs)
-    monkeypatch.setattr(perf, "slow_cta", slow_cta)
-    monkeypatch.setattr(perf, "pointer_table", lambda stacked, count: None)
-    monkeypatch.setattr(perf, "load_function", load_function)
-    monkeypatch.setattr(perf, "_sets", lambda specs, gens, count, gen: [torch.zeros((count, 2)) for _ in specs])
-    harness = SimpleNamespace(launcher=lambda variant: launch)
-    return perf, harness, seen
-
-
 def test_a_trial_times_its_figure_against_the_primary_baseline_only(tmp_path, monkeypatch):
     """The perf runner's `only_figure` (what runners/trial.py asks for): one figure, the
     kernel paired with the primary baseline; the spec's other baseline (silu_mul_v2's
@@ -363,7 +316,9 @@ def test_a_trial_times_its_figure_against_the_primary_baseline_only(tmp_path, mo
     full = perf.perf_variant(harness, job, cand.variant, bandwidth, 1 << 20)
     n = len(data["perf"]["baselines"])        # compile and autotune, each compiled
     assert len(seen["loaded"]) == 1 + n and len(seen["compiled"]) == n and seen["slowcta"] == 1
-    assert seen["timed"] == [{"graphs": 2 + n, "prime": True}, {"graphs": 2 + n, "prime": False}]
+    # hot once per placement (the spec's default 3), then cold
+    assert seen["timed"] == [{"graphs": 2 + n, "prime": True}] * 3 + [{"graphs": 2 + n, "prime": False}]
+    assert [e["placement"] for e in full["hot_placements"]["placements"]] == ["fresh", "after_free", "held"]
     assert {"hot", "cold", "slowcta", "baseline_cold"} <= set(full) and \
         set(full["baselines"]) == {"torch", *(b["name"] for b in data["perf"]["baselines"])}
 

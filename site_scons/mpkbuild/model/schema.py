@@ -358,6 +358,11 @@ SPEC_SCHEMA: dict = {
                 "repeats": {"type": "integer", "minimum": 5, "maximum": 1000, "default": 7},
                 "warmup": {"type": "integer", "minimum": 0, "maximum": 100000, "default": 16},
                 "cold": {"type": "boolean", "default": True},
+                "placements": {"type": "integer", "minimum": 1, "maximum": 3, "default": 3,
+                               "description": "buffer placements the hot figure is timed over "
+                                              "(fresh, after a large free, beside a held "
+                                              "buffer: runners/placement.py); judged on the "
+                                              "worst of them"},
                 # no default: a spec without it keeps its perf signature
                 "generators": {"type": "object",
                                "description": "input name -> distribution for the timed inputs "

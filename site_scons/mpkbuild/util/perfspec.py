@@ -56,3 +56,15 @@ def ceiling(bandwidth: dict, read: float | None, write: float | None) -> dict:
             name = m1 if abs(share - s1) < 1e-9 else (m0 if abs(share - s0) < 1e-9 else f"{m0}..{m1}")
             return {"mix": name, "read_share": share, "Bps": bps}
     return {"mix": "read", "read_share": share, "Bps": measured["read"]}
+
+
+def paired_kernel(result: dict, figure: str, baseline_figure: dict) -> dict:
+    """The kernel's figure that a baseline's figure was timed beside (the pair its ratio
+    needs): for a figure timed over buffer placements (runners/placement.py), the kernel's
+    in the baseline's placement; otherwise the kernel's figure. The runner and the build's
+    judge both pair through this."""
+    where = baseline_figure.get("placement")
+    for entry in (result.get(f"{figure}_placements") or {}).get("placements", ()):
+        if entry["placement"] == where:
+            return entry["kernel"]
+    return result[figure]

@@ -57,9 +57,9 @@ def baseline_figure(r: dict, name: str, fig: str) -> dict | None:
 def comparison(r: dict, name: str, fig: str) -> dict | None:
     """kernel / baseline `name` on figure `fig`: {ratio, lo, hi, n, verdict[, point]}."""
     base = baseline_figure(r, name, fig)
-    ours = r.get(fig)
-    if base is None or ours is None:
+    if base is None or r.get(fig) is None:
         return None
+    ours = perfspec.paired_kernel(r, fig, base)      # the kernel's run beside this baseline
     if ours.get("samples_us") and base.get("samples_us"):
         floor = (ours.get("sampling") or {}).get("capture_floor")
         return stats.ratio_figure(ours["samples_us"], base["samples_us"], floor=floor)

@@ -13,7 +13,32 @@ from mpkbuild.util.fsutil import ReadOnce
 def section(res: dict) -> dict:
     """What the review shows of a perf result beyond its verdict."""
     return {"slower_than_baseline": slower_than_baseline(res), "table": perf_table(res),
-            "against_fastest": against_fastest(res), "state": gpu_state_text(res.get("gpu_state"))}
+            "against_fastest": against_fastest(res), "placements": placement_rows(res),
+            "state": gpu_state_text(res.get("gpu_state"))}
+
+
+def placement_rows(perf: dict) -> list[dict]:
+    """Per variant timed over buffer placements: each placement's hot time with its
+    interval, the spread, which one is judged, each baseline's ratio per placement, and
+    whether the working set is near the L2 size (placement-sensitive)."""
+    rows = []
+    for name, r in (perf.get("variants") or {}).items():
+        hp = r.get("hot_placements")
+        if not hp:
+            continue
+        entries = []
+        for e in hp["placements"]:
+            med, lo, hi = time_interval(e["kernel"])
+            entries.append({"placement": e["placement"], "us": med, "lo": lo, "hi": hi,
+                            "ratios": {b: x["ratio"] for b, x in e["baselines"].items()}})
+        meds = [e["us"] for e in entries]
+        ws, l2 = hp.get("working_set_bytes"), hp.get("l2_bytes")
+        rows.append({"variant": name, "statistic": hp["statistic"], "entries": entries,
+                     "spread": max(meds) / min(meds) if min(meds) > 0 else None,
+                     "judged": r["hot"].get("placement"), "sensitive": bool(hp.get("sensitive")),
+                     "working_set_mib": ws / 2**20 if ws else None,
+                     "l2_fraction": ws / l2 if ws and l2 else None})
+    return rows
 
 
 def slower_than_baseline(perf: dict) -> list[dict]:
