@@ -207,16 +207,16 @@ def test_the_stale_state_fixture_is_planned_as_one_layer_of_1024_tasks(tmp_path)
 @pytest.mark.gpu
 @needs_tree
 @pytest.mark.nvcc
-def test_state_kept_across_iterations_is_caught_at_iteration_2_and_passes_validate(tmp_path):
+def test_state_kept_across_iterations_is_caught_at_iteration_2_and_by_validates_worker_mode(tmp_path):
     """fault_stale_state keeps, per CTA, the row it served and the launch it served it in
     (`__device__` globals) and, at a new launch, copies that row instead of its own.
 
-    The harness's validate runs `steps` (3) launches per trial too, so a plain counter would
-    fail there as well; what it cannot see is the persistent kernel's placement: the harness
-    runs task b on CTA b at every launch, so the kept row is always the task's own, while the
-    runtime's 128 workers run 8 tasks each and a worker's first task of iteration 2 finds
-    the last row it served in iteration 1. So: validate passes, the runtime gate fails
-    (numeric) at iteration 2, iteration 1 having passed."""
+    The runtime's 128 workers run 8 tasks each, and a worker's first task of iteration 2
+    finds the last row it served in iteration 1: the runtime gate fails (numeric) at
+    iteration 2, iteration 1 having passed. validate's one-task-per-block steps cannot see
+    it (task b always runs on CTA b), but its worker-mode launch (several tasks per block)
+    leaves CTA b another task's row, which the next trial's first step copies: validate
+    fails too, without a checkout."""
     root = _fault_project(tmp_path / "p")
     d = tmp_path / "mk"
     d.mkdir()
@@ -236,7 +236,8 @@ def test_state_kept_across_iterations_is_caught_at_iteration_2_and_passes_valida
     path = faultsuite.result_file(root, STALE)
     assert path is not None, run.output[-3000:]
     validate = json.loads(path.read_text())
-    assert validate["verdict"] == "pass", (validate["message"], run.output[-3000:])
+    assert validate["verdict"] == "fail", (validate["message"], run.output[-3000:])
+    assert "r1024_c256: trial 1 step 0 output output: cos " in validate["message"]
 
 
 def _stand_in(monkeypatch, checkout=None, names=("decode_r1_h4096", "decode_r8_h4096")):
