@@ -104,7 +104,7 @@ def test_the_review_page_shows_each_placement_and_flags_a_working_set_near_the_l
     torch = pytest.importorskip("torch")
     launch, timer = _placement_sensitive_timer()
     perf, harness, _ = cpu_perf(monkeypatch, torch, time_graphs=timer, launch=launch)
-    # an L2 of 64 KiB: the 136 KiB working set is within the factor, so flagged
+    # an L2 of 64 KiB: the 136 KiB the launch moves (perf.bytes) is within the factor: flagged
     r = perf.perf_variant(harness, _job(), VARIANT, {"copy_bandwidth_Bps": 4.0e12}, 1 << 16)
     assert r["hot_placements"]["sensitive"]
     judged = judge.judge({"verdict": "timed", "variants": {VARIANT: r}}, [], [VARIANT])

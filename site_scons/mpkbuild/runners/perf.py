@@ -159,7 +159,9 @@ def perf_variant(harness, job, variant, bandwidth, l2_bytes, nvml=None, only_fig
             pick = placement.worst(per, key=lambda e: paired_ratio(e["kernel"], e["baselines"][name]))
             result["baselines"][name]["hot"] = {**pick["baselines"][name], "placement": pick["placement"]}
         result["hot_placements"] = {
-            "statistic": placement.STATISTIC, "working_set_bytes": None, "l2_bytes": l2_bytes,
+            # what one launch touches (perf.bytes): an embedding's table is not its working set
+            "statistic": placement.STATISTIC, "working_set_bytes": nbytes, "l2_bytes": l2_bytes,
+            "sensitive": placement.sensitive(nbytes, l2_bytes),
             "placements": [{"placement": e["placement"], "kernel": e["kernel"],
                             "baselines": {n: {"median_us": f["median_us"],
                                               "ratio": paired_ratio(e["kernel"], f)}
@@ -169,11 +171,8 @@ def perf_variant(harness, job, variant, bandwidth, l2_bytes, nvml=None, only_fig
         result["slowcta"] = slow_cta(launch, inputs, outputs, _grid(codegen, sym), pcfg["repeats"])
         lap("slowcta")
 
-    set_bytes = sum(math.prod(s) * torch.empty((), dtype=d).element_size() for _, s, d in ins + outs)
-    if "hot_placements" in result:
-        result["hot_placements"]["working_set_bytes"] = set_bytes
-        result["hot_placements"]["sensitive"] = placement.sensitive(set_bytes, l2_bytes)
     if "cold" in figures:
+        set_bytes = sum(math.prod(s) * torch.empty((), dtype=d).element_size() for _, s, d in ins + outs)
         nsets = max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
         n_launch = min(MAX_COLD_LAUNCHES, max(L, nsets))
         nsets = min(nsets, n_launch)
