@@ -24,6 +24,7 @@ EXPECTED = {
     "runners/gpuwait.py": ALL,           # sets the context flags timing depends on
     "runners/validate.py": {VALIDATE},
     "runners/perf.py": {PERF},
+    "runners/placement.py": {PERF},      # the buffer placements the hot figure is timed over
     "runners/timing.py": {PERF, BANDWIDTH},
     "runners/gpustate.py": {PERF, BANDWIDTH},   # NVML clocks: perf and the bandwidth node read them
     "runners/bandwidth.py": {PERF, BANDWIDTH},
