@@ -7,23 +7,14 @@ own mix (util.perfspec.ceiling): a 2-read : 1-write stream (silu_mul) or a read-
 against the copy's 4.18).
 - 1:1: a large device-to-device copy (the copy bandwidth, as before);
 - 2:1: c = a + b over three buffers;
-- read: the fastest of a full reduction (sum, max) and a stream written for it
-  (read_stream.cu: eight 16-byte non-caching loads in flight per thread, compiled here with
-  nvcc; left out, and said so, where there is no nvcc). torch's reductions read 2 GiB at
-  4.32 TB/s on an H200 while argmax_v2 and linear_v2 read at 4.4-4.5: a ceiling a kernel
-  exceeds is not a ceiling.
+- read: a full reduction (sum, and max; the faster) of one large buffer.
 The streams run eagerly between events, not replayed from a graph: a memcpy node in a CUDA
 graph may run on the copy engines, which moved only ~2.7 TB/s on an H200 against ~4.2 TB/s
 for the SM copy kernel.
 """
 from __future__ import annotations
 
-import ctypes
-import shutil
 import statistics
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
@@ -49,40 +40,6 @@ def _time(step) -> dict:
             "samples_us": times}
 
 
-STREAM_SOURCE = Path(__file__).with_name("read_stream.cu")
-
-
-def _read_stream(src: torch.Tensor) -> tuple[list, str]:
-    """([the compiled read stream over src as a step], a note): nvcc builds read_stream.cu
-    for this GPU's arch (a few seconds); ([], why) where it cannot."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        return [], "read stream not compiled (no nvcc on this host): the read ceiling is torch's"
-    major, minor = torch.cuda.get_device_capability()
-    lib = Path(tempfile.mkdtemp(prefix="mpkb-read-")) / "libread_stream.so"
-    try:
-        subprocess.run([nvcc, "-O3", f"-arch=sm_{major}{minor}", "-shared", "-Xcompiler", "-fPIC",
-                        "-o", str(lib), str(STREAM_SOURCE)], check=True, capture_output=True,
-                       text=True, timeout=120)
-    except (OSError, subprocess.SubprocessError) as exc:
-        detail = getattr(exc, "stderr", "") or str(exc)
-        return [], f"read stream not compiled ({detail.strip()[:300]}): the read ceiling is torch's"
-    fn = ctypes.CDLL(str(lib)).mpkb_read_stream
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                   ctypes.c_void_p]
-    sink = torch.zeros(1, dtype=torch.int32, device=src.device)
-    blocks = 4 * torch.cuda.get_device_properties(src.device).multi_processor_count
-    nbytes = src.numel() * src.element_size()
-
-    def step():
-        code = fn(src.data_ptr(), nbytes, blocks, 512, sink.data_ptr(),
-                  torch.cuda.current_stream().cuda_stream)
-        if code:
-            raise RuntimeError(f"read stream: CUDA error {code}")
-    return [step], f"read stream compiled for sm_{major}{minor} ({blocks} x 512 threads)"
-
-
 def main(job: dict) -> dict:
     torch.cuda.init()
     nvml = Nvml()
@@ -95,8 +52,7 @@ def main(job: dict) -> dict:
     a, b = src[:third], src[third:2 * third]
     c = torch.empty(third, device="cuda", dtype=torch.float32)
     streams["2:1"] = (3 * third * 4, [lambda: torch.add(a, b, out=c)])
-    stream_step, stream_note = _read_stream(src)
-    streams["read"] = (COPY_BYTES, [lambda: src.sum(), lambda: src.amax()] + stream_step)
+    streams["read"] = (COPY_BYTES, [lambda: src.sum(), lambda: src.amax()])
     timings, ceilings = {}, {}
     for mix, (nbytes, steps) in streams.items():
         best = None
@@ -110,7 +66,6 @@ def main(job: dict) -> dict:
     bw = ceilings["1:1"]
     return {"verdict": "pass", "device": device_facts(), "copy_bytes": COPY_BYTES,
             "copy_bandwidth_Bps": bw, "ceilings_Bps": ceilings, "timings": timings,
-            "read_stream": stream_note,
             "gpu_state": {"start": start_state, "end": nvml.snapshot()},
             "message": (f"device-to-device copy {bw / 1e12:.2f} TB/s (read + write); "
                         f"2:1 {ceilings['2:1'] / 1e12:.2f}, read-only {ceilings['read'] / 1e12:.2f} TB/s")}

@@ -15,6 +15,6 @@ from mpkbuild.stages.gates import ACTIONS, nodes, predict  # noqa: F401 (the sta
 def shared_nodes(g, kernels, with_summary: bool) -> None:
     """The GPU's copy bandwidth: one node per GPU profile, first in the graph."""
     g.nodes.insert(0, Node(f"bandwidth {g.gpu_key}", "bandwidth", "perf", None,
-                           (bandwidth_rel(g.gpu_key),), (g.pkg("runners", "read_stream.cu"),),
+                           (bandwidth_rel(g.gpu_key),), (),
                            (gates.gpu_fact(g.fingerprint),
                             g.code_fact("bandwidth", (gates.__name__, *gates.BANDWIDTH.code())))))
