@@ -184,6 +184,11 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a.view(view_dtype), b.view(view_dtype)))
 
 
+def bytes_differing(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many bytes of two same-shaped tensors differ (what a failed bits_equal reports)."""
+    return int((a.view(torch.int8) != b.view(torch.int8)).sum())
+
+
 def run_main(body, min_work_queues: int = 1, block_while_waiting: bool = True) -> None:
     """Run a runner body; a CUDA fault becomes a crash result with the CUDA error text."""
     job = load_job()

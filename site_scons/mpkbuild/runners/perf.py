@@ -152,11 +152,11 @@ def perf_variant(harness, job, variant, bandwidth, l2_bytes, nvml=None, only_fig
                 del p_in, p_out
             per.append({"placement": pl.name, "kernel": figs[0],
                         "baselines": {b["name"]: f for b, f in zip(bases, figs[1:])}})
-        judged = placement.worst(per, key=lambda e: e["kernel"]["median_us"])
+        judged = max(per, key=lambda e: e["kernel"]["median_us"])      # the worst placement
         result["hot"] = {**judged["kernel"], "placement": judged["placement"]}
         for b in bases:
             name = b["name"]
-            pick = placement.worst(per, key=lambda e: paired_ratio(e["kernel"], e["baselines"][name]))
+            pick = max(per, key=lambda e: paired_ratio(e["kernel"], e["baselines"][name]))
             result["baselines"][name]["hot"] = {**pick["baselines"][name], "placement": pick["placement"]}
         result["hot_placements"] = {
             # what one launch touches (perf.bytes): an embedding's table is not its working set
@@ -211,7 +211,6 @@ def complete_variant(result: dict, figures) -> dict:
         result[f"baseline_{key}"] = primary[key]
         result[f"vs_baseline_{key}"] = paired_ratio(perfspec.paired_kernel(result, key, primary[key]), primary[key])
     return result
-
 
 
 def _grid(codegen, sym) -> int:

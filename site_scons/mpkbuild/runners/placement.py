@@ -32,13 +32,12 @@ class Placement:
     name: str
     free_l2s: float = 0.0         # allocate and free this many L2 sizes first
     hold_l2s: float = 0.0         # hold this many L2 sizes (+ an odd offset) while timing
-    doc: str = ""
 
 
 PLACEMENTS = (
-    Placement("fresh", doc="allocated after empty_cache"),
-    Placement("after_free", free_l2s=32, doc="after 32 x L2 was allocated and freed"),
-    Placement("held", hold_l2s=8, doc="while 8 x L2 (+1 MiB 4 KiB) is held"),
+    Placement("fresh"),                        # allocated after empty_cache
+    Placement("after_free", free_l2s=32),      # after 32 x L2 was allocated and freed
+    Placement("held", hold_l2s=8),             # while 8 x L2 (+1 MiB 4 KiB) is held
 )
 ODD_OFFSET = (1 << 20) + 4096
 
@@ -67,12 +66,6 @@ def arranged(placement: Placement, l2_bytes: int, torch):
         del held
 
 
-def worst(per_placement: list[dict], key) -> dict:
-    """The placement entry with the highest key(entry): the judged one."""
-    return max(per_placement, key=key)
-
-
 def sensitive(working_set_bytes: int, l2_bytes: int) -> bool:
     """Whether a working set is within SENSITIVE_FACTOR of the L2 size."""
     return l2_bytes > 0 and l2_bytes / SENSITIVE_FACTOR <= working_set_bytes <= l2_bytes * SENSITIVE_FACTOR
-

@@ -18,8 +18,8 @@ import time
 import torch
 
 from ..util.config import MPK_WORKER_THREADS as WORKER_THREADS
-from .common import (CudaFault, Harness, bits_equal, call_with_params, device_facts, load_function,
-                     poison_, random_tensor, run_main, tensor_specs, unwritten_mask)
+from .common import (CudaFault, Harness, bits_equal, bytes_differing, call_with_params, device_facts,
+                     load_function, poison_, random_tensor, run_main, tensor_specs, unwritten_mask)
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor, vcfg: dict) -> tuple[dict, str | None]:
@@ -100,7 +100,7 @@ def validate_variant(harness: Harness, job: dict, variant: str) -> dict:
             if previous is not None:
                 for (name, _, _), a, b in zip(outs, previous, current):
                     if not bits_equal(a, b):
-                        diff = int((a.view(torch.int8) != b.view(torch.int8)).sum())
+                        diff = bytes_differing(a, b)
                         return {"verdict": "fail", "check": "determinism", "trial": trial,
                                 "step": step, "seed": seed, "output": name,
                                 "message": f"trial {trial}: output {name} differs bitwise between "
@@ -119,7 +119,7 @@ def validate_variant(harness: Harness, job: dict, variant: str) -> dict:
         for (name, _, _), out, ref, want in zip(outs, outputs, refs, previous):
             numbers, problem = compare(out, ref, vcfg)
             if problem is None and not bits_equal(out, want):
-                diff = int((out.view(torch.int8) != want.view(torch.int8)).sum())
+                diff = bytes_differing(out, want)
                 problem = (f"differs bitwise from the one-task-per-block launch on the same "
                            f"inputs ({diff} bytes)")
             if problem:
