@@ -139,3 +139,13 @@ def at_least(lo: float, hi: float, limit: float) -> str:
     if hi < limit:
         return "fail"
     return "unsure"
+
+
+def gate_outcome(problems: list[str], unsure: list[str], met: str) -> tuple[str, str]:
+    """(verdict, message) of a gate's threshold outcomes: a failure fails and is named; else
+    an unsure one makes the gate unsure, never a pass; else `met`."""
+    if problems:
+        return "fail", "; ".join(problems)
+    if unsure:
+        return "unsure", "unsure: " + "; ".join(unsure)
+    return "pass", met

@@ -225,9 +225,7 @@ def judge(result: dict, thresholds: list, expected: list[str], history: dict | N
         ordered[name]["history"] = d
     problems += regressions
     unsure += half
-    verdict = "fail" if problems else ("unsure" if unsure else "pass")
-    message = ("; ".join(problems) if problems else
-               ("unsure: " + "; ".join(unsure)) if unsure else "all thresholds met")
+    verdict, message = stats.gate_outcome(problems, unsure, "all thresholds met")
     hist = None
     if history:
         hist = {"accepted": history.get("accepted"), "commit": history.get("commit"),

@@ -80,12 +80,7 @@ def judge(result: dict, thresholds: list, expected: list[str], **_ignored) -> di
                     problems.append(text)
                 elif verdict == "unsure":
                     unsure.append(text)
-    verdict = "fail" if problems else ("unsure" if unsure else "pass")
-    message = result.get("message", "")
-    if problems:
-        message = "; ".join(problems)
-    elif unsure:
-        message = "unsure: " + "; ".join(unsure)
-    elif thresholds:
-        message += f"; every in-runtime threshold met ({len(thresholds)} rules)"
+    met = result.get("message", "") + (f"; every in-runtime threshold met ({len(thresholds)} rules)"
+                                       if thresholds else "")
+    verdict, message = stats.gate_outcome(problems, unsure, met)
     return {**result, "verdict": verdict, "message": message, "problems": problems, "unsure": unsure}
