@@ -104,9 +104,10 @@ def nvcc(root: Path, name: str, source: str, out: Path) -> set[str]:
             if "error" in ln or "warning" in ln}
 
 
-def wired_calls(root: Path, specs: list[dict]) -> list[tuple[str, str]]:
-    """(TASK_X, code) for every Hopper register_fn block in task_register.cc: the code string
-    the register function hands to register_task_variant, its $ filled with the kernel's
+def wired_calls(root: Path, specs: list[dict], target: str = "sm_90a") -> list[tuple[str, str]]:
+    """(TASK_X, code) for every register_fn block of one target (an arch, or v2) in
+    task_register.cc: the code string the register function hands to
+    register_task_variant, its $ filled with the kernel's
     test variant (codegen.variants[wiring.test_variant] over codegen.params), the values the
     layer's tensors and params would give."""
     text = (root / "src/kernel/task_register.cc").read_text()
@@ -114,9 +115,9 @@ def wired_calls(root: Path, specs: list[dict]) -> list[tuple[str, str]]:
     for s in specs:
         cg, w = s["codegen"], s["wiring"]
         syms = {**(cg.get("params") or {}), **cg["variants"][w.get("test_variant", min(cg["variants"]))]}
-        m = re.search(rf"// >>> mpk-wire {s['kernel']}/sm_90a/register_fn.*?\n(.*?)"
-                      rf"// <<< mpk-wire {s['kernel']}/sm_90a/register_fn", text, re.S)
-        assert m, f"{s['kernel']}: no sm_90a register_fn block"
+        m = re.search(rf"// >>> mpk-wire {s['kernel']}/{target}/register_fn.*?\n(.*?)"
+                      rf"// <<< mpk-wire {s['kernel']}/{target}/register_fn", text, re.S)
+        assert m, f"{s['kernel']}: no {target} register_fn block"
         code = []
         for fmt, args in re.findall(r'code\.e\("((?:[^"\\]|\\.)*)"((?:,\s*[^;]*)?)\);', m.group(1)):
             for a in [x.strip() for x in args.split(",") if x.strip()]:
@@ -127,10 +128,12 @@ def wired_calls(root: Path, specs: list[dict]) -> list[tuple[str, str]]:
     return out
 
 
-def execute_task_tu(calls: list[tuple[str, str]]) -> str:
-    """What runtime.cc's print_task_graph emits: persistent_kernel.cuh, then _execute_task
-    with one branch per registered variant (task type, variant 0)."""
-    lines = ['#include "persistent_kernel.cuh"', "__device__ __forceinline__",
+def execute_task_tu(calls: list[tuple[str, str]], v2: bool = False) -> str:
+    """What runtime.cc's print_task_graph emits: persistent_kernel.cuh (and, for Runtime-V2,
+    persistent_kernel_v2.cuh, as persistent_kernel.py adds it), then _execute_task with one
+    branch per registered variant (task type, variant 0)."""
+    lines = ['#include "persistent_kernel.cuh"', *(['#include "persistent_kernel_v2.cuh"'] if v2 else []),
+             "__device__ __forceinline__",
              "void _execute_task(TaskDesc const* task_desc, RuntimeConfig const &runtime_config) {"]
     for i, (task, code) in enumerate(calls):
         lines += [f"  {'if' if i == 0 else 'else if'} (task_desc->task_type == {task} && "

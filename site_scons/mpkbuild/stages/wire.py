@@ -25,13 +25,15 @@ class WireRequest:
     apply: bool               # write the edits into the checkout
     unwire: bool              # remove this kernel's blocks instead of adding them
     renumber: bool = False    # an already-wired kernel whose number was taken moves
+    runtime: str = "v1"       # the runtime the registration and the runtime gate target
 
     def describe(self) -> str:
         """The request as a fact the wire node depends on (changing it re-runs wire)."""
+        tail = f"; runtime={self.runtime}" if self.runtime != "v1" else ""
         if self.mpk_root is None:
-            return "render"
+            return "render" + tail
         return (f"mpk_root={self.mpk_root}; apply={int(self.apply)}; unwire={int(self.unwire)}"
-                + ("; renumber=1" if self.renumber else ""))
+                + ("; renumber=1" if self.renumber else "") + tail)
 
 
 @dataclass
@@ -63,7 +65,8 @@ def task_sources(k: Kernel) -> dict:
 def render_manifest(k: Kernel, request: WireRequest, wiring_root: Path) -> tuple[dict, dict]:
     """Render mode (no checkout): (manifest, fragments), computed without writing anything."""
     from mpkbuild.wire import blocks  # the engine loads only when a wire node runs or is predicted
-    fragments = blocks.render(k.spec.data, wiring_root, sources=task_sources(k))
+    fragments = blocks.render(k.spec.data, wiring_root, sources=task_sources(k),
+                              runtime=request.runtime)
     manifest = {"mode": "render", "verdict": "pass",
                 "message": f"{len(fragments)} fragments rendered; give mpk_root= for "
                            "TaskType numbers and a diff against a checkout"}
@@ -92,7 +95,7 @@ def run_plan(build, request: WireRequest, wiring_root: Path) -> RunPlan:
             specs = [x.spec.data for x in all_wired_kernels(build)]
             run.plan = patch.plan(request.mpk_root, specs, wiring_root, list(run.kernels),
                                   sources={k.name: task_sources(k) for k in mine},
-                                  renumber=request.renumber)
+                                  renumber=request.renumber, runtime=request.runtime)
         # coherence was judged on the would-be result: refuse before writing anything
         if run.plan.problems:
             run.error = ("the result would be incoherent:\n  " + "\n  ".join(run.plan.problems))

@@ -53,7 +53,7 @@ def context(w: Wiring, surface: Surface, arch: str | None, numbers: dict,
         "tensors": [dict(t) for t in w.tensors], "params": [dict(p) for p in w.params],
         "dims": list(w.dims), "call_lines": list(w.call_lines),
         "tile_indexed": w.tile_indexed, "tma_descriptors": w.tma_descriptors,
-        "test": dict(w.test),
+        "test": dict(w.test), "runtime": w.runtime,
         "archs": [{**surface.archs[a].as_dict(), "task_type": w.task_type[a],
                    "task_name": w.task_name[a], "number": numbers.get(a)} for a in w.archs],
     }
@@ -65,6 +65,8 @@ def context(w: Wiring, surface: Surface, arch: str | None, numbers: dict,
 
 
 def _wanted(site: Site, w: Wiring, surface: Surface, arch: str | None, numbers: dict) -> bool:
+    if site.runtime is not None and site.runtime != w.runtime:
+        return False
     if site.when == "tile_indexed":
         return w.tile_indexed
     if site.when == "tma":
@@ -97,14 +99,14 @@ def render_blocks(w: Wiring, surface: Surface, numbers: dict | None = None,
 
 
 def render(spec: dict, wiring_root, numbers: dict | None = None,
-           sources: dict | None = None) -> dict[str, str]:
+           sources: dict | None = None, runtime: str = "v1") -> dict[str, str]:
     """Fragments by file name (`enum.sm_90a.h`, `layer.py`, ...): pure and deterministic.
 
     `numbers` ({arch: int}) fills "auto" TaskType numbers; without it an auto entry renders
     with a placeholder comment and no tma.cuh case (the number decides whether one is due).
     """
     surface = load_surface(wiring_root)
-    w = resolve(spec, surface)
+    w = resolve(spec, surface, runtime)
     fixed = {a: n for a, n in w.number.items() if isinstance(n, int)}
     fixed.update(numbers or {})
     return {b.fragment_name: b.body for b in render_blocks(w, surface, fixed, sources)}

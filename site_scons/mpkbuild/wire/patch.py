@@ -229,8 +229,10 @@ class _Editor:
         if self.old is None:
             return rb.text if rb else None
         if not self._is_own_file():
-            raise NameClash(f"{self.rel}: already exists and was not written by mpkbuild "
-                            f"(wanted for {rb.key}); move it away or rename the layer")
+            raise NameClash(f"{self.rel}: already exists and was not written by mpkbuild: it is "
+                            f"the checkout's own{_what_it_holds(self.old)}, and {rb.key} wants "
+                            "that path; the file is named after the kernel, so rename the kernel "
+                            "(or move the checkout's file away)")
         b = self.co.markers.find(self.old.splitlines(keepends=True), self.rel)[0]
         if self._drifted(b, rb.body if rb else None):
             return self.old
@@ -281,13 +283,25 @@ def _judge(co: Checkout, p: Plan) -> Plan:
     return p
 
 
+_NAMESPACE = re.compile(r"^\s*namespace\s+(\w+)\s*\{", re.M)
+
+
+def _what_it_holds(text: str) -> str:
+    """' file (namespace kernel::rmsnorm_v2)': which upstream code a clashing file is."""
+    names = _NAMESPACE.findall(text or "")
+    inner = [n for n in names if n != "kernel"]
+    if not names:
+        return " file"
+    return f" file (namespace {'kernel::' if 'kernel' in names and inner else ''}{(inner or names)[0]})"
+
+
 def _unplaced(problem: str) -> str:
     """A problem without its line numbers (inserting blocks moves them)."""
     return re.sub(r":\d+:", ":", problem)
 
 
 def plan(mpk_root, specs: list[dict], wiring_root, kernels: list[str],
-         sources: dict | None = None, renumber: bool = False) -> Plan:
+         sources: dict | None = None, renumber: bool = False, runtime: str = "v1") -> Plan:
     """What applying these kernels' wiring would change; reads, never writes.
 
     `specs` are ALL kernels' normalized specs (names and explicit numbers of the others
@@ -296,6 +310,8 @@ def plan(mpk_root, specs: list[dict], wiring_root, kernels: list[str],
     a kernel without them gets its registration edits only, and a note saying so.
     `renumber`: an already-wired "auto" kernel whose number was taken since moves to the
     next free one (otherwise that is a NumberClash naming both entries).
+    `runtime`: v1 wires each kernel for its archs; v2 for the Runtime-V2 target (the
+    checkout must have it: runtime_v2.cuh).
     """
     surface = load_surface(wiring_root)
     co = Checkout(mpk_root, surface)
@@ -304,12 +320,16 @@ def plan(mpk_root, specs: list[dict], wiring_root, kernels: list[str],
         k = spec.get("kernel")
         if k in wirings:
             raise NameClash(f"two specs name kernel {k!r}; kernel names must be unique")
-        wirings[k] = resolve(spec, surface)
+        wirings[k] = resolve(spec, surface, runtime)
     missing = [k for k in kernels if k not in wirings]
     if missing:
         raise WireError(f"no spec for kernel(s) {', '.join(missing)} among "
                         f"{', '.join(sorted(wirings)) or 'none'}")
     kernels = sorted(set(kernels))
+    if runtime == "v2" and not co.path("include/mirage/persistent_kernel/runtime_v2.cuh").is_file():
+        raise TargetMissing(f"include/mirage/persistent_kernel/runtime_v2.cuh: missing in mpk_root "
+                            f"{co.root}: runtime=v2 wires into Runtime-V2, which this checkout "
+                            "does not have (wire it without runtime=, for v1)")
     check_names(co, wirings, kernels)
     numbers = assign_numbers(co, wirings, kernels, renumber)
     blocks, fragments, notes = [], {}, []

@@ -22,6 +22,9 @@ from .surface import Surface, load_surface
 DEFAULT_WIRING_ROOT = Path(__file__).resolve().parents[3] / "wiring"
 MAX_INPUTS, MAX_OUTPUTS = 7, 3          # task_desc->input_ptrs / output_ptrs capacity
 ARCH_NAMES = ("sm_90a", "sm_100a")
+# the wiring targets a per-arch field may name: the spec's archs (v1) and the Runtime-V2
+# target (runtime=v2: surface.yaml's arch with `runtime: v2`)
+TARGET_NAMES = (*ARCH_NAMES, "v2")
 C_IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"
 TASK_TYPE = r"^TASK_[A-Z0-9_]+$"
 _C_RESERVED = {"bgraph", "params", "num_inputs", "num_outputs", "input_ops", "output_ops",
@@ -31,7 +34,7 @@ _PY_RESERVED = {"self", "grid_dim", "block_dim", "task_names", "tb_graph", "mi",
 
 def _per_arch(item: dict, doc: str) -> dict:
     return {"type": "object", "additionalProperties": False, "description": doc,
-            "properties": {a: item for a in ARCH_NAMES}}
+            "properties": {a: item for a in TARGET_NAMES}}
 
 
 WIRING_SCHEMA: dict = {
@@ -142,6 +145,7 @@ class Wiring:
     tile_indexed: bool
     tma_descriptors: int
     test: dict               # {variant, grid, threads}
+    runtime: str = "v1"      # the runtime these targets are (archs: v1's, or ("v2",))
 
     def register_fn(self, arch: str) -> str:
         return f"register_{self.task_name[arch]}_task"
@@ -165,10 +169,11 @@ def check_section(spec: dict, wiring_root: Path | None = None) -> list[tuple[str
     return problems
 
 
-def resolve(spec: dict, surface: Surface) -> Wiring:
-    """The spec's wiring with defaults filled; raise SectionError listing every problem."""
+def resolve(spec: dict, surface: Surface, runtime: str = "v1") -> Wiring:
+    """The spec's wiring with defaults filled, for one runtime's targets (v1: the spec's
+    archs; v2: the Runtime-V2 target); raise SectionError listing every problem."""
     problems: list[tuple[str, str]] = []
-    wiring = _resolve(spec, surface, problems)
+    wiring = _resolve(spec, surface, problems, runtime)
     if problems:
         raise SectionError(spec.get("kernel", "?"), problems)
     return wiring
@@ -190,19 +195,26 @@ def _mpk_partition(part, ndims: int) -> tuple:
     return tuple(out)
 
 
-def _resolve(spec: dict, surface: Surface, problems: list) -> Wiring | None:
+def _resolve(spec: dict, surface: Surface, problems: list, runtime: str = "v1") -> Wiring | None:
     kernel = spec.get("kernel", "")
     w = spec.get("wiring") or {}
     cg = spec.get("codegen") or {}
     _ident(kernel, "kernel", problems)
     archs = tuple(spec.get("archs") or ())
     for a in archs:
-        if a not in surface.archs:
+        if a not in surface.archs or surface.archs[a].runtime != "v1":
             problems.append(("archs", f"arch {a!r} has no entry in wiring/surface.yaml "
-                                      f"(known: {', '.join(surface.archs)})"))
-    archs = tuple(a for a in archs if a in surface.archs)
+                                      f"(known: {', '.join(n for n, x in surface.archs.items() if x.runtime == 'v1')})"))
+    archs = tuple(a for a in archs if a in surface.archs and surface.archs[a].runtime == "v1")
+    targets = {n for n, x in surface.archs.items() if x.runtime != "v1"}
+    if runtime != "v1":
+        archs = tuple(n for n, x in surface.archs.items() if x.runtime == runtime)
+        if not archs:
+            problems.append(("wiring", f"wiring/surface.yaml has no {runtime} target"))
     for key in ("task_type", "task_name", "number"):
         for a in (w.get(key) or {}):
+            if (a in targets) != (runtime != "v1"):
+                continue            # the other runtime's target: resolved when it is asked for
             if a not in archs:
                 problems.append((f"wiring.{key}.{a}", f"arch {a} is not in the spec's archs "
                                                      f"{list(archs)}; drop it or add the arch"))
@@ -308,7 +320,7 @@ def _resolve(spec: dict, surface: Surface, problems: list) -> Wiring | None:
                   num_inputs=len(ins), num_outputs=len(outs), tensors=tuple(tensors),
                   params=tuple(params), dims=tuple(dims), call_lines=tuple(call_lines),
                   tile_indexed=bool(w.get("tile_indexed", True)),
-                  tma_descriptors=int(w.get("tma_descriptors", 0)), test=test)
+                  tma_descriptors=int(w.get("tma_descriptors", 0)), test=test, runtime=runtime)
 
 
 def _call(spec, w, tensors, pnames, problems, tail_default, guard=None):

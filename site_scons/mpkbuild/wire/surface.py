@@ -20,9 +20,10 @@ import yaml
 from ..util.config import WIRING_SURFACE as SURFACE_FILE, WIRING_TEMPLATES as TEMPLATE_DIR
 from .errors import SurfaceError, TemplateError
 _SITE_KEYS = {"id", "file", "per_arch", "anchor", "where", "indent", "comment", "template",
-              "when", "scope", "kind", "claim", "optional", "join", "needs"}
+              "when", "scope", "kind", "claim", "optional", "join", "needs", "runtime"}
 _REQUIRE_KEYS = {"file", "scope", "pattern", "what", "if_used"}
 _WHEN = {None, "tma", "tile_indexed"}
+RUNTIMES = ("v1", "v2")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Arch:
     range_end: str
     tma_ranges: tuple[tuple[int, int], ...]
     auto_ranges: tuple[tuple[int, int], ...] = ()   # where "auto" looks, preferred first
+    runtime: str = "v1"        # v2: a Runtime-V2 target (runtime=v2 wires it)
 
     def in_tma(self, number: int) -> bool:
         return any(lo <= number <= hi for lo, hi in self.tma_ranges)
@@ -62,6 +64,7 @@ class Site:
     optional: str | None = None  # why a checkout may lack it (then the site is skipped)
     join: str | None = None    # regex: an anchor line it matches closes the block before it
     needs: tuple[str, ...] = ()  # requirements (Surface.requires) the checkout must meet
+    runtime: str | None = None   # v1 or v2: only for that runtime's targets; None: both
 
 
 @dataclass(frozen=True)
@@ -167,7 +170,10 @@ def load_surface(wiring_root: Path | str) -> Surface:
                                range_end=a["range_end"],
                                tma_ranges=tuple((int(lo), int(hi)) for lo, hi in a["tma_ranges"]),
                                auto_ranges=tuple((int(lo), int(hi))
-                                                 for lo, hi in a.get("auto_ranges", ())))
+                                                 for lo, hi in a.get("auto_ranges", ())),
+                               runtime=a.get("runtime", "v1"))
+            if archs[name].runtime not in RUNTIMES:
+                raise ValueError(f"runtime {archs[name].runtime!r} (one of {', '.join(RUNTIMES)})")
         except (KeyError, TypeError, ValueError) as exc:
             raise SurfaceError(f"{SURFACE_FILE}: archs.{name}: bad or missing field {exc}") from None
     sites, seen = [], set()
@@ -188,6 +194,8 @@ def load_surface(wiring_root: Path | str) -> Surface:
             raise SurfaceError(f"{SURFACE_FILE}: {where}: an insert site needs an anchor")
         if s.get("where", "before") not in ("before", "after"):
             raise SurfaceError(f"{SURFACE_FILE}: {where}: where must be before or after")
+        if s.get("runtime") not in (None, *RUNTIMES):
+            raise SurfaceError(f"{SURFACE_FILE}: {where}: runtime must be one of {', '.join(RUNTIMES)}")
         if s.get("when") not in _WHEN:
             raise SurfaceError(f"{SURFACE_FILE}: {where}: when must be one of tma, tile_indexed")
         sites.append(Site(id=s["id"], file=s["file"], template=s["template"],
@@ -195,7 +203,7 @@ def load_surface(wiring_root: Path | str) -> Surface:
                           kind=kind, anchor=s.get("anchor"), scope=s.get("scope"),
                           where=s.get("where", "before"), indent=int(s.get("indent", 0)),
                           when=s.get("when"), optional=s.get("optional"), join=s.get("join"),
-                          needs=tuple(s.get("needs") or ()),
+                          needs=tuple(s.get("needs") or ()), runtime=s.get("runtime"),
                           claim=(s["claim"]["scan"], s["claim"]["value"]) if s.get("claim") else None))
     scan = {}
     for key, pattern in _need(data, "scan", "top level").items():
