@@ -21,6 +21,10 @@ GEN = f"build/{K}/gen/{K}.cuh"
     ('  asm volatile("bar.sync 0;");', "a barrier over the whole block"),
     ("  for (int i = threadIdx.x; i < n; i += blockDim.x) {}", "the block's size"),
     ("constexpr int THREADS = 128;", "a literal thread count"),
+    ('  asm volatile("bar.sync 3, 128;");', "a named barrier of its own"),
+    ("  cutlass::arch::NamedBarrier wg(128, 2);", "a named barrier of its own"),
+    ("__device__ unsigned int runs_of[64];", "state kept in a __device__ global"),
+    ("static __device__ float kept;", "state kept in a __device__ global"),
 ])
 def test_each_rule_names_the_line(line, rule):
     text = "#pragma once\n// blockIdx and __syncthreads() in a comment are not code\n" + line + "\n"
@@ -30,7 +34,8 @@ def test_each_rule_names_the_line(line, rule):
 
 def test_the_contract_as_written_passes_and_allow_is_per_line():
     ok = ("constexpr int THREADS = k_spec::THREADS;\n  k_spec::task_barrier();\n"
-          '  asm volatile("bar.sync 1, %0;" : : "n"(THREADS) : "memory");\n')
+          "__device__ __forceinline__ float twice(float x) { return 2 * x; }\n"
+          "__device__ const float table[2] = {1.f, 2.f};\n")
     assert lint_body(ok, "k", "f") == []
     assert lint_body("  __syncthreads();  // mpk-lint: allow (a fault fixture)\n", "k", "f") == []
 
@@ -70,7 +75,7 @@ def test_the_harness_has_a_worker_mode_guarded_as_the_registered_call(project):
     block; the library exports its launcher for every variant."""
     import subprocess
     import yaml
-    from mpkbuild.util.config import MPK_WORKER_THREADS
+    from mpkbuild.util.config import MPK_WORKER_THREADS, WORKER_MODE_BLOCKS
     project.scons("stage=compile")
     harness = project.path(f"build/{K}/gen/harness.cu").read_text()
     guard = yaml.safe_load((REPO / "wiring/surface.yaml").read_text())["call"]["guard"]
@@ -79,10 +84,12 @@ def test_the_harness_has_a_worker_mode_guarded_as_the_registered_call(project):
     for v in variants:
         start = harness.index(f"{K}__{v}__worker(")
         kernel = harness[harness.rindex("__global__", 0, start):harness.index("\nextern", start)]
-        assert f"__launch_bounds__({K}_spec::WORKER_THREADS, 1)" in kernel
+        # blocks of any size validate asks for, up to Runtime-V2's (config.WORKER_MODE_BLOCKS)
+        assert f"__launch_bounds__({max(WORKER_MODE_BLOCKS)}, 1)" in kernel
         assert kernel.count(guard) == 2                  # the SMEM poison and the task call
         assert "task += static_cast<int>(gridDim.x)" in kernel
-        assert f"<<<*blocks, {K}_spec::WORKER_THREADS," in harness
+        assert "<<<*blocks, threads, smem_bytes," in harness
+    assert WORKER_MODE_BLOCKS == (MPK_WORKER_THREADS, 352)
     spec_h = project.path(f"build/{K}/gen/{K}_spec.h").read_text()
     assert f"constexpr int WORKER_THREADS = {MPK_WORKER_THREADS};" in spec_h
     lib = project.path(f"build/{K}/sm_90a/lib{K}.so")

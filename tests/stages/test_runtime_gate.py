@@ -214,9 +214,9 @@ def test_state_kept_across_iterations_is_caught_at_iteration_2_and_by_validates_
     The runtime's 128 workers run 8 tasks each, and a worker's first task of iteration 2
     finds the last row it served in iteration 1: the runtime gate fails (numeric) at
     iteration 2, iteration 1 having passed. validate's one-task-per-block steps cannot see
-    it (task b always runs on CTA b), but its worker-mode launch (several tasks per block)
-    leaves CTA b another task's row, which the next trial's first step copies: validate
-    fails too, without a checkout."""
+    it (task b always runs on CTA b), but its first worker-mode launch (several tasks per
+    block) leaves CTA b another task's row, which the second (Runtime-V2's block size)
+    copies: validate fails too, without a checkout."""
     root = _fault_project(tmp_path / "p")
     d = tmp_path / "mk"
     d.mkdir()
@@ -237,7 +237,8 @@ def test_state_kept_across_iterations_is_caught_at_iteration_2_and_by_validates_
     assert path is not None, run.output[-3000:]
     validate = json.loads(path.read_text())
     assert validate["verdict"] == "fail", (validate["message"], run.output[-3000:])
-    assert "r1024_c256: trial 1 step 0 output output: cos " in validate["message"]
+    assert "r1024_c256: trial 0 worker mode (352-thread blocks, the body on the first 128, " \
+        in validate["message"] and "output output: cos " in validate["message"]
 
 
 def _stand_in(monkeypatch, checkout=None, names=("decode_r1_h4096", "decode_r8_h4096")):

@@ -111,15 +111,17 @@ class Harness:
 
         worker_fn = self.lib[f"{self.kernel}_launch_worker_{variant}"]
         worker_fn.restype = ctypes.c_int
-        worker_fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        worker_fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                              ctypes.c_void_p]
 
-        def launch_worker(inputs, outputs) -> int:
-            """One launch in worker mode (the harness's MPK-worker-shaped blocks, several
-            tasks each); the number of blocks it used."""
+        def launch_worker(inputs, outputs, threads: int) -> int:
+            """One launch in worker mode (the harness's MPK-worker-shaped blocks of `threads`,
+            several tasks each); the number of blocks it used."""
             ins = (ctypes.c_void_p * len(inputs))(*[t.data_ptr() for t in inputs])
             outs = (ctypes.c_void_p * len(outputs))(*[t.data_ptr() for t in outputs])
             blocks = ctypes.c_int(0)
-            check(worker_fn(ins, outs, ctypes.byref(blocks), torch.cuda.current_stream().cuda_stream))
+            check(worker_fn(ins, outs, threads, ctypes.byref(blocks),
+                            torch.cuda.current_stream().cuda_stream))
             return blocks.value
 
         def check(code):

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from ..util.config import MPK_WORKER_THREADS as WORKER_THREADS
+from ..util.config import WORKER_MODE_BLOCKS
 from .common import (CudaFault, Harness, bits_equal, bytes_differing, call_with_params, device_facts,
                      load_function, poison_, random_tensor, run_main, tensor_specs, unwritten_mask)
 
@@ -107,31 +107,34 @@ def validate_variant(harness: Harness, job: dict, variant: str) -> dict:
                                            f"step {step - 1} and step {step} on the same inputs "
                                            f"({diff} bytes): a race or state left from the previous step"}
             previous = current
-        # worker mode: the same inputs as MPK's worker would run them; bit for bit the
-        # steps' result, so a body that depends on the block it runs in cannot pass
-        for o in outputs:
-            poison_(o)
-        print(f"validate {variant} trial {trial} worker mode", flush=True)
-        blocks = launch.worker(inputs, outputs)
-        torch.cuda.synchronize()
-        mode = (f"worker mode ({WORKER_THREADS}-thread blocks, the body on the first "
-                f"{codegen['threads']}, {blocks} block(s) running the tasks in turn)")
-        for (name, _, _), out, ref, want in zip(outs, outputs, refs, previous):
-            numbers, problem = compare(out, ref, vcfg)
-            if problem is None and not bits_equal(out, want):
-                diff = bytes_differing(out, want)
-                problem = (f"differs bitwise from the one-task-per-block launch on the same "
-                           f"inputs ({diff} bytes)")
-            if problem:
-                return {"verdict": "fail", "check": "worker", "trial": trial, "seed": seed,
-                        "output": name, "numbers": numbers,
-                        "message": f"trial {trial} {mode}: output {name}: {problem}: the body "
-                                   "depends on the block it runs in (blockDim, a whole-block "
-                                   "barrier, SMEM it did not write), which MPK's worker does not "
-                                   "give it"}
-        trials.append({"seed": seed, "steps": vcfg["steps"], "worker_blocks": blocks})
+        # worker mode: the same inputs as MPK's worker would run them, in blocks of v1's
+        # size and of Runtime-V2's; bit for bit the steps' result, so a body that depends
+        # on the block it runs in cannot pass
+        used = {}
+        for threads in WORKER_MODE_BLOCKS:
+            for o in outputs:
+                poison_(o)
+            print(f"validate {variant} trial {trial} worker mode, {threads} threads", flush=True)
+            blocks = used[threads] = launch.worker(inputs, outputs, threads)
+            torch.cuda.synchronize()
+            mode = (f"worker mode ({threads}-thread blocks, the body on the first "
+                    f"{codegen['threads']}, {blocks} block(s) running the tasks in turn)")
+            for (name, _, _), out, ref, want in zip(outs, outputs, refs, previous):
+                numbers, problem = compare(out, ref, vcfg)
+                if problem is None and not bits_equal(out, want):
+                    diff = bytes_differing(out, want)
+                    problem = (f"differs bitwise from the one-task-per-block launch on the same "
+                               f"inputs ({diff} bytes)")
+                if problem:
+                    return {"verdict": "fail", "check": "worker", "trial": trial, "seed": seed,
+                            "output": name, "numbers": numbers, "worker_threads": threads,
+                            "message": f"trial {trial} {mode}: output {name}: {problem}: the body "
+                                       "depends on the block it runs in (blockDim, a whole-block "
+                                       "barrier, SMEM it did not write), which MPK's worker does "
+                                       "not give it"}
+        trials.append({"seed": seed, "steps": vcfg["steps"], "worker_blocks": used[WORKER_MODE_BLOCKS[0]]})
     return {"verdict": "pass", "cos_min_seen": worst["cos"], "rel_max_seen": worst["rel"],
-            "trials": trials, "worker_threads": WORKER_THREADS}
+            "trials": trials, "worker_threads": list(WORKER_MODE_BLOCKS)}
 
 
 def main(job: dict) -> dict:

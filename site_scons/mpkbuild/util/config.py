@@ -30,6 +30,11 @@ DTYPE_BYTES = {name: d["bytes"] for name, d in DTYPES.items()}
 # MPK's worker block on both archs (WORKER_NUM_THREADS in persistent_kernel.cuh); a task
 # body runs on its spec's codegen.threads of them
 MPK_WORKER_THREADS = 256
+# Runtime-V2's worker block (runtime_v2.cuh NUM_THREADS: 8 compute warps, then the
+# controller, prefetch and event warps); a task runs on the 256 threads of the compute warps
+V2_BLOCK_THREADS = 352
+# validate's worker mode runs each trial's tasks in blocks of both sizes
+WORKER_MODE_BLOCKS = (MPK_WORKER_THREADS, V2_BLOCK_THREADS)
 # compute capability (major, minor) -> the arch whose library runs on it
 ARCH_FOR_CC = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
 
