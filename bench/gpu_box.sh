@@ -7,9 +7,9 @@
 #
 #   gates    pytest -m gpu: the fault verdicts, rmsnorm_v2's gates, the context flags
 #   catalog  pytest -m gpu: every catalog kernel's validate and perf thresholds
-#   runtime  pytest -m gpu: the runtime gate in the real MPK persistent kernel; needs the
-#            MPK headers carried as .mirage/ (mpk/include, cutlass/include, json/include
-#            copied from ../shared/mirage; README "On the GPU box")
+#   runtime  pytest -m gpu: the runtime gate in the real MPK persistent kernel, v1 and v2;
+#            needs the MPK headers carried as .mirage/ (mpk/ and v2/ include and src,
+#            cutlass/include, json/include copied from ../shared/mirage; README "On the GPU box")
 #   bench    bench/rmsnorm_gates.py (with .mirage/: the runtime gate too) and bench/catalog.py
 #   review   every gate of every catalog kernel through scons (with .mirage/: wire and the
 #            runtime gate too), the reviews in OUTDIR/review.tgz
@@ -35,7 +35,7 @@ case "$part" in
     [ -d .mirage/mpk/include ] || { echo "no .mirage/mpk/include: carry the MPK headers"; exit 1; }
     # the tests look for the pinned tree at ../shared/mirage, as on the CPU machines
     mkdir -p ../shared && ln -sfn "$PWD/.mirage" ../shared/mirage
-    tests tests/stages/test_runtime_gate.py ;;
+    tests tests/stages/test_runtime_gate.py tests/stages/test_runtime_v2.py ;;
   bench)
     # with the MPK headers carried, the runtime gate's wall time and edit-to-verdict too
     mpk=(); [ -d .mirage/mpk/include ] && mpk=(--mpk-root .mirage/mpk)

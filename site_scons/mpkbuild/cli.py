@@ -40,7 +40,7 @@ COMMANDS = ("status", "check", "dag")
 # extra ones in a class attribute OPTIONS (a tuple of names).
 ARGUMENT_NAMES = (
     "kernel", "stage", "why", "new", "family", "cache", "gpu",          # what to build or show
-    "apply", "unwire", "renumber", "mpk_root",                          # stage=wire, stage=runtime
+    "apply", "unwire", "renumber", "mpk_root", "runtime",               # stage=wire, stage=runtime
     "executor", "gpus", "warm", "sanitize",                             # GPU gates (local)
     "gpu_host", "gpu_workdir", "gpu_python", "ssh_opts", "ssh_connect_timeout",   # ssh
     "scheduler", "scheduler_file", "scheduler_timeout",                 # dask
@@ -158,14 +158,24 @@ def wire_request() -> WireRequest:
     apply, unwire = flag(ARGUMENTS, "apply", False), flag(ARGUMENTS, "unwire", False)
     renumber = flag(ARGUMENTS, "renumber", False)
     root = ARGUMENTS.get("mpk_root")
+    from mpkbuild.stages.runtime.megakernel import RUNTIMES, Checkout
+    runtime = ARGUMENTS.get("runtime", "v1")
+    if runtime not in RUNTIMES:
+        fail_early(f"runtime={runtime}: expected one of {', '.join(RUNTIMES)} (v1, MPK's scheduler "
+                   "and workers, is the default; v2 is the static-plan Runtime-V2)")
     if root is None:
         if apply or unwire or renumber:
             fail_early("apply=1, unwire=1 and renumber=1 need mpk_root=PATH (an MPK checkout)")
-        return WireRequest(None, False, False)
+        return WireRequest(None, False, False, runtime=runtime)
     path = Path(SCons.Script.GetLaunchDir(), root).resolve()
     if not path.is_dir():
         fail_early(f"mpk_root={root}: {path} is not a folder")
-    return WireRequest(path, apply, unwire, renumber)
+    if runtime != "v1":
+        try:
+            Checkout.find(path).require(runtime)
+        except FileNotFoundError as exc:
+            fail_early(str(exc))
+    return WireRequest(path, apply, unwire, renumber, runtime)
 
 
 def runtime_request(request: WireRequest) -> None:
@@ -225,6 +235,7 @@ def help_text(root: Path) -> str:
              "       scons -jN stage=tune kernel=K [gpu=PROFILE] [gpus=0,1]   search tune.space: "
              "tuned/<profile>/K.json",
              "       scons stage=runtime mpk_root=PATH   each variant inside that checkout's persistent kernel (GPU)",
+             "       ... runtime=v2   wire and runtime gate target Runtime-V2 (a checkout that has it)",
              "       scons status [kernel=..] [stage=..] [gpu=PROFILE] [--json]   fresh/stale (why)",
              "       scons check gpu=PROFILE      exit 1 if any gate for that GPU is stale/failed/missing",
              "       scons dag [kernel=..] [stage=..]   build/dag/<name>.dot/.mmd/.svg",

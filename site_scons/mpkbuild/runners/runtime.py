@@ -1,5 +1,12 @@
 """The runtime gate, GPU side: each variant as tasks of the real MPK persistent kernel.
 
+Two runtimes (the library says which, mpkb_runtime): v1, the scheduler and worker kernels,
+one pass of the graph a launch (test mode); and Runtime-V2, whose one launch runs the
+graph for `iterations` iterations on a static per-SM plan with the runtime's barrier
+between them. On v2 the library's snapshot tasks copy the op's outputs of every iteration
+(mpkb_snapshots), so each iteration is checked as a v1 launch is, and its spans (the
+library's own marks, in the profiler's layout) are split at the barriers.
+
 The megakernel library (stages/runtime/ generates and compiles it against a checkout)
 builds its graph with the runtime's own init_persistent_kernel at the production grid
 (workers and local schedulers from the SM count, as MPK computes them) and runs it through
@@ -75,6 +82,22 @@ class Megakernel:
         L.mpkb_layer_task_type.argtypes = [ctypes.c_int, ctypes.c_int]
         self.graphs = [L.mpkb_graph_name(i).decode() for i in range(L.mpkb_num_graphs())]
         self.task_type = L.mpkb_task_type()
+        self.runtime = L.mpkb_runtime() if hasattr(L, "mpkb_runtime") else 1
+        if self.runtime == 2:
+            L.mpkb_setup.argtypes = L.mpkb_setup.argtypes + [ctypes.c_int]
+            L.mpkb_snapshots.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                         ctypes.c_longlong, ctypes.c_int]
+
+    def setup(self, g: int, ptrs, n: int, grid, prof: torch.Tensor, flags: int, timeout_ms: int,
+              iterations: int) -> int:
+        """The library's mpkb_setup; on v2 every launch of the setup runs `iterations`."""
+        workers, schedulers = grid
+        extra = (iterations,) if self.runtime == 2 else ()
+        return self.lib.mpkb_setup(g, ptrs, n, workers, schedulers, prof.data_ptr(), flags,
+                                   timeout_ms, *extra)
+
+    def iterations_per_launch(self, iterations: int) -> int:
+        return iterations if self.runtime == 2 else 1
 
     def error(self, code: int) -> str:
         return self.lib.mpkb_error_string(code).decode()
@@ -137,6 +160,15 @@ def spans_from_profile(buf: torch.Tensor, task_type) -> list[float]:
     return [(e - b) / 1000.0 for b, e in task_records(buf, task_type)]
 
 
+def by_iteration(records: list[tuple[int, int]], n: int) -> list[list[tuple[int, int]]]:
+    """One launch's records split into its n iterations: Runtime-V2's barrier ends every
+    task of an iteration before any of the next starts, so in start order the first
+    len / n records are iteration 1's, and so on."""
+    records = sorted(records)
+    per = len(records) // n
+    return [records[i * per:(i + 1) * per] for i in range(n)]
+
+
 def op_figures(records: list[tuple[int, int]]) -> tuple[float, float]:
     """(makespan, slowest task) in µs of one op's tasks in one launch: first start to last
     end, and the longest span."""
@@ -184,15 +216,13 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
     seed = int.from_bytes(os.urandom(6), "little")
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     tensors, refs, names, checks = _tensors_for(job, graph, gen)
-    outputs = [tensors[i] for i, _ in checks]
     workers, schedulers = grid
     prof = torch.zeros(1 + workers * PROFILE_ENTRIES_PER_WORKER, dtype=torch.int64, device=DEVICE)
     ptrs = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
     _sync()
     print(f"runtime {graph['name']}: setup ({workers} workers, {schedulers} schedulers)", flush=True)
     t0 = time.perf_counter()
-    code = lib.lib.mpkb_setup(gi, ptrs, len(tensors), workers, schedulers, prof.data_ptr(), flags,
-                              timeout_ms)
+    code = lib.setup(gi, ptrs, len(tensors), grid, prof, flags, timeout_ms, iterations)
     if code in (2, 3):
         return {"verdict": "hang", "phase": "warm-up", "seed": seed,
                 "message": f"{graph['name']}: the {'scheduler' if code == 2 else 'worker'} kernel "
@@ -203,8 +233,34 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
     preload = lib.lib.mpkb_preload_report().decode()
     if preload:
         print(f"runtime {graph['name']}: {preload}", flush=True)
-    previous, spans_all, walls = None, [], []
     expect = sum(l["tasks"] for l in graph["layers"])
+    run = _iterations_v2 if lib.runtime == 2 else _iterations_v1
+    res = run(lib, rt, graph, tensors, refs, names, checks, prof, expect, seed)
+    if res["verdict"] != "pass":
+        return res
+    spans_all, walls = res["spans_all"], res["walls"]
+    result = {"verdict": "pass", "seed": seed, "iterations": iterations, "tasks": expect,
+              "runtime": f"v{lib.runtime}",
+              "setup_s": round(setup_s, 4), "preload": preload,
+              "launch_wall_ms": [round(w * 1000, 3) for w in walls], "spans": span_stats(spans_all)}
+    rivals = [(ri, rg) for ri, rg in enumerate(rt["graphs"])
+              if rg.get("role") == "incumbent" and rg.get("of") == graph["name"]]
+    if not rivals:
+        lib.lib.mpkb_finalize()
+        return result
+    h2h = head_to_head(lib, job, gi, graph, rivals, grid, tensors, refs, checks, prof, gen)
+    if "verdict" in h2h:            # a hang, or ours or the incumbent failed on its inputs
+        return {**h2h, "seed": seed}
+    return {**result, "head_to_head": h2h}
+
+
+def _iterations_v1(lib: Megakernel, rt: dict, graph: dict, tensors, refs, names, checks,
+                   prof: torch.Tensor, expect: int, seed: int) -> dict:
+    """`iterations` v1 launches, one pass of the graph each, on the same buffers: outputs
+    poisoned before each, checked after each and bit-equal to the launch before."""
+    iterations = rt["iterations"]
+    outputs = [tensors[i] for i, _ in checks]
+    previous, spans_all, walls = None, [], []
     for it in range(1, iterations + 1):     # counted from 1: "iteration 2" is the second
         for o in outputs:
             poison_(o)
@@ -241,18 +297,76 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
                     "message": f"{graph['name']} iteration {it}: the profiler saw {len(spans)} "
                                f"task spans, the graph has {expect} tasks"}
         spans_all.append(spans)
-    result = {"verdict": "pass", "seed": seed, "iterations": iterations, "tasks": expect,
-              "setup_s": round(setup_s, 4), "preload": preload,
-              "launch_wall_ms": [round(w * 1000, 3) for w in walls], "spans": span_stats(spans_all)}
-    rivals = [(ri, rg) for ri, rg in enumerate(rt["graphs"])
-              if rg.get("role") == "incumbent" and rg.get("of") == graph["name"]]
-    if not rivals:
-        lib.lib.mpkb_finalize()
-        return result
-    h2h = head_to_head(lib, job, gi, graph, rivals, grid, tensors, refs, checks, prof, gen)
-    if "verdict" in h2h:            # a hang, or ours or the incumbent failed on its inputs
-        return {**h2h, "seed": seed}
-    return {**result, "head_to_head": h2h}
+    return {"verdict": "pass", "spans_all": spans_all, "walls": walls}
+
+
+def _iterations_v2(lib: Megakernel, rt: dict, graph: dict, tensors, refs, names, checks,
+                   prof: torch.Tensor, expect: int, seed: int) -> dict:
+    """One Runtime-V2 launch of `iterations` iterations with the snapshots on: each
+    iteration's outputs of the op's last layer checked against the reference and bit-equal
+    to the iteration before (the first that is not names the iteration), the final
+    state of every output checked too; the spans of each iteration."""
+    iterations = rt["iterations"]
+    last = graph["layers"][-1]
+    snapped = last["tensors"][last["num_inputs"]:last["num_inputs"] + last["num_outputs"]]
+    sizes = [tensors[i].numel() * tensors[i].element_size() for i in snapped]
+    slots = [(s + 15) // 16 * 16 for s in sizes]
+    per = sum(slots)
+    snap = torch.empty(iterations * per, dtype=torch.uint8, device=DEVICE)
+    snap.fill_(0xFF)
+    for i, _ in checks:
+        poison_(tensors[i])
+    arr = (ctypes.c_longlong * len(sizes))(*sizes)
+    code = lib.lib.mpkb_snapshots(snap.data_ptr(), arr, len(sizes), per, iterations)
+    if code != 0:
+        raise CudaFault(f"{graph['name']}: the snapshots could not be set: {lib.error(code) if code > 0 else code}")
+    prof.zero_()
+    _sync()
+    print(f"runtime {graph['name']}: one launch of {iterations} iterations", flush=True)
+    t1 = time.perf_counter()
+    hung = launch(lib, rt, graph, 1)
+    walls = [time.perf_counter() - t1]
+    if hung:
+        return {**hung, "seed": seed}
+    lib.lib.mpkb_snapshots(None, arr, len(sizes), per, iterations)     # off for the timed launches
+    vcfg_of = dict(checks)
+    previous = None
+    for it in range(1, iterations + 1):
+        current, at = [], (it - 1) * per
+        for i, size, slot in zip(snapped, sizes, slots):
+            view = snap[at:at + size].view(tensors[i].dtype).view(tensors[i].shape)
+            current.append(view)
+            at += slot
+            numbers, problem = compare(view, refs[i], vcfg_of[i])
+            if problem:
+                return {"verdict": "fail", "check": "numeric", "iteration": it, "seed": seed,
+                        "output": names[i], "numbers": numbers,
+                        "message": f"{graph['name']} iteration {it} of {iterations} (one Runtime-V2 "
+                                   f"launch) output {names[i]}: {problem}"
+                                   + (" (the earlier iterations passed: state kept across "
+                                      "iterations?)" if it > 1 else "")}
+        if previous is not None:
+            for i, a, b in zip(snapped, previous, current):
+                if not bits_equal(a, b):
+                    return {"verdict": "fail", "check": "determinism", "iteration": it,
+                            "seed": seed, "output": names[i],
+                            "message": f"{graph['name']}: output {names[i]} differs bitwise "
+                                       f"between iteration {it - 1} and {it} of one launch on the "
+                                       "same inputs (state kept across iterations, or a race)"}
+        previous = current
+    for i, vcfg in checks:          # the final state of every output (a chain's producer too)
+        numbers, problem = compare(tensors[i], refs[i], vcfg)
+        if problem:
+            return {"verdict": "fail", "check": "numeric", "iteration": iterations, "seed": seed,
+                    "output": names[i], "numbers": numbers,
+                    "message": f"{graph['name']} after {iterations} iterations, output {names[i]}: {problem}"}
+    records = task_records(prof, lib.task_type)
+    if len(records) != expect * iterations:
+        return {"verdict": "fail", "check": "profile", "iteration": iterations,
+                "message": f"{graph['name']}: the marks saw {len(records)} task spans, "
+                           f"{iterations} iterations of the graph have {expect * iterations} tasks"}
+    spans_all = [[(e - b) / 1000.0 for b, e in chunk] for chunk in by_iteration(records, iterations)]
+    return {"verdict": "pass", "spans_all": spans_all, "walls": walls}
 
 
 def launch(lib: Megakernel, rt: dict, graph: dict, it: int) -> dict | None:
@@ -265,7 +379,8 @@ def launch(lib: Megakernel, rt: dict, graph: dict, it: int) -> dict | None:
                 "message": f"{graph['name']}: {phase} in {rt['launch_timeout_s']} s"}
     if code == 1:
         state = lib.lib.mpkb_read_state(2000).decode()
-        phase = hang_phase(state, graph, it)
+        phase = (hang_phase_v2(state, graph, rt["iterations"]) if lib.runtime == 2
+                 else hang_phase(state, graph, it))
         return {"verdict": "hang", "state": state, "phase": phase,
                 "message": f"{graph['name']}: {phase} did not finish in {rt['launch_timeout_s']} s "
                            f"(runtime state: {state[:300]})"}
@@ -376,8 +491,7 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
         held_tensors.append(rtensors)
         ptrs = (ctypes.c_void_p * len(rtensors))(*[t.data_ptr() for t in rtensors])
         _sync()
-        code = lib.lib.mpkb_setup(ri, ptrs, len(rtensors), workers, schedulers, prof.data_ptr(),
-                                  flags, timeout_ms)
+        code = lib.setup(ri, ptrs, len(rtensors), grid, prof, flags, timeout_ms, rt["iterations"])
         if code in (2, 3):
             return {"verdict": "hang", "phase": "warm-up",
                     "message": f"{what}: a kernel launched alone did not finish (warm-up)"}
@@ -419,17 +533,22 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
             if hung:
                 return hung
             rec = task_records(prof, types)
-            want = sum(l["tasks"] for l in g["layers"])
+            n = lib.iterations_per_launch(rt["iterations"])
+            want = sum(l["tasks"] for l in g["layers"]) * n
             if len(rec) != want:
                 finalize_all()
                 return {"verdict": "fail", "check": "profile",
                         "message": f"{g['name']} pair {p + 1}: the profiler saw {len(rec)} task "
                                    f"spans, the graph has {want} tasks"}
-            makespan, slowest = op_figures(rec)
-            samples[whose]["makespan_us"].append(round(makespan, 4))
-            samples[whose]["slowcta_us"].append(round(slowest, 4))
+            # on v2 each of the launch's iterations is a sample (paired with the same
+            # iteration of the other's launch)
+            for chunk in by_iteration(rec, n):
+                makespan, slowest = op_figures(chunk)
+                samples[whose]["makespan_us"].append(round(makespan, 4))
+                samples[whose]["slowcta_us"].append(round(slowest, 4))
     finalize_all()
-    return {"pairs": rt["pairs"], "order": "interleaved: " + " ".join(w for _, w, _, _ in slots) + " ...",
+    return {"pairs": rt["pairs"], "iterations_per_launch": lib.iterations_per_launch(rt["iterations"]),
+            "order": "interleaved: " + " ".join(w for _, w, _, _ in slots) + " ...",
             "ours": samples["ours"],
             "incumbents": {whose: {"graph": rg["name"], "tasks": sum(l["tasks"] for l in rg["layers"]),
                                    "task_types": sorted(types),
@@ -467,6 +586,27 @@ def hang_phase(state: str, graph: dict, iteration: int) -> str:
     return f"iteration {iteration} ({done} of {want} tasks of the last layer finished)"
 
 
+def hang_phase_v2(state: str, graph: dict, iterations: int) -> str:
+    """Which phase of a Runtime-V2 launch hangs, from its cumulative event counters: the
+    begin-graph task counts the iterations begun, the op's last layer's event its tasks
+    done over all of them."""
+    try:
+        events = [int(x) for x in state.split(";")[0].split()[1:]]
+    except ValueError:
+        return "the launch"
+    layers = len(graph["layers"])
+    if len(events) < layers + 3:
+        return "the launch"
+    begun, want = events[1], graph["layers"][-1]["tasks"]
+    if begun == 0:
+        return "launch (the begin-graph task never ran)"
+    done = events[1 + layers] - (begun - 1) * want
+    if begun >= iterations and done >= want:
+        return f"termination (all {iterations} iterations' tasks finished)"
+    return (f"iteration {begun} of {iterations} ({max(done, 0)} of {want} tasks of the last "
+            "layer finished in it)")
+
+
 def main(job: dict) -> dict:
     clock = time.perf_counter()
     if DEVICE == "cuda":
@@ -494,10 +634,13 @@ def main(job: dict) -> dict:
     verdict = "pass" if not failed else ("hang" if any(f["verdict"] == "hang" for f in failed)
                                           else "fail")
     return {"verdict": verdict, "device": facts, "grid": {"workers": grid[0], "schedulers": grid[1]},
+            "runtime": f"v{lib.runtime}", "iterations": job["runtime"]["iterations"],
             "variants": graphs, "elapsed_run_s": round(time.perf_counter() - clock, 3),
             "message": "; ".join(f["message"] for f in failed) if failed else
-            f"all {len(graphs)} graphs pass {job['runtime']['iterations']} iterations in the "
-            f"persistent kernel ({grid[0]} workers, {grid[1]} schedulers)"}
+            (f"all {len(graphs)} graphs pass {job['runtime']['iterations']} iterations in the "
+             f"persistent kernel ({grid[0]} workers, {grid[1]} schedulers)" if lib.runtime == 1 else
+             f"all {len(graphs)} graphs pass one Runtime-V2 launch of {job['runtime']['iterations']} "
+             f"iterations (static plan over {grid[0]} workers, the runtime's barrier between them)")}
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ class Incumbent:
     skip: tuple[str, ...] = ()    # CodeKeeper lines of a branch the builder does not take
     unsupported: str | None = None  # why the gate cannot run it (yet)
     headers: tuple[str, ...] = ()   # its task headers under include/mirage/persistent_kernel
+    runtime: str = "v1"       # the runtime whose gate runs it (v2: a Runtime-V2 task)
 
 
 def _largest_factor_leq(n: int, limit: int) -> int:
@@ -90,6 +91,30 @@ TABLE: dict[str, Incumbent] = {i.name: i for i in (
               "task (the qwen3 builder)",
               {"tasks": "partial tasks (default 128: MPK's worker count at 132-159 SMs)"},
               headers=('tasks/blackwell/argmax_sm100.cuh', 'tasks/ampere/argmax.cuh')),
+    # Runtime-V2 (the v2 prototype's persistent_kernel.py with use_v2_runtime=True): the
+    # same layers register the v2 task names, with the v1 builders' grids
+    Incumbent("rmsnorm_hopper_v2", "rmsnorm", ("register_rmsnorm_hopper_v2_task",),
+              "rmsnorm_layer with use_v2_runtime registers 'rmsnorm_hopper_v2' (the first 128 "
+              "threads, named barrier 2); one row per task, as the builders",
+              headers=("tasks/blackwell_v2/rmsnorm_v2.cuh",), runtime="v2"),
+    Incumbent("silu_mul_v2", "silu_mul", ("register_silu_mul_v2_task",),
+              "silu_mul_layer with use_v2_runtime registers 'silu_mul_v2' (128 consumer "
+              "threads); tiles as silu_mul",
+              {"tasks": "column tiles (default: the qwen3 builder's)"},
+              headers=("tasks/blackwell_v2/silu_mul_v2.cuh",), runtime="v2"),
+    Incumbent("embedding_v2", "embedding", ("register_embedding_v2_task",),
+              "embed_layer with use_v2_runtime registers 'embedding_v2' (128 consumer "
+              "threads) with input_source=1; grid (1, 1) as the qwen3 builder",
+              {"grid": "[column tiles, token groups] (default [1, 1], as the builder)"},
+              skip=("    runtime_config.tokens + runtime_config.step[0], ",),
+              headers=("tasks/blackwell_v2/embedding_v2.cuh",), runtime="v2"),
+    Incumbent("argmax_sm100_v2", "argmax", ("register_argmax_partial_sm100_v2_task",
+                                            "register_argmax_reduce_sm100_v2_task"),
+              "argmax_partial_layer with use_v2_runtime registers 'argmax_partial_sm100_v2' over "
+              "grid (num_workers) column chunks, then argmax_reduce_layer 'argmax_reduce_sm100_v2' "
+              "in one task",
+              {"tasks": "partial tasks (default 128: MPK's worker count at 132-159 SMs)"},
+              headers=("tasks/blackwell_v2/argmax_sm100.cuh",), runtime="v2"),
     Incumbent("linear_swapAB_hopper", "linear", ("register_linear_swapAB_hopper_task",),
               "linear_layer on sm_90 registers 'linear_swapAB_hopper'",
               unsupported="its call takes TMA descriptors (CUtensorMap for the input, weight "
@@ -220,8 +245,25 @@ def _argmax(shapes, p):
          "stride": [[0, 0], [0, 0], [0, 0]], "active_tokens": rows}]
 
 
+def _rmsnorm_v2(shapes, p):
+    rows, hidden = shapes["inputs"][0]
+    # its static_asserts: one row (BATCH_SIZE 1), 128 threads tiling the row in 4-, 8- or
+    # 16-byte copies
+    per_thread = hidden // 128 * 2
+    if hidden % 128 or per_thread % 4:
+        raise NoIncumbent(f"kernel::rmsnorm_v2::rms_norm_task's static_asserts refuse hidden {hidden}")
+    tensors = [{"use": "input", "index": 0}, {"use": "input", "index": 1},
+               {"use": "output", "index": 0}]
+    row = hidden * 2
+    return tensors, [{"values": [1, hidden], "grid": [rows, 1], "inputs": [0, 1],
+                      "outputs": [2], "stride": [[row, 0], [0, 0], [row, 0]],
+                      "active_tokens": rows}]
+
+
 LAYOUTS = {"rmsnorm_hopper": _rmsnorm, "silu_mul": _silu_mul, "silu_mul_hopper": _silu_mul,
-           "embedding": _embedding, "embedding_hopper": _embedding, "argmax_hopper": _argmax}
+           "embedding": _embedding, "embedding_hopper": _embedding, "argmax_hopper": _argmax,
+           "rmsnorm_hopper_v2": _rmsnorm_v2, "silu_mul_v2": _silu_mul, "embedding_v2": _embedding,
+           "argmax_sm100_v2": _argmax}
 
 # what each op's incumbent reads from the spec's tensors, in order (dtypes MPK's tasks take)
 EXPECTS = {"rmsnorm": (("bf16", "bf16"), ("bf16",)), "silu_mul": (("bf16",), ("bf16",)),
@@ -250,13 +292,18 @@ def layout(name: str, op: str, shapes: dict, dtypes: dict, params: dict, text: s
 
 
 # ---------------------------------------------------------------- the spec's runtime section
-def rules_for(spec: dict, variant: str) -> tuple[list[dict], str | None]:
+def rules_for(spec: dict, variant: str, runtime: str | None = None) -> tuple[list[dict], str | None]:
     """(the incumbent rules of one variant, why it has none): a matching `task: none` rule
-    leaves it none, with that rule's `why`."""
+    leaves it none, with that rule's `why`. With a runtime, only its incumbents (a task
+    this table does not know stays, so that its run says why it cannot)."""
     rules = [r for r in spec["runtime"]["incumbent"] if fnmatch.fnmatch(variant, r["variants"])]
     for r in rules:
         if r["task"] == "none":
             return [], r.get("why") or "the spec says there is none"
+    if runtime is not None:
+        rules = [r for r in rules if r["task"] not in TABLE or TABLE[r["task"]].runtime == runtime]
+        if not rules:
+            return [], f"the spec names no {runtime} incumbent (runtime.incumbent)"
     return rules, (None if rules else "the spec names none (runtime.incumbent)")
 
 

@@ -53,11 +53,18 @@ def shadow_dir(k) -> Path:
     return runtime_dir(k) / "shadow"
 
 
-def source_files(k) -> dict[str, Path]:
+def source_files(k, runtime: str = "v1") -> dict[str, Path]:
     """render_all's names -> the megakernel node's targets."""
-    from mpkbuild.stages.runtime.megakernel import ENTRY_HEADER, TASK_HEADER
-    return {"megakernel.cu": source_path(k), f"shadow/{TASK_HEADER}": shadow_dir(k) / TASK_HEADER,
-            f"shadow/{ENTRY_HEADER}": shadow_dir(k) / ENTRY_HEADER}
+    from mpkbuild.stages.runtime.megakernel import DISPATCH_V2, ENTRY_HEADER, TASK_HEADER
+    files = {"megakernel.cu": source_path(k), f"shadow/{TASK_HEADER}": shadow_dir(k) / TASK_HEADER,
+             f"shadow/{ENTRY_HEADER}": shadow_dir(k) / ENTRY_HEADER}
+    if runtime == "v2":
+        files[f"shadow/{DISPATCH_V2}"] = shadow_dir(k) / DISPATCH_V2
+    return files
+
+
+def _runtime(request) -> str:
+    return request.runtime if request is not None else "v1"
 
 
 # ---------------------------------------------------------------- the stage's nodes
@@ -82,17 +89,28 @@ def nodes(g, k, stage: str) -> None:
         pdir = g.root / config.BUILD_DIRNAME / producer[0]
         extra = [g.rel(pdir / "spec" / "codegen.json"), g.rel(pdir / "spec" / "wiring.json"),
                  g.rel(pdir / "gen" / f"{producer[0]}_spec.h"), g.rel(pdir / "gen" / f"{producer[0]}.cuh")]
-    fact = runtime_fact(mpk_root)
+    runtime = _runtime(request)
+    fact = runtime_fact(mpk_root, runtime)
     # the incumbents' calls are read from the checkout's register functions
     from mpkbuild.wire.incumbents import REGISTER_FILE
     register = [g.rel(checkout.root / REGISTER_FILE)] if (checkout.root / REGISTER_FILE).is_file() else []
     from mpkbuild.stages.runtime.megakernel import ENTRY_HEADER
-    targets = tuple(g.rel(p) for p in source_files(k).values())
+    targets = tuple(g.rel(p) for p in source_files(k, runtime).values())
+    v2_inputs = ()
+    if runtime == "v2":
+        # the v2 driver, its dispatch (the shadow's is made from it) and the v2 task headers
+        # (an incumbent's call, the barrier ids checked against them)
+        from mpkbuild.wire.barriers import v2_task_headers
+        v2_inputs = (g.rel(checkout.runtime_dir / "dispatch_v2.cuh"),
+                     g.pkg("templates", "megakernel_v2.cu.j2"),
+                     g.rel(checkout.runtime_dir / "runtime_header.h"),
+                     *(g.rel(checkout.runtime_dir / h) for h in v2_task_headers(checkout.root)))
     src = g.add(Node(f"megakernel {k.name}", "megakernel", stage, k.name, targets,
                      (k.rel.section_file("codegen"), k.rel.section_file("wiring"),
                       k.rel.section_file("runtime"), *register, *gen, *extra,
                       g.rel(checkout.runtime_dir / ENTRY_HEADER),
                       g.pkg("templates", "megakernel.cu.j2"), g.pkg("templates", "task_header.cuh.j2"),
+                      g.pkg("templates", "megakernel_parts.cu.j2"), *v2_inputs,
                       g.rel(g.root / config.WIRING_DIRNAME / config.WIRING_SURFACE)),
                      (fact, g.code_fact("megakernel", (f"{__name__}.megakernel",))),
                      always=next(filter(None, map(g.edited, targets)), None)))
@@ -115,10 +133,10 @@ def run_source(build, info, target, source) -> int:
     k = build.kernels[info["MPK_KERNEL"]]
     try:
         files = render_all(k, k.root / "wiring", build.wire_request.mpk_root,
-                           producer_for(k, build.kernels))
+                           producer_for(k, build.kernels), build.wire_request.runtime)
     except TemplateError as exc:
         return build.fail(str(exc))
-    for name, path in source_files(k).items():
+    for name, path in source_files(k, build.wire_request.runtime).items():
         write_atomic(path, files[name], only_if_changed=True)
     return 0
 
@@ -132,7 +150,7 @@ def run_compile(build, info, target, source) -> int:
         gen_dirs += [producer.gen_dir, *producer.include_dirs]
     ok, text, took = compile_megakernel(checkout, source_path(k), gen_dirs,
                                         Path(target[0].abspath), Path(target[1].abspath),
-                                        shadow=shadow_dir(k))
+                                        shadow=shadow_dir(k), runtime=build.wire_request.runtime)
     if not ok:
         return build.fail(f"megakernel-compile {k.name}: nvcc failed ({took:.0f} s), see "
                           f"{os.path.relpath(target[1].abspath, build.root)}\n"
@@ -144,8 +162,10 @@ def run_compile(build, info, target, source) -> int:
 def predict(node, k, predictor) -> dict:
     from mpkbuild.model.graph import CHANGED
     if node.kind == "megakernel":
-        files = render_all(k, predictor.wiring_root, predictor.wire_request.mpk_root, producer_for(k, {}))
-        return {t: files[name] for t, name in zip(node.targets, source_files(k))}
+        runtime = _runtime(predictor.wire_request)
+        files = render_all(k, predictor.wiring_root, predictor.wire_request.mpk_root,
+                           producer_for(k, {}), runtime)
+        return {t: files[name] for t, name in zip(node.targets, source_files(k, runtime))}
     if node.kind in ("gate", "check"):
         from mpkbuild.stages import gates
         return gates.predict(node, k, predictor)

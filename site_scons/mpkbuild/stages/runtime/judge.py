@@ -9,14 +9,17 @@ incumbent as the interval of the median of the paired ratios (launch p of ours w
 p of the incumbent), faster / slower / same / unsure. A `runtime.thresholds` rule passes
 when the whole interval is within `max_vs_incumbent`, fails when the whole of it is over,
 is unsure otherwise; a rule with nothing to judge (the incumbent cannot run on this
-checkout) fails and says why. No capture floor: every sample is one launch, timed by the
-runtime's own profiler. Standard library only.
+checkout) fails and says why; a rule naming an incumbent of the other runtime (v1 or
+Runtime-V2) is not this run's to judge. No capture floor: every sample is one launch (on
+Runtime-V2 one iteration of a launch), timed by the runtime's own profiler (on v2 the
+megakernel's marks). Standard library only.
 """
 from __future__ import annotations
 
 import fnmatch
 
 from mpkbuild.util import stats
+from mpkbuild.wire.incumbents import TABLE as INCUMBENTS
 
 FIGURES = ("makespan", "slowcta")
 
@@ -68,6 +71,10 @@ def judge(result: dict, thresholds: list, expected: list[str], **_ignored) -> di
         if r.get("head_to_head"):
             figures(r["head_to_head"])
     problems, unsure = [], []
+    runtime = result.get("runtime", "v1")
+    thresholds = [rule for rule in thresholds if "incumbent" not in rule
+                  or rule["incumbent"] not in INCUMBENTS
+                  or INCUMBENTS[rule["incumbent"]].runtime == runtime]
     for rule in thresholds:
         for name in fnmatch.filter(expected, rule["variants"]):
             r = variants.get(name)

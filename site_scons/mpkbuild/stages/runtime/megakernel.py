@@ -5,6 +5,7 @@ very call the wire stage registers."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,18 @@ from mpkbuild.util.nvcc_steps import split_compile
 # A task type for the gated task: strictly inside the Hopper compute range and unused by
 # the pinned checkout's enum (the dispatch is this file's own; nothing is registered).
 TASK_TYPE = 197
+# On Runtime-V2 (whose tasks live in the SM100 range) the gated task's and the snapshot
+# task's types: the two highest numbers of the SM100 range above its TMA sub-range that
+# the checkout's enum leaves free (v2_task_types); these without a checkout
+TASK_TYPE_V2, SNAPSHOT_TYPE_V2 = 297, 296
+V2_TYPE_RANGE = range(257, 298)
+SNAPSHOT_TASKS = 128      # the snapshot tasks after each v2 graph's op (megakernel_v2.cu.j2)
+PROFILE_ENTRIES = 4096    # per worker: runners/runtime.py PROFILE_ENTRIES_PER_WORKER
+
+# the runtimes a build can target (runtime=, default v1) and the header that marks a
+# checkout that has the second
+RUNTIMES = ("v1", "v2")
+V2_HEADER = "runtime_v2.cuh"
 
 
 # MPK's worker/scheduler split by SM count (mirage/utils.py get_configurations_from_gpu:
@@ -33,6 +46,11 @@ MAX_WORKER_PER_SCHEDULER = 128
 MODE_MACROS = ("-DMODE_OFFLINE", "-DMPK_TEST_MODE", "-DMPK_MAX_NUM_BATCHED_REQUESTS=1",
                "-DMPK_MAX_NUM_BATCHED_TOKENS=8", "-DMPK_MAX_NUM_PAGES=16", "-DMPK_PAGE_SIZE=64",
                "-DMPK_MAX_SEQ_LENGTH=64")
+# Runtime-V2: USE_RUNTIME_V2 as MPK's builder sets it; MODE_ONLINE_NOTOKEN, whose
+# prepare_next_batch touches no request state, so each launch re-runs the graph for
+# max_seq_length iterations with the runtime's iteration barrier between them (the v2
+# prototype has no test mode); the same production sizes
+MODE_MACROS_V2 = ("-DMODE_ONLINE_NOTOKEN", "-DUSE_RUNTIME_V2", *MODE_MACROS[2:])
 
 
 # chain mode: kernel -> (producer kernel, producer variant, this kernel's variant,
@@ -91,13 +109,27 @@ class Checkout:
         return sorted(p for p in (self.root / "include/mirage").rglob("*")
                       if p.is_file() and p.suffix in (".h", ".cuh", ".hpp", ".inl"))
 
+    @property
+    def has_v2(self) -> bool:
+        return (self.runtime_dir / V2_HEADER).is_file()
+
+    def require(self, runtime: str) -> None:
+        """A checkout without the runtime asked for stops here, naming what is missing."""
+        if runtime == "v2" and not self.has_v2:
+            raise FileNotFoundError(
+                f"mpk_root={self.root}: runtime=v2 needs Runtime-V2, and this checkout has no "
+                f"include/mirage/persistent_kernel/{V2_HEADER} (the v2 prototype is "
+                "../shared/mirage/v2)")
+
     def include_flags(self) -> list[str]:
         return [f"-I{self.root / 'include'}", f"-I{self.runtime_dir}", f"-I{self.cutlass}",
                 f"-I{self.json}"]
 
 
-def compile_flags(arch: str, profiling: bool = True) -> list[str]:
-    """The macros and flags of Mirage's get_compile_command for one GPU, test mode, no NVSHMEM."""
+def compile_flags(arch: str, profiling: bool = True, runtime: str = "v1") -> list[str]:
+    """The macros and flags of Mirage's get_compile_command for one GPU, test mode (v1) or
+    MODE_ONLINE_NOTOKEN (v2), no NVSHMEM. v2's worker has no profiler: its spans are the
+    megakernel's own marks."""
     if arch != "sm_90a":
         raise ValueError(f"the runtime gate builds for sm_90a only (asked: {arch})")
     flags = ["-O3", "-lineinfo", "-std=c++17", "-shared", "-rdc=false", "-use_fast_math",
@@ -105,21 +137,23 @@ def compile_flags(arch: str, profiling: bool = True) -> list[str]:
              f"-DMAX_WORKER_PER_SCHEDULER={MAX_WORKER_PER_SCHEDULER}",
              "-DMIRAGE_USE_CUTLASS_KERNEL=1", "-DMPK_TARGET_CC=90", "-DMIRAGE_BACKEND_USE_CUDA",
              "-gencode=arch=compute_90a,code=sm_90a", "-DMPK_ENABLE_TMA",
-             "-DMIRAGE_GRACE_HOPPER", "-DNDEBUG", *MODE_MACROS]
-    if profiling:
+             "-DMIRAGE_GRACE_HOPPER", "-DNDEBUG",
+             *(MODE_MACROS_V2 if runtime == "v2" else MODE_MACROS)]
+    if profiling and runtime == "v1":
         flags.append("-DMPK_ENABLE_PROFILING")
     return flags
 
 
 def nvcc_command(checkout: Checkout, source: Path, gen_dirs: list[Path], out: Path,
-                 arch: str = "sm_90a", shadow: Path | None = None) -> list[str]:
+                 arch: str = "sm_90a", shadow: Path | None = None, runtime: str = "v1") -> list[str]:
     first = [f"-I{shadow}"] if shadow is not None else []
     return ["nvcc", str(source), *first, *checkout.include_flags(), *(f"-I{d}" for d in gen_dirs),
-            *compile_flags(arch), "-Xptxas", "-v", "-o", str(out)]
+            *compile_flags(arch, runtime=runtime), "-Xptxas", "-v", "-o", str(out)]
 
 
-def runtime_fact(checkout_root: Path | None) -> str:
-    return f"runtime: mpk_root={checkout_root}; flags: {' '.join(compile_flags('sm_90a'))}"
+def runtime_fact(checkout_root: Path | None, runtime: str = "v1") -> str:
+    return (f"runtime: mpk_root={checkout_root}; " + (f"runtime={runtime}; " if runtime != "v1" else "")
+            + f"flags: {' '.join(compile_flags('sm_90a', runtime=runtime))}")
 
 
 # ---------------------------------------------------------------- the graph plan
@@ -151,11 +185,13 @@ def _layer(spec: dict, variant: str, dispatch_id: int, tensor_index: list[int]) 
             "tensor_names": [t["name"] for t in ins + outs]}
 
 
-def _incumbent_graphs(spec: dict, variant: str, text: str | None, next_id: int) -> tuple[list, list, list]:
+def _incumbent_graphs(spec: dict, variant: str, text: str | None, next_id: int,
+                      runtime: str = "v1") -> tuple[list, list, list]:
     """(graphs, dispatch entries, [{incumbent, why}] of those that cannot run) for one
-    variant's incumbents (wire/incumbents.py) on the checkout whose register text is `text`."""
+    variant's incumbents (wire/incumbents.py) of this runtime on the checkout whose
+    register text is `text`."""
     from mpkbuild.wire import incumbents as inc
-    rules, why = inc.rules_for(spec, variant)
+    rules, why = inc.rules_for(spec, variant, runtime)
     graphs, dispatch, missing = [], [], []
     if not rules:
         return [], [], [{"incumbent": None, "why": why}]
@@ -187,7 +223,7 @@ def _incumbent_graphs(spec: dict, variant: str, text: str | None, next_id: int) 
 
 
 def plan(spec: dict, wiring_root: Path, producer: dict | None = None,
-         checkout_root: Path | None = None) -> dict:
+         checkout_root: Path | None = None, runtime: str = "v1") -> dict:
     """Everything the template renders: the dispatch branches and the graphs.
 
     Per variant one graph of one layer, and one per incumbent the spec names for it
@@ -209,7 +245,7 @@ def plan(spec: dict, wiring_root: Path, producer: dict | None = None,
     if checkout_root is not None:
         next_id = len(dispatch)
         for variant in cg["variants"]:
-            more, calls, lost = _incumbent_graphs(spec, variant, text, next_id)
+            more, calls, lost = _incumbent_graphs(spec, variant, text, next_id, runtime)
             next_id += len(calls)
             rivals += more
             dispatch += calls
@@ -251,7 +287,8 @@ def plan(spec: dict, wiring_root: Path, producer: dict | None = None,
             l["tensors"] = l["tensors"] + [0] * pad
             l["strides"] = l["strides"] + [0] * pad
             l["strides_y"] = l["strides_y"] + [0] * pad
-    return {"kernel": kernel, "task_type": TASK_TYPE, "dispatch": dispatch, "graphs": graphs,
+    return {"kernel": kernel, "task_type": TASK_TYPE_V2 if runtime == "v2" else TASK_TYPE,
+            "runtime": runtime, "dispatch": dispatch, "graphs": graphs,
             "includes": includes, "max_tensors": max_tensors, "missing": missing,
             "max_layers": max(len(g["layers"]) for g in graphs),
             "task_headers": sorted({h for g in rivals for h in g["headers"]})}
@@ -297,28 +334,92 @@ def expand(graph: dict) -> tuple[list[dict], list[dict]]:
 # megakernel's build replaces with one of only the tasks its graphs use (shadow_files)
 ENTRY_HEADER = "persistent_kernel.cuh"
 TASK_HEADER = "tasks/hopper/task_header.cuh"
+# v2: the checkout's dispatch_v2.cuh includes every v2 task (tcgen05 and TMEM among them,
+# which no sm_90a build takes); the shadow's is the same file with only the v2 task
+# headers the graphs use (persistent_kernel_v2.cuh finds it first, through -I)
+DISPATCH_V2 = "mirage/persistent_kernel/dispatch_v2.cuh"
+_V2_TASK_INCLUDE = re.compile(r'^\s*#include\s+"mirage/persistent_kernel/(tasks/blackwell_v2/[^"]+)"')
+_ENUM_VALUE = re.compile(r"^\s*(TASK_\w+)\s*=\s*(\d+)\s*,", re.M)
 
 
-def render(k, wiring_root: Path, mpk_root: Path | None, producer=None) -> str:
-    return render_all(k, wiring_root, mpk_root, producer)["megakernel.cu"].decode()
+def v2_dispatch_header(checkout_root: Path, headers: list[str]) -> bytes:
+    """The checkout's dispatch_v2.cuh without the includes of v2 tasks not in `headers`."""
+    text = (Checkout.runtime_dir_of(checkout_root) / "dispatch_v2.cuh").read_text()
+    keep = []
+    for line in text.splitlines(keepends=True):
+        m = _V2_TASK_INCLUDE.match(line)
+        if m and m.group(1) not in headers:
+            continue
+        keep.append(line)
+    return "".join(keep).encode()
 
 
-def render_all(k, wiring_root: Path, mpk_root: Path | None, producer=None) -> dict[str, bytes]:
+def v2_task_types(checkout_root: Path | None) -> tuple[int, int]:
+    """(gated task, snapshot task): the two highest numbers of V2_TYPE_RANGE the checkout's
+    enum does not use (a number the wire stage gave a kernel is used)."""
+    if checkout_root is None:
+        return TASK_TYPE_V2, SNAPSHOT_TYPE_V2
+    header = Checkout.runtime_dir_of(checkout_root) / "runtime_header.h"
+    used = {int(v) for _, v in _ENUM_VALUE.findall(header.read_text(errors="replace"))} \
+        if header.is_file() else set()
+    free = [n for n in reversed(V2_TYPE_RANGE) if n not in used]
+    if len(free) < 2:
+        from mpkbuild.stages.generate import TemplateError
+        raise TemplateError(f"{header}: the SM100 range has no two free task types above "
+                            f"{V2_TYPE_RANGE.start - 1} for the v2 gate")
+    return free[0], free[1]
+
+
+def _check_v2(checkout_root: Path, body: str, kernel: str) -> None:
+    """The barrier ids the v2 megakernel takes for itself are free on this checkout; else
+    one error naming both users."""
+    from mpkbuild.stages.generate import TemplateError
+    from mpkbuild.wire import barriers
+    problems = barriers.clashes(
+        {**barriers.v2_task_headers(checkout_root), f"{kernel}.cuh (the body)": body},
+        {barriers.V2_MARK_BARRIER: "the runtime gate's span mark (megakernel_v2.cu.j2)"})
+    problems += barriers.clashes(
+        barriers.v2_task_headers(checkout_root),
+        {barriers.V2_TASK_BARRIER: f"{kernel}_spec::task_barrier() on Runtime-V2"})
+    if problems:
+        raise TemplateError(f"the v2 megakernel of {kernel} cannot be made on {checkout_root}:\n  "
+                            + "\n  ".join(problems))
+
+
+def render(k, wiring_root: Path, mpk_root: Path | None, producer=None, runtime: str = "v1") -> str:
+    return render_all(k, wiring_root, mpk_root, producer, runtime)["megakernel.cu"].decode()
+
+
+def render_all(k, wiring_root: Path, mpk_root: Path | None, producer=None,
+               runtime: str = "v1") -> dict[str, bytes]:
     """{name: bytes}: megakernel.cu and the shadow include folder's two files: the checkout's
     persistent_kernel.cuh as it is, and a task_header.cuh of only the tasks the graphs
     dispatch to (ours come in through megakernel.cu's own includes). Without the
     checkout's CUTLASS GEMMs the nvcc of a rmsnorm megakernel takes a third of the time."""
     from mpkbuild.stages.generate import render_template
     p = plan(k.spec.data, wiring_root, producer.spec.data if producer is not None else None,
-             mpk_root)
-    out = {"megakernel.cu": render_template(config.TEMPLATE_DIR / "megakernel.cu.j2",
-                                            {**p, "mpk_root": str(mpk_root) if mpk_root else "(none)"}).encode()}
+             mpk_root, runtime)
+    context = {**p, "mpk_root": str(mpk_root) if mpk_root else "(none)"}
+    v1_headers = p["task_headers"]
+    if runtime == "v2":
+        from mpkbuild.stages.wire import task_sources
+        from mpkbuild.wire.barriers import V2_MARK_BARRIER
+        if mpk_root is not None:
+            _check_v2(mpk_root, task_sources(k)["body"], k.name)
+        task_type, snapshot_type = v2_task_types(mpk_root)
+        context.update(task_type=task_type, snapshot_type=snapshot_type, snapshot_tasks=SNAPSHOT_TASKS,
+                       mark_barrier=V2_MARK_BARRIER, profile_entries=PROFILE_ENTRIES)
+        v1_headers = [h for h in v1_headers if not h.startswith("tasks/blackwell_v2/")]
+    template = "megakernel_v2.cu.j2" if runtime == "v2" else "megakernel.cu.j2"
+    out = {"megakernel.cu": render_template(config.TEMPLATE_DIR / template, context).encode()}
     if mpk_root is not None:
         out[f"shadow/{TASK_HEADER}"] = render_template(
             config.TEMPLATE_DIR / "task_header.cuh.j2",
-            {"kernel": p["kernel"], "headers": p["task_headers"]}).encode()
+            {"kernel": p["kernel"], "headers": v1_headers}).encode()
         entry = Checkout.runtime_dir_of(mpk_root) / ENTRY_HEADER
         out[f"shadow/{ENTRY_HEADER}"] = entry.read_bytes() if entry.is_file() else b""
+        if runtime == "v2":
+            out[f"shadow/{DISPATCH_V2}"] = v2_dispatch_header(mpk_root, p["task_headers"])
     return out
 
 
@@ -338,11 +439,12 @@ def producer_for(k, kernels: dict):
 
 # ---------------------------------------------------------------- compiling
 def compile_megakernel(checkout: Checkout, source: Path, gen_dirs: list[Path], out: Path,
-                       log: Path, shadow: Path | None = None) -> tuple[bool, str, float]:
+                       log: Path, shadow: Path | None = None,
+                       runtime: str = "v1") -> tuple[bool, str, float]:
     """The library to `out` (atomically), by split_compile; (ok, log text, seconds)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{temp_name(out)}nvcc.tmp")      # named for its writer: an orphan is removed
-    cmd = nvcc_command(checkout, source, gen_dirs, tmp, shadow=shadow)
+    cmd = nvcc_command(checkout, source, gen_dirs, tmp, shadow=shadow, runtime=runtime)
     t0 = time.perf_counter()
     ok, text = split_compile(cmd, out.parent / "nvcc-steps")
     took = time.perf_counter() - t0
@@ -365,7 +467,7 @@ LAUNCH_TIMEOUT_S = 20.0
 
 
 def job_payload(k, build=None, wiring_root: Path | None = None,
-                checkout_root: Path | None = None) -> dict:
+                checkout_root: Path | None = None, runtime: str | None = None) -> dict:
     """What the runner needs beyond the gate's sections: the graphs (as plan() has them,
     the incumbents' with their tensor recipes), every kernel's codegen/generators/validate,
     the iteration count, the launch knobs, the head to head's pairs and generators, and
@@ -373,8 +475,10 @@ def job_payload(k, build=None, wiring_root: Path | None = None,
     producer = producer_for(k, build.kernels if build is not None else {})
     if checkout_root is None and build is not None and build.wire_request is not None:
         checkout_root = build.wire_request.mpk_root
+    if runtime is None:
+        runtime = build.wire_request.runtime if build is not None and build.wire_request else "v1"
     p = plan(k.spec.data, wiring_root or k.root / "wiring",
-             producer.spec.data if producer is not None else None, checkout_root)
+             producer.spec.data if producer is not None else None, checkout_root, runtime)
     kernels = {}
     for x in [k] + ([producer] if producer is not None else []):
         kernels[x.name] = {s: x.spec.sections[s][s] for s in ("codegen", "generators", "validate")}
@@ -383,4 +487,4 @@ def job_payload(k, build=None, wiring_root: Path | None = None,
     return {"graphs": p["graphs"], "kernels": kernels, "iterations": max(ITERATIONS, steps),
             "flags": LAUNCH_FLAGS, "launch_timeout_s": LAUNCH_TIMEOUT_S,
             "pairs": section["pairs"], "generators": section.get("generators", {}),
-            "missing": p["missing"]}
+            "missing": p["missing"], "runtime": runtime}
