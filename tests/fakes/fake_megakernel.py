@@ -32,6 +32,7 @@ class FakeMegakernel:
         self.task_us = task_us or {}
         self.skew = skew or {}
         self.lib = self              # the runner calls lib.lib.mpkb_*
+        self.runtime = 1             # v1: one pass of the graph a launch
         self.calls: list[str] = []
         self.selected, self.launches, self.state, self.bound = None, 0, "", None
         self.rivals: dict[int, list] = {}

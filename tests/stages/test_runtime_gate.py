@@ -471,3 +471,23 @@ def test_an_nvcc_whose_steps_are_not_known_compiles_in_one_piece_and_says_so(tmp
     ok, log = split_compile([str(nvcc), str(tmp_path / "k.cu"), "-o", str(out)], tmp_path / "steps")
     assert ok and out.read_text() == "built\n"
     assert log.startswith("(not split: this nvcc's --dryrun has other steps: StopIteration")
+
+
+@pytest.mark.gpu
+@needs_tree
+@pytest.mark.nvcc
+def test_a_count_kept_across_iterations_fails_at_iteration_2_in_v1(tmp_path):
+    """fault_kept_count (a per-task count in a __device__ global, never reset): each v1
+    launch is one iteration and the global outlives it, so iteration 2 writes input + 1."""
+    root = _fault_project(tmp_path / "p")
+    d = tmp_path / "mk"
+    d.mkdir()
+    _materialise("fault_kept_count", d, root)
+    lib = d / "libfault_kept_count_mpk.so"
+    ok, log, took = runtime.compile_megakernel(runtime.Checkout.find(PINNED), d / "megakernel.cu",
+                                               [d], lib, d / "log", shadow=d / "shadow")
+    assert ok, "\n".join(l for l in log.splitlines() if "error" in l)[:2000]
+    res, out = _run_runtime(root, "fault_kept_count", lib, tmp_path)
+    r = res["variants"]["r512_c256"]
+    assert res["verdict"] == "fail" and r["check"] == "numeric" and r["iteration"] == 2, (res["message"], out)
+    assert "r512_c256 iteration 2 of 3 output fault_kept_count.output:" in res["message"]

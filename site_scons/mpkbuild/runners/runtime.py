@@ -88,19 +88,23 @@ class Megakernel:
             L.mpkb_snapshots.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                          ctypes.c_longlong, ctypes.c_int]
 
-    def setup(self, g: int, ptrs, n: int, grid, prof: torch.Tensor, flags: int, timeout_ms: int,
-              iterations: int) -> int:
-        """The library's mpkb_setup; on v2 every launch of the setup runs `iterations`."""
-        workers, schedulers = grid
-        extra = (iterations,) if self.runtime == 2 else ()
-        return self.lib.mpkb_setup(g, ptrs, n, workers, schedulers, prof.data_ptr(), flags,
-                                   timeout_ms, *extra)
-
-    def iterations_per_launch(self, iterations: int) -> int:
-        return iterations if self.runtime == 2 else 1
 
     def error(self, code: int) -> str:
         return self.lib.mpkb_error_string(code).decode()
+
+
+def setup(lib: Megakernel, g: int, ptrs, n: int, grid, prof: torch.Tensor, flags: int,
+          timeout_ms: int, iterations: int) -> int:
+    """The library's mpkb_setup; on v2 every launch of the setup runs `iterations`."""
+    workers, schedulers = grid
+    extra = (iterations,) if lib.runtime == 2 else ()
+    return lib.lib.mpkb_setup(g, ptrs, n, workers, schedulers, prof.data_ptr(), flags,
+                              timeout_ms, *extra)
+
+
+def per_launch(lib: Megakernel, iterations: int) -> int:
+    """The iterations one launch runs: all of them on v2, one on v1."""
+    return iterations if lib.runtime == 2 else 1
 
 
 def task_types(lib: Megakernel, g: int) -> set[int]:
@@ -222,7 +226,7 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
     _sync()
     print(f"runtime {graph['name']}: setup ({workers} workers, {schedulers} schedulers)", flush=True)
     t0 = time.perf_counter()
-    code = lib.setup(gi, ptrs, len(tensors), grid, prof, flags, timeout_ms, iterations)
+    code = setup(lib, gi, ptrs, len(tensors), grid, prof, flags, timeout_ms, iterations)
     if code in (2, 3):
         return {"verdict": "hang", "phase": "warm-up", "seed": seed,
                 "message": f"{graph['name']}: the {'scheduler' if code == 2 else 'worker'} kernel "
@@ -491,7 +495,7 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
         held_tensors.append(rtensors)
         ptrs = (ctypes.c_void_p * len(rtensors))(*[t.data_ptr() for t in rtensors])
         _sync()
-        code = lib.setup(ri, ptrs, len(rtensors), grid, prof, flags, timeout_ms, rt["iterations"])
+        code = setup(lib, ri, ptrs, len(rtensors), grid, prof, flags, timeout_ms, rt["iterations"])
         if code in (2, 3):
             return {"verdict": "hang", "phase": "warm-up",
                     "message": f"{what}: a kernel launched alone did not finish (warm-up)"}
@@ -533,7 +537,7 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
             if hung:
                 return hung
             rec = task_records(prof, types)
-            n = lib.iterations_per_launch(rt["iterations"])
+            n = per_launch(lib, rt["iterations"])
             want = sum(l["tasks"] for l in g["layers"]) * n
             if len(rec) != want:
                 finalize_all()
@@ -547,7 +551,7 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
                 samples[whose]["makespan_us"].append(round(makespan, 4))
                 samples[whose]["slowcta_us"].append(round(slowest, 4))
     finalize_all()
-    return {"pairs": rt["pairs"], "iterations_per_launch": lib.iterations_per_launch(rt["iterations"]),
+    return {"pairs": rt["pairs"], "iterations_per_launch": per_launch(lib, rt["iterations"]),
             "order": "interleaved: " + " ".join(w for _, w, _, _ in slots) + " ...",
             "ours": samples["ours"],
             "incumbents": {whose: {"graph": rg["name"], "tasks": sum(l["tasks"] for l in rg["layers"]),
