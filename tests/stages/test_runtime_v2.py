@@ -5,7 +5,8 @@ for sm_90a against ../shared/mirage/v2 (the checkout's v2 driver, a dispatch_v2.
 the v2 tasks used); the compiled builder makes the planned graph (each layer depending on
 the one before, the snapshot tasks last); the incumbents' calls are the tree's register
 functions' text; the barrier ids the tool takes are free on the tree and a clash is
-refused naming both; runtime=v2 on a tree without v2 is refused. GPU (marked): the kernels
+refused naming both; runtime=v2 on a tree without v2 is refused; -n agrees with the build
+of the v2 megakernel, and switching runtime= makes it stale. GPU (marked): the kernels
 pass 3 iterations of one v2 launch, each judged against the upstream v2 task, and a task
 that keeps state across iterations fails at iteration 2.
 """
@@ -299,3 +300,21 @@ def test_a_threshold_on_the_other_runtimes_incumbent_is_not_this_runs_to_judge()
     v1 = judge.judge(result("v1", "argmax_hopper", 4.0), rules, ["decode_r1_v129280"])
     assert v1["verdict"] == "fail" and "2.500x argmax_hopper" in v1["message"], v1["message"]
     assert "argmax_sm100_v2" not in v1["message"]
+
+
+@needs_tree
+@pytest.mark.nvcc
+def test_dry_run_and_build_agree_on_the_v2_megakernel_and_a_runtime_switch_makes_it_stale(project):
+    """After the v2 megakernel is built, -n lists neither megakernel node; runtime=v1 on the
+    same checkout makes both stale (another source, other flags), and -n says so before any
+    build."""
+    v2 = f"mpk_root={V2}"
+    lines = lambda run: [l.strip() for l in run.stdout.splitlines()]
+    built = project.scons("-k", "stage=runtime", v2, "runtime=v2", check=False)
+    assert "megakernel rmsnorm_v2" in lines(built), built.stdout[-2000:]
+    assert project.path("build/rmsnorm_v2/runtime/sm_90a/librmsnorm_v2_mpk.so").is_file()
+    assert project.path(f"build/rmsnorm_v2/runtime/shadow/{runtime.DISPATCH_V2}").is_file()
+    again = lines(project.scons("-n", "stage=runtime", v2, "runtime=v2", check=False))
+    assert not [l for l in again if l.startswith("megakernel")], again
+    v1 = lines(project.scons("-n", "stage=runtime", v2, check=False))
+    assert "megakernel rmsnorm_v2" in v1 and "megakernel-compile rmsnorm_v2 sm_90a" in v1, v1
