@@ -158,7 +158,8 @@ def wire_request() -> WireRequest:
     apply, unwire = flag(ARGUMENTS, "apply", False), flag(ARGUMENTS, "unwire", False)
     renumber = flag(ARGUMENTS, "renumber", False)
     root = ARGUMENTS.get("mpk_root")
-    from mpkbuild.stages.runtime.megakernel import RUNTIMES, Checkout
+    from mpkbuild.stages.runtime.megakernel import Checkout
+    from mpkbuild.util.config import RUNTIMES
     runtime = ARGUMENTS.get("runtime", "v1")
     if runtime not in RUNTIMES:
         fail_early(f"runtime={runtime}: expected one of {', '.join(RUNTIMES)} (v1, MPK's scheduler "

@@ -29,10 +29,10 @@ import torch
 from .common import (CudaFault, bits_equal, call_with_params, device_facts, load_function,
                      poison_, random_tensor, run_main, tensor_specs)
 from .validate import compare
+from ..util.config import PROFILE_ENTRIES_PER_WORKER
 
 # profiler entries: low 32 bits the tag (bits 0-1 begin/end, 2-10 the task type, 11-18 the
 # worker), high 32 bits %globaltimer_lo
-PROFILE_ENTRIES_PER_WORKER = 4096
 # the runtime's own hand-off of the warm-up and relaunch knobs (see mpkb_setup)
 FLAG_WARMUP, FLAG_CARVEOUT, FLAG_SINGLE, FLAG_PRELOAD = 1, 2, 4, 8
 LAUNCH_BLOCKED = 4          # mpkb_launch: the launch call itself did not return in time
@@ -87,7 +87,6 @@ class Megakernel:
             L.mpkb_setup.argtypes = L.mpkb_setup.argtypes + [ctypes.c_int]
             L.mpkb_snapshots.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                          ctypes.c_longlong, ctypes.c_int]
-
 
     def error(self, code: int) -> str:
         return self.lib.mpkb_error_string(code).decode()
@@ -276,24 +275,11 @@ def _iterations_v1(lib: Megakernel, rt: dict, graph: dict, tensors, refs, names,
         walls.append(time.perf_counter() - t1)
         if hung:
             return {**hung, "iteration": it, "seed": seed}
-        for i, vcfg in checks:
-            numbers, problem = compare(tensors[i], refs[i], vcfg)
-            if problem:
-                return {"verdict": "fail", "check": "numeric", "iteration": it, "seed": seed,
-                        "output": names[i], "numbers": numbers,
-                        "message": f"{graph['name']} iteration {it} of {iterations} output "
-                                   f"{names[i]}: {problem}"
-                                   + (" (the earlier iterations passed: state kept across "
-                                      "iterations?)" if it > 1 else "")}
         current = [o.clone() for o in outputs]
-        if previous is not None:
-            for (i, _), a, b in zip(checks, previous, current):
-                if not bits_equal(a, b):
-                    return {"verdict": "fail", "check": "determinism", "iteration": it,
-                            "seed": seed, "output": names[i],
-                            "message": f"{graph['name']}: output {names[i]} differs bitwise "
-                                       f"between iteration {it - 1} and {it} on the same inputs "
-                                       "(state kept across iterations, or a race)"}
+        outs = [(i, tensors[i], refs[i], vcfg) for i, vcfg in checks]
+        failed = _iteration_failure(graph, it, iterations, outs, previous, current, names, seed)
+        if failed:
+            return failed
         previous = current
         spans = spans_from_profile(prof, lib.task_type)
         if spans and len(spans) != expect:
@@ -302,6 +288,34 @@ def _iterations_v1(lib: Megakernel, rt: dict, graph: dict, tensors, refs, names,
                                f"task spans, the graph has {expect} tasks"}
         spans_all.append(spans)
     return {"verdict": "pass", "spans_all": spans_all, "walls": walls}
+
+
+def _iteration_failure(graph: dict, it: int, iterations: int, outs: list, previous, current,
+                       names: dict, seed: int, one_launch: bool = False) -> dict | None:
+    """The failure of iteration `it` (from 1), or None: each output ((tensor index, the
+    iteration's output, its reference, validate's config) in `outs`) against the reference,
+    then bit for bit against the iteration before. `one_launch`: the iterations are one
+    Runtime-V2 launch's (the messages say so)."""
+    where = " (one Runtime-V2 launch)" if one_launch else ""
+    for i, out, ref, vcfg in outs:
+        numbers, problem = compare(out, ref, vcfg)
+        if problem:
+            return {"verdict": "fail", "check": "numeric", "iteration": it, "seed": seed,
+                    "output": names[i], "numbers": numbers,
+                    "message": f"{graph['name']} iteration {it} of {iterations}{where} output "
+                               f"{names[i]}: {problem}"
+                               + (" (the earlier iterations passed: state kept across "
+                                  "iterations?)" if it > 1 else "")}
+    if previous is not None:
+        for (i, _, _, _), a, b in zip(outs, previous, current):
+            if not bits_equal(a, b):
+                return {"verdict": "fail", "check": "determinism", "iteration": it,
+                        "seed": seed, "output": names[i],
+                        "message": f"{graph['name']}: output {names[i]} differs bitwise "
+                                   f"between iteration {it - 1} and {it}"
+                                   f"{' of one launch' if one_launch else ''} on the same inputs "
+                                   "(state kept across iterations, or a race)"}
+    return None
 
 
 def _iterations_v2(lib: Megakernel, rt: dict, graph: dict, tensors, refs, names, checks,
@@ -338,25 +352,13 @@ def _iterations_v2(lib: Megakernel, rt: dict, graph: dict, tensors, refs, names,
     for it in range(1, iterations + 1):
         current, at = [], (it - 1) * per
         for i, size, slot in zip(snapped, sizes, slots):
-            view = snap[at:at + size].view(tensors[i].dtype).view(tensors[i].shape)
-            current.append(view)
+            current.append(snap[at:at + size].view(tensors[i].dtype).view(tensors[i].shape))
             at += slot
-            numbers, problem = compare(view, refs[i], vcfg_of[i])
-            if problem:
-                return {"verdict": "fail", "check": "numeric", "iteration": it, "seed": seed,
-                        "output": names[i], "numbers": numbers,
-                        "message": f"{graph['name']} iteration {it} of {iterations} (one Runtime-V2 "
-                                   f"launch) output {names[i]}: {problem}"
-                                   + (" (the earlier iterations passed: state kept across "
-                                      "iterations?)" if it > 1 else "")}
-        if previous is not None:
-            for i, a, b in zip(snapped, previous, current):
-                if not bits_equal(a, b):
-                    return {"verdict": "fail", "check": "determinism", "iteration": it,
-                            "seed": seed, "output": names[i],
-                            "message": f"{graph['name']}: output {names[i]} differs bitwise "
-                                       f"between iteration {it - 1} and {it} of one launch on the "
-                                       "same inputs (state kept across iterations, or a race)"}
+        failed = _iteration_failure(graph, it, iterations,
+                                    [(i, out, refs[i], vcfg_of[i]) for i, out in zip(snapped, current)],
+                                    previous, current, names, seed, one_launch=True)
+        if failed:
+            return failed
         previous = current
     for i, vcfg in checks:          # the final state of every output (a chain's producer too)
         numbers, problem = compare(tensors[i], refs[i], vcfg)

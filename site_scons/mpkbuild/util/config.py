@@ -33,6 +33,12 @@ MPK_WORKER_THREADS = 256
 # Runtime-V2's worker block (runtime_v2.cuh NUM_THREADS: 8 compute warps, then the
 # controller, prefetch and event warps); a task runs on the 256 threads of the compute warps
 V2_BLOCK_THREADS = 352
+# the runtimes a build can target (runtime=, default v1: MPK's scheduler and workers; v2:
+# the static-plan Runtime-V2), and the file whose presence says a checkout has v2
+RUNTIMES = ("v1", "v2")
+V2_MARKER = "include/mirage/persistent_kernel/runtime_v2.cuh"
+# the runtime gate's profiler buffer: entries per worker (the v2 megakernel's marks too)
+PROFILE_ENTRIES_PER_WORKER = 4096
 # validate's worker mode runs each trial's tasks in blocks of both sizes
 WORKER_MODE_BLOCKS = (MPK_WORKER_THREADS, V2_BLOCK_THREADS)
 # compute capability (major, minor) -> the arch whose library runs on it

@@ -189,6 +189,12 @@ def _rmsnorm(shapes, p):
     copy = next((c for c in (16, 8, 4) if per_thread % c == 0), None)
     if hidden % 256 or copy is None or hidden % (256 * copy // 2):
         raise NoIncumbent(f"rms_norm_hopper_impl's static_asserts refuse hidden {hidden}")
+    return _rows_of_rmsnorm(rows, hidden, b)
+
+
+def _rows_of_rmsnorm(rows: int, hidden: int, b: int):
+    """An rmsnorm incumbent's tensors and layer: b rows of input and output a task, the
+    whole weight in each (bf16)."""
     tensors = [{"use": "input", "index": 0}, {"use": "input", "index": 1},
                {"use": "output", "index": 0}]
     row = b * hidden * 2
@@ -252,12 +258,7 @@ def _rmsnorm_v2(shapes, p):
     per_thread = hidden // 128 * 2
     if hidden % 128 or per_thread % 4:
         raise NoIncumbent(f"kernel::rmsnorm_v2::rms_norm_task's static_asserts refuse hidden {hidden}")
-    tensors = [{"use": "input", "index": 0}, {"use": "input", "index": 1},
-               {"use": "output", "index": 0}]
-    row = hidden * 2
-    return tensors, [{"values": [1, hidden], "grid": [rows, 1], "inputs": [0, 1],
-                      "outputs": [2], "stride": [[row, 0], [0, 0], [row, 0]],
-                      "active_tokens": rows}]
+    return _rows_of_rmsnorm(rows, hidden, 1)
 
 
 LAYOUTS = {"rmsnorm_hopper": _rmsnorm, "silu_mul": _silu_mul, "silu_mul_hopper": _silu_mul,

@@ -20,6 +20,7 @@ import re
 
 from .checkout import Checkout, indent_of, normalised_line
 from .coherence import problems_of
+from ..util.config import V2_MARKER
 from .errors import (AnchorNotFound, DriftError, Incoherent, NameClash, StalePlan,
                      TargetMissing, Unsupported, WireError)
 from .fsio import commit
@@ -326,8 +327,8 @@ def plan(mpk_root, specs: list[dict], wiring_root, kernels: list[str],
         raise WireError(f"no spec for kernel(s) {', '.join(missing)} among "
                         f"{', '.join(sorted(wirings)) or 'none'}")
     kernels = sorted(set(kernels))
-    if runtime == "v2" and not co.path("include/mirage/persistent_kernel/runtime_v2.cuh").is_file():
-        raise TargetMissing(f"include/mirage/persistent_kernel/runtime_v2.cuh: missing in mpk_root "
+    if runtime == "v2" and not co.path(V2_MARKER).is_file():
+        raise TargetMissing(f"{V2_MARKER}: missing in mpk_root "
                             f"{co.root}: runtime=v2 wires into Runtime-V2, which this checkout "
                             "does not have (wire it without runtime=, for v1)")
     check_names(co, wirings, kernels)

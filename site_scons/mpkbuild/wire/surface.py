@@ -17,13 +17,13 @@ from pathlib import Path
 import jinja2
 import yaml
 
+from ..util import config
 from ..util.config import WIRING_SURFACE as SURFACE_FILE, WIRING_TEMPLATES as TEMPLATE_DIR
 from .errors import SurfaceError, TemplateError
 _SITE_KEYS = {"id", "file", "per_arch", "anchor", "where", "indent", "comment", "template",
               "when", "scope", "kind", "claim", "optional", "join", "needs", "runtime"}
 _REQUIRE_KEYS = {"file", "scope", "pattern", "what", "if_used"}
 _WHEN = {None, "tma", "tile_indexed"}
-RUNTIMES = ("v1", "v2")
 
 
 @dataclass(frozen=True)
@@ -172,8 +172,8 @@ def load_surface(wiring_root: Path | str) -> Surface:
                                auto_ranges=tuple((int(lo), int(hi))
                                                  for lo, hi in a.get("auto_ranges", ())),
                                runtime=a.get("runtime", "v1"))
-            if archs[name].runtime not in RUNTIMES:
-                raise ValueError(f"runtime {archs[name].runtime!r} (one of {', '.join(RUNTIMES)})")
+            if archs[name].runtime not in config.RUNTIMES:
+                raise ValueError(f"runtime {archs[name].runtime!r} (one of {', '.join(config.RUNTIMES)})")
         except (KeyError, TypeError, ValueError) as exc:
             raise SurfaceError(f"{SURFACE_FILE}: archs.{name}: bad or missing field {exc}") from None
     sites, seen = [], set()
@@ -194,8 +194,8 @@ def load_surface(wiring_root: Path | str) -> Surface:
             raise SurfaceError(f"{SURFACE_FILE}: {where}: an insert site needs an anchor")
         if s.get("where", "before") not in ("before", "after"):
             raise SurfaceError(f"{SURFACE_FILE}: {where}: where must be before or after")
-        if s.get("runtime") not in (None, *RUNTIMES):
-            raise SurfaceError(f"{SURFACE_FILE}: {where}: runtime must be one of {', '.join(RUNTIMES)}")
+        if s.get("runtime") not in (None, *config.RUNTIMES):
+            raise SurfaceError(f"{SURFACE_FILE}: {where}: runtime must be one of {', '.join(config.RUNTIMES)}")
         if s.get("when") not in _WHEN:
             raise SurfaceError(f"{SURFACE_FILE}: {where}: when must be one of tma, tile_indexed")
         sites.append(Site(id=s["id"], file=s["file"], template=s["template"],

@@ -31,7 +31,7 @@ from mpkbuild.util import config
 from mpkbuild.util.console import say
 from mpkbuild.util.fsutil import write_atomic
 from mpkbuild.stages.runtime.megakernel import (CHAINS, Checkout, compile_megakernel, job_payload,
-                                                producer_for, render_all, runtime_fact)
+                                                producer_for, render_all, runtime_fact, runtime_of)
 
 
 # ---------------------------------------------------------------- paths
@@ -63,10 +63,6 @@ def source_files(k, runtime: str = "v1") -> dict[str, Path]:
     return files
 
 
-def _runtime(request) -> str:
-    return request.runtime if request is not None else "v1"
-
-
 # ---------------------------------------------------------------- the stage's nodes
 def nodes(g, k, stage: str) -> None:
     """The megakernel source, its compile and the gate (with mpk_root= and a Hopper arch)."""
@@ -89,7 +85,7 @@ def nodes(g, k, stage: str) -> None:
         pdir = g.root / config.BUILD_DIRNAME / producer[0]
         extra = [g.rel(pdir / "spec" / "codegen.json"), g.rel(pdir / "spec" / "wiring.json"),
                  g.rel(pdir / "gen" / f"{producer[0]}_spec.h"), g.rel(pdir / "gen" / f"{producer[0]}.cuh")]
-    runtime = _runtime(request)
+    runtime = runtime_of(request)
     fact = runtime_fact(mpk_root, runtime)
     # the incumbents' calls are read from the checkout's register functions
     from mpkbuild.wire.incumbents import REGISTER_FILE
@@ -162,7 +158,7 @@ def run_compile(build, info, target, source) -> int:
 def predict(node, k, predictor) -> dict:
     from mpkbuild.model.graph import CHANGED
     if node.kind == "megakernel":
-        runtime = _runtime(predictor.wire_request)
+        runtime = runtime_of(predictor.wire_request)
         files = render_all(k, predictor.wiring_root, predictor.wire_request.mpk_root,
                            producer_for(k, {}), runtime)
         return {t: files[name] for t, name in zip(node.targets, source_files(k, runtime))}

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mpkbuild.util import config
+from mpkbuild.util.config import V2_MARKER
 from mpkbuild.util.fsutil import temp_name, write_atomic
 from mpkbuild.util.nvcc_steps import split_compile
 
@@ -24,12 +25,6 @@ TASK_TYPE = 197
 TASK_TYPE_V2, SNAPSHOT_TYPE_V2 = 297, 296
 V2_TYPE_RANGE = range(257, 298)
 SNAPSHOT_TASKS = 128      # the snapshot tasks after each v2 graph's op (megakernel_v2.cu.j2)
-PROFILE_ENTRIES = 4096    # per worker: runners/runtime.py PROFILE_ENTRIES_PER_WORKER
-
-# the runtimes a build can target (runtime=, default v1) and the header that marks a
-# checkout that has the second
-RUNTIMES = ("v1", "v2")
-V2_HEADER = "runtime_v2.cuh"
 
 
 # MPK's worker/scheduler split by SM count (mirage/utils.py get_configurations_from_gpu:
@@ -111,14 +106,14 @@ class Checkout:
 
     @property
     def has_v2(self) -> bool:
-        return (self.runtime_dir / V2_HEADER).is_file()
+        return (self.root / V2_MARKER).is_file()
 
     def require(self, runtime: str) -> None:
         """A checkout without the runtime asked for stops here, naming what is missing."""
         if runtime == "v2" and not self.has_v2:
             raise FileNotFoundError(
                 f"mpk_root={self.root}: runtime=v2 needs Runtime-V2, and this checkout has no "
-                f"include/mirage/persistent_kernel/{V2_HEADER} (the v2 prototype is "
+                f"{V2_MARKER} (the v2 prototype is "
                 "../shared/mirage/v2)")
 
     def include_flags(self) -> list[str]:
@@ -287,7 +282,11 @@ def plan(spec: dict, wiring_root: Path, producer: dict | None = None,
             l["tensors"] = l["tensors"] + [0] * pad
             l["strides"] = l["strides"] + [0] * pad
             l["strides_y"] = l["strides_y"] + [0] * pad
-    return {"kernel": kernel, "task_type": TASK_TYPE_V2 if runtime == "v2" else TASK_TYPE,
+    if runtime == "v2":
+        task_type, snapshot_type = v2_task_types(checkout_root)
+    else:
+        task_type, snapshot_type = TASK_TYPE, None
+    return {"kernel": kernel, "task_type": task_type, "snapshot_type": snapshot_type,
             "runtime": runtime, "dispatch": dispatch, "graphs": graphs,
             "includes": includes, "max_tensors": max_tensors, "missing": missing,
             "max_layers": max(len(g["layers"]) for g in graphs),
@@ -342,6 +341,11 @@ _V2_TASK_INCLUDE = re.compile(r'^\s*#include\s+"mirage/persistent_kernel/(tasks/
 _ENUM_VALUE = re.compile(r"^\s*(TASK_\w+)\s*=\s*(\d+)\s*,", re.M)
 
 
+def runtime_of(request) -> str:
+    """The runtime a build's wire request targets (v1 without one)."""
+    return request.runtime if request is not None else "v1"
+
+
 def v2_dispatch_header(checkout_root: Path, headers: list[str]) -> bytes:
     """The checkout's dispatch_v2.cuh without the includes of v2 tasks not in `headers`."""
     text = (Checkout.runtime_dir_of(checkout_root) / "dispatch_v2.cuh").read_text()
@@ -375,12 +379,12 @@ def _check_v2(checkout_root: Path, body: str, kernel: str) -> None:
     one error naming both users."""
     from mpkbuild.stages.generate import TemplateError
     from mpkbuild.wire import barriers
+    headers = barriers.v2_task_headers(checkout_root)
     problems = barriers.clashes(
-        {**barriers.v2_task_headers(checkout_root), f"{kernel}.cuh (the body)": body},
+        {**headers, f"{kernel}.cuh (the body)": body},
         {barriers.V2_MARK_BARRIER: "the runtime gate's span mark (megakernel_v2.cu.j2)"})
     problems += barriers.clashes(
-        barriers.v2_task_headers(checkout_root),
-        {barriers.V2_TASK_BARRIER: f"{kernel}_spec::task_barrier() on Runtime-V2"})
+        headers, {barriers.V2_TASK_BARRIER: f"{kernel}_spec::task_barrier() on Runtime-V2"})
     if problems:
         raise TemplateError(f"the v2 megakernel of {kernel} cannot be made on {checkout_root}:\n  "
                             + "\n  ".join(problems))
@@ -406,9 +410,8 @@ def render_all(k, wiring_root: Path, mpk_root: Path | None, producer=None,
         from mpkbuild.wire.barriers import V2_MARK_BARRIER
         if mpk_root is not None:
             _check_v2(mpk_root, task_sources(k)["body"], k.name)
-        task_type, snapshot_type = v2_task_types(mpk_root)
-        context.update(task_type=task_type, snapshot_type=snapshot_type, snapshot_tasks=SNAPSHOT_TASKS,
-                       mark_barrier=V2_MARK_BARRIER, profile_entries=PROFILE_ENTRIES)
+        context.update(snapshot_tasks=SNAPSHOT_TASKS, mark_barrier=V2_MARK_BARRIER,
+                       profile_entries=config.PROFILE_ENTRIES_PER_WORKER)
         v1_headers = [h for h in v1_headers if not h.startswith("tasks/blackwell_v2/")]
     template = "megakernel_v2.cu.j2" if runtime == "v2" else "megakernel.cu.j2"
     out = {"megakernel.cu": render_template(config.TEMPLATE_DIR / template, context).encode()}
@@ -476,7 +479,7 @@ def job_payload(k, build=None, wiring_root: Path | None = None,
     if checkout_root is None and build is not None and build.wire_request is not None:
         checkout_root = build.wire_request.mpk_root
     if runtime is None:
-        runtime = build.wire_request.runtime if build is not None and build.wire_request else "v1"
+        runtime = runtime_of(build.wire_request if build is not None else None)
     p = plan(k.spec.data, wiring_root or k.root / "wiring",
              producer.spec.data if producer is not None else None, checkout_root, runtime)
     kernels = {}
