@@ -34,30 +34,34 @@ FAULTS = REPO / "tests" / "fixtures" / "faults"
 STALE = "fault_stale_state"
 
 
-def _materialise(name: str, out: Path, root: Path = REPO) -> Path:
+def _materialise(name: str, out: Path, root: Path = REPO, checkout: Path = PINNED,
+                 runtime_: str = "v1") -> Path:
+    """The generated headers and the megakernel source (with its shadow/) of one kernel."""
     k = Kernel.load(root, name, write_cache=False)
     prod = runtime.producer_for(k, {})
     for x in [k] + ([prod] if prod else []):
         sec = x.spec.sections["codegen"]
         for role, fn in (("body", f"{x.name}.cuh"), ("spec_header", f"{x.name}_spec.h")):
             (out / fn).write_text(generate.render_file(role, sec, x.spec.file, x.body_source, x.root))
-    for name, data in runtime.render_all(k, root / "wiring", PINNED, prod).items():
+    for name, data in runtime.render_all(k, root / "wiring", checkout, prod, runtime_).items():
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_bytes(data)
     return out
 
 
-def _run_runtime(root: Path, name: str, lib: Path, tmp_path: Path) -> tuple[dict, str]:
+def _run_runtime(root: Path, name: str, lib: Path, tmp_path: Path, checkout: Path = PINNED,
+                 runtime_: str = "v1") -> tuple[dict, str]:
     """The runtime gate's runner on one compiled megakernel, as the gate runs it."""
     k = Kernel.load(root, name, write_cache=False)
     job = {"root": str(root), "library": str(lib), "kernel": name,
-           "runtime": runtime.job_payload(k, checkout_root=PINNED), "result_file": str(tmp_path / f"{name}.json")}
+           "runtime": runtime.job_payload(k, checkout_root=checkout, runtime=runtime_),
+           "result_file": str(tmp_path / f"{name}.json")}
     (tmp_path / f"{name}.job").write_text(json.dumps(job))
     proc = subprocess.run([sys.executable, "-m", "mpkbuild.runners.runtime",
                            str(tmp_path / f"{name}.job")], cwd=root, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(REPO / "site_scons")},
                           capture_output=True, text=True)
-    return json.loads((tmp_path / f"{name}.json").read_text()), proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads((tmp_path / f"{name}.json").read_text()), proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 def _fault_project(dest: Path) -> Path:

@@ -12,10 +12,8 @@ that keeps state across iterations fails at iteration 2.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,58 +26,29 @@ V1 = REPO.parent / "shared" / "mirage" / "mpk"
 sys.path.insert(0, str(REPO / "site_scons"))
 
 from mpkbuild.model.kernel import Kernel  # noqa: E402
-from mpkbuild.stages import generate  # noqa: E402
 from mpkbuild.stages.generate import TemplateError  # noqa: E402
 from mpkbuild.stages.runtime import megakernel as runtime  # noqa: E402
 from mpkbuild.wire import barriers, incumbents  # noqa: E402
+from test_runtime_gate import _fault_project, _materialise, _run_runtime  # noqa: E402
 
 needs_tree = pytest.mark.skipif(not (V2 / "include").is_dir(),
                                 reason="../shared/mirage/v2 (the pinned Runtime-V2 tree) is absent")
 # the kernels whose op has an upstream v2 task (the incumbent of the v2 gate)
 KERNELS = ("rmsnorm_v2", "silu_mul_v2", "embedding_v2", "argmax_v2")
-FAULTS = REPO / "tests" / "fixtures" / "faults"
 KEPT = "fault_kept_count"
-
-
-def _materialise(name: str, out: Path, root: Path = REPO) -> Path:
-    k = Kernel.load(root, name, write_cache=False)
-    prod = runtime.producer_for(k, {})
-    for x in [k] + ([prod] if prod else []):
-        sec = x.spec.sections["codegen"]
-        for role, fn in (("body", f"{x.name}.cuh"), ("spec_header", f"{x.name}_spec.h")):
-            (out / fn).write_text(generate.render_file(role, sec, x.spec.file, x.body_source, x.root))
-    for fname, data in runtime.render_all(k, root / "wiring", V2, prod, "v2").items():
-        (out / fname).parent.mkdir(parents=True, exist_ok=True)
-        (out / fname).write_bytes(data)
-    return out
 
 
 def _compile(name: str, d: Path, root: Path = REPO):
     d.mkdir(parents=True, exist_ok=True)
-    _materialise(name, d, root)
+    _materialise(name, d, root, V2, "v2")
     lib = d / f"lib{name}_mpk.so"
     ok, log, took = runtime.compile_megakernel(runtime.Checkout.find(V2), d / "megakernel.cu", [d],
                                                lib, d / "log", shadow=d / "shadow", runtime="v2")
     return ok, log, took, lib
 
 
-def _run_runtime(root: Path, name: str, lib: Path, tmp_path: Path) -> tuple[dict, str]:
-    k = Kernel.load(root, name, write_cache=False)
-    job = {"root": str(root), "library": str(lib), "kernel": name,
-           "runtime": runtime.job_payload(k, checkout_root=V2, runtime="v2"),
-           "result_file": str(tmp_path / f"{name}.json")}
-    (tmp_path / f"{name}.job").write_text(json.dumps(job))
-    proc = subprocess.run([sys.executable, "-m", "mpkbuild.runners.runtime",
-                           str(tmp_path / f"{name}.job")], cwd=root, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "site_scons")},
-                          capture_output=True, text=True)
-    return json.loads((tmp_path / f"{name}.json").read_text()), proc.stdout[-3000:] + proc.stderr[-3000:]
-
-
-def _fault_project(dest: Path) -> Path:
-    sys.path.insert(0, str(FAULTS))
-    import faultsuite
-    return faultsuite.make_project(dest, with_gate_after=False)
+def _run_v2(root: Path, name: str, lib: Path, tmp_path: Path) -> tuple[dict, str]:
+    return _run_runtime(root, name, lib, tmp_path, V2, "v2")
 
 
 @pytest.fixture(scope="session")
@@ -250,7 +219,7 @@ def test_every_kernel_passes_in_runtime_v2_against_its_v2_incumbent(compiled_v2,
     grid, every iteration's output against the float64 reference and bit-equal to the one
     before, then the head to head with the upstream v2 task, A B A B."""
     for name, (ok, log, took, lib) in compiled_v2.items():
-        res, out = _run_runtime(REPO, name, lib, tmp_path)
+        res, out = _run_v2(REPO, name, lib, tmp_path)
         assert res["verdict"] == "pass", (name, res["message"], out)
         for g, r in res["variants"].items():
             assert r["runtime"] == "v2" and r["iterations"] >= 3
@@ -271,7 +240,7 @@ def test_state_kept_across_iterations_of_one_v2_launch_fails_at_iteration_2(tmp_
     root = _fault_project(tmp_path / "p")
     ok, log, took, lib = _compile(KEPT, tmp_path / "mk", root)
     assert ok, "\n".join(l for l in log.splitlines() if "error" in l)[:2000]
-    res, out = _run_runtime(root, KEPT, lib, tmp_path)
+    res, out = _run_v2(root, KEPT, lib, tmp_path)
     r = res["variants"]["r512_c256"]
     assert res["verdict"] == "fail" and r["check"] == "numeric", (res["message"], out)
     assert r["iteration"] == 2, res["message"]

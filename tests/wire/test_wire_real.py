@@ -226,14 +226,16 @@ def test_tma_and_execute_task_compile_under_nvcc_with_no_new_diagnostic(applied,
             sorted(b - exec_a)
 
 
-@pytest.mark.skipif(CLANG_FORMAT is None, reason="clang-format (15, pip install -e .[test]) not on PATH")
-def test_blocks_are_clang_format_clean_and_unwire_survives_a_format_pass(applied, tmp_path):
+def check_clang_format_and_unwire(applied_root: Path, branch: str, plan, names, tmp_path: Path) -> None:
+    """Every line clang-format would change inside our marked blocks (upstream has a few
+    violations of its own, which do not count) fails; then a format pass over the touched
+    files leaves unwire working, and the result equals the pristine tree given the same pass
+    (where upstream is clean, that is the snapshot)."""
     root = tmp_path / "f"
-    shutil.copytree(applied["root"], root)
-    cpp = [r for r in applied["plan"].changes if r.endswith((".h", ".cc", ".cuh"))]
+    shutil.copytree(applied_root, root)
+    cpp = [r for r in plan.changes if r.endswith((".h", ".cc", ".cuh"))]
     r = subprocess.run([CLANG_FORMAT, "--dry-run", "-Werror", *cpp], cwd=root,
                        capture_output=True, text=True)
-    # only lines inside our marked blocks count (upstream has a few violations of its own)
     ours = []
     for m in re.finditer(r"^(\S+?):(\d+):\d+: error", r.stderr, re.M):
         lines = (root / m.group(1)).read_text().splitlines()
@@ -243,13 +245,17 @@ def test_blocks_are_clang_format_clean_and_unwire_survives_a_format_pass(applied
             ours.append(f"{m.group(1)}:{n + 1}: {lines[n]}")
     assert ours == []
     subprocess.run([CLANG_FORMAT, "-i", *cpp], cwd=root, check=True)
-    wire.unwire(root, applied["names"], WIRING)      # no block was touched: unwire still works
-    # upstream has a few unformatted lines of its own, which the pass fixes; so compare with
-    # the pristine tree given the same pass (where upstream is clean that is the snapshot)
-    pristine = copy_tree(applied["branch"], tmp_path / "p")
+    wire.unwire(root, names, WIRING)      # no block was touched: unwire still works
+    pristine = copy_tree(branch, tmp_path / "p")
     existing = [r for r in cpp if (pristine / r).is_file()]
     subprocess.run([CLANG_FORMAT, "-i", *existing], cwd=pristine, check=True)
     assert snapshot(root) == snapshot(pristine)
+
+
+@pytest.mark.skipif(CLANG_FORMAT is None, reason="clang-format (15, pip install -e .[test]) not on PATH")
+def test_blocks_are_clang_format_clean_and_unwire_survives_a_format_pass(applied, tmp_path):
+    check_clang_format_and_unwire(applied["root"], applied["branch"], applied["plan"],
+                                  applied["names"], tmp_path)
 
 
 def test_touched_python_files_compile(applied, tmp_path):

@@ -22,8 +22,9 @@ from mpkbuild.stages.wire import task_sources
 from mpkbuild.wire.errors import NameClash, NumberClash, TargetMissing
 
 from conftest import REPO
-from test_wire_real import (CLANG_FORMAT, CUDA_INCLUDES, MIRAGE, NVCC, WIRING, copy_tree,
-                            execute_task_tu, gxx, snapshot, wired_calls)
+from test_wire_real import (CLANG_FORMAT, CUDA_INCLUDES, MIRAGE, NVCC, WIRING,
+                            check_clang_format_and_unwire, copy_tree, execute_task_tu, gxx,
+                            snapshot, wired_calls)
 
 pytestmark = pytest.mark.skipif(not (MIRAGE / "v2").is_dir(), reason=f"{MIRAGE}/v2 is absent "
                                 "(the pinned Runtime-V2 tree is only where ../shared is)")
@@ -134,24 +135,7 @@ def test_the_v2_dispatch_unit_compiles_for_sm100a_with_no_new_diagnostic(applied
 
 @pytest.mark.skipif(CLANG_FORMAT is None, reason="clang-format (15, pip install -e .[test]) not on PATH")
 def test_v2_blocks_are_clang_format_clean_and_unwire_survives_a_format_pass(applied, tmp_path):
-    root = tmp_path / "f"
-    shutil.copytree(applied["root"], root)
-    cpp = [r for r in applied["plan"].changes if r.endswith((".h", ".cc", ".cuh"))]
-    r = subprocess.run([CLANG_FORMAT, "--dry-run", "-Werror", *cpp], cwd=root, capture_output=True, text=True)
-    ours = []
-    for m in re.finditer(r"^(\S+?):(\d+):\d+: error", r.stderr, re.M):
-        lines = (root / m.group(1)).read_text().splitlines()
-        n = int(m.group(2)) - 1
-        opened = [i for i in range(n, -1, -1) if "mpk-wire" in lines[i]]
-        if opened and ">>> mpk-wire" in lines[opened[0]]:
-            ours.append(f"{m.group(1)}:{n + 1}: {lines[n]}")
-    assert ours == []
-    subprocess.run([CLANG_FORMAT, "-i", *cpp], cwd=root, check=True)
-    wire.unwire(root, list(FREE), WIRING)
-    pristine = copy_tree("v2", tmp_path / "p")
-    existing = [r for r in cpp if (pristine / r).is_file()]
-    subprocess.run([CLANG_FORMAT, "-i", *existing], cwd=pristine, check=True)
-    assert snapshot(root) == snapshot(pristine)
+    check_clang_format_and_unwire(applied["root"], "v2", applied["plan"], list(FREE), tmp_path)
 
 
 def test_the_v2_layer_compiles(applied, tmp_path):
