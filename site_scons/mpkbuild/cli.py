@@ -492,6 +492,32 @@ def remember_options(root: Path) -> None:
     write_atomic(path, text, only_if_changed=True)
 
 
+def load_companions(build: Build, root: Path, kernels: list) -> list:
+    """The kernels the requested ones' runtime blocks run beside them, not requested
+    themselves: in the graph (their spec and generate nodes feed the megakernel), never
+    asked for. A block naming a kernel without a spec stops here."""
+    from mpkbuild.stages.runtime.megakernel import block_kernels
+    from mpkbuild.stages.tune import apply_tuned
+    out = []
+    for k in kernels:
+        for name in block_kernels(k.spec.data):
+            if name in build.kernels:
+                continue
+            if not (root / config.SPEC_DIRNAME / f"{name}.yaml").is_file():
+                where = next(f"runtime.blocks[{bi}].layers[{li}].kernel"
+                             for bi, b in enumerate(k.spec.data["runtime"]["blocks"])
+                             for li, l in enumerate(b["layers"]) if l["kernel"] == name)
+                fail_early(f"{k.spec.file}: {where}: no kernel {name!r} "
+                           f"({config.SPEC_DIRNAME}/{name}.yaml does not exist)")
+            try:
+                build.kernels[name] = apply_tuned(Kernel.load(root, name, write_cache=False),
+                                                  build.fingerprint)
+            except spec_mod.SpecError as exc:
+                fail_early(str(exc))
+            out.append(build.kernels[name])
+    return out
+
+
 def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
     """Everything up to declaring nodes: parse, load, answer the commands that do not build
     (they exit here), lock. Returns the build, its graph, the default targets (gates first)
@@ -535,10 +561,11 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
             fail_early(str(exc))
     with_summary = stage == "review" and ARGUMENTS.get("kernel", "all") == "all"
     kernels = [build.kernels[n] for n in names]
+    members = kernels + load_companions(build, root, kernels)
     from mpkbuild import sconsign as sconsign_mod
     sconsign = sconsign_mod.Sconsign(root)
     files = ReadOnce(root)                 # planning's reads: each file once (status too)
-    g = stages.build_graph(root, kernels, build.fingerprint, build.wire_request, with_summary,
+    g = stages.build_graph(root, members, build.fingerprint, build.wire_request, with_summary,
                            tampered=lambda rel: sconsign_mod.tampered(files, sconsign, rel),
                            sanitize=build.sanitize, files=files)
     for message in g.untrusted:            # outputs edited since their build wrote them

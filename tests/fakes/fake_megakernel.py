@@ -109,11 +109,10 @@ class FakeMegakernel:
         plan = self.graph_plans[self.selected]
         if plan.get("role") == "incumbent":      # the same op: ours' outputs (skewed if asked)
             rival = self.rivals[self.selected]
-            n_in = len(tensors) - len(checks)
             for j, recipe in enumerate(plan["tensors"]):
-                if recipe["use"] == "output":
-                    ours = tensors[n_in + recipe["index"]]
-                    rival[j].copy_((ours.to(refs[n_in + recipe["index"]].dtype)
+                if recipe["use"] == "output":       # its index: our table's
+                    ours = tensors[recipe["index"]]
+                    rival[j].copy_((ours.to(refs[recipe["index"]].dtype)
                                     * self.skew.get(plan["incumbent"], 1.0)).to(ours.dtype))
         else:
             for i, _ in checks:

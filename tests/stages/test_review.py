@@ -130,7 +130,7 @@ def test_a_time_limit_on_the_cold_figure_judges_cold_and_the_review_says_so(tmp_
 def test_the_runtime_gate_shows_in_runtime_beside_the_harness_and_flags_beyond_noise(tmp_path):
     """Per graph: in-runtime slowCTA (median, range over iterations) and median task beside
     the harness's slowCTA (perf.json, range over repeats); flagged only when the ranges are
-    disjoint, not judged without a range, the chain has no harness figure."""
+    disjoint, not judged without a range, a block graph has no harness figure."""
     perf = tmp_path / "perf.json"
     slow = lambda med, lo, hi: dict(figures(2.0, 2.5), limits=[],
                                     slowcta={"slowest_task_us": med, "slowest_range_us": [lo, hi]})
@@ -144,11 +144,11 @@ def test_the_runtime_gate_shows_in_runtime_beside_the_harness_and_flags_beyond_n
     rt.write_text(json.dumps({"verdict": "pass", "message": "all pass",
                               "grid": {"workers": 128, "schedulers": 16}, "variants": {
         "decode": span([0.83, 0.84, 0.82], 0.74), "large": span([2.37, 2.41, 2.35], 1.34),
-        "old": span([1.1, 1.2, 1.0], 0.9), "chain:a.x>b.y": span([9.2, 9.3, 9.28], 8.42)}}))
+        "old": span([1.1, 1.2, 1.0], 0.9), "block:mlp:b8": span([9.2, 9.3, 9.28], 8.42)}}))
     r = review.kernel_review("k", tmp_path, [], "h200", {}, {"perf": perf, "runtime": rt})
     flags = {x["variant"]: x["flag"] for x in r["gates"]["runtime"]["table"]}
     assert flags == {"decode": "within noise", "large": "runtime slower", "old": "not judged",
-                     "chain:a.x>b.y": "chain (no harness figure)"}
+                     "block:mlp:b8": "block (no harness figure)"}
     page = review.render_kernel(r)
     assert "## runtime: pass" in page and "128 workers, 16 schedulers" in page
     row = next(ln for ln in page.splitlines() if ln.startswith("| large | pass"))

@@ -8,6 +8,7 @@ persistent kernel, the chain too.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -38,12 +39,12 @@ def _materialise(name: str, out: Path, root: Path = REPO, checkout: Path = PINNE
                  runtime_: str = "v1") -> Path:
     """The generated headers and the megakernel source (with its shadow/) of one kernel."""
     k = Kernel.load(root, name, write_cache=False)
-    prod = runtime.producer_for(k, {})
-    for x in [k] + ([prod] if prod else []):
+    companions = runtime.companions_for(k, {})
+    for x in [k, *companions]:
         sec = x.spec.sections["codegen"]
         for role, fn in (("body", f"{x.name}.cuh"), ("spec_header", f"{x.name}_spec.h")):
             (out / fn).write_text(generate.render_file(role, sec, x.spec.file, x.body_source, x.root))
-    for name, data in runtime.render_all(k, root / "wiring", checkout, prod, runtime_).items():
+    for name, data in runtime.render_all(k, root / "wiring", checkout, companions, runtime_).items():
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_bytes(data)
     return out
@@ -119,25 +120,62 @@ def test_plan_expands_to_the_documented_graph():
 
 def test_call_is_the_wired_one():
     k = Kernel.load(REPO, "linear_v2", write_cache=False)
-    p = runtime.plan(k.spec.data, REPO / "wiring")
+    p = runtime.plan(k.spec.data, REPO / "wiring", {c.name: c.spec.data for c in runtime.companions_for(k, {})})
     call = p["dispatch"][0]["call"]
     assert call[0] == "if (threadIdx.x < linear_v2_spec::THREADS) {"
     assert "task_desc->task_metadata.task_offset," in " ".join(call)
     assert "$" not in " ".join(call)
 
 
-def test_chain_plan_feeds_the_producer_output():
+def test_block_plan_feeds_each_layer_the_layer_befores_output():
     k = Kernel.load(REPO, "linear_v2", write_cache=False)
-    prod = runtime.producer_for(k, {})
-    p = runtime.plan(k.spec.data, REPO / "wiring", prod.spec.data)
-    chain = p["graphs"][-1]
-    assert chain["name"].startswith("chain:rmsnorm_v2.")
-    first, second = chain["layers"]
-    # the producer's output tensor is the consumer's first input
-    assert second["tensors"][0] == first["tensors"][first["num_inputs"]]
-    tasks, events = runtime.expand(chain)
-    assert events[2]["type"] == "launch_massive" and events[2]["triggers"] == first["tasks"]
-    assert events[-1] == {"type": "end_of_graph", "triggers": second["tasks"]}
+    specs = {c.name: c.spec.data for c in runtime.companions_for(k, {})}
+    assert sorted(specs) == ["rmsnorm_v2", "silu_mul_v2"]
+    p = runtime.plan(k.spec.data, REPO / "wiring", specs)
+    blocks = [g for g in p["graphs"] if g["role"] == "block"]
+    assert [g["name"] for g in blocks] == ["block:llama8b_mlp:b1", "block:llama8b_mlp:b8",
+                                          "block:llama8b_mlp:b16"]
+    for g in blocks:
+        layers = g["layers"]
+        assert [l["kernel"] for l in layers] == ["rmsnorm_v2", "linear_v2", "silu_mul_v2", "linear_v2"]
+        for before, after in zip(layers, layers[1:]):
+            # the layer before's output tensor is this layer's first input
+            assert after["tensors"][0] == before["tensors"][before["num_inputs"]]
+        tasks, events = runtime.expand(g)
+        assert [e["type"] for e in events[2:-1]] == ["launch_massive"] * 3
+        assert events[-1] == {"type": "end_of_graph", "triggers": layers[-1]["tasks"]}
+    # without a checkout no incumbents' chain; a shape that does not chain is refused
+    assert not [g for g in p["graphs"] if g["role"] == "incumbent"]
+    bad = copy.deepcopy(k.spec.data)
+    bad["runtime"]["blocks"][0]["layers"][2]["variant"] = "decode_r{batch}_i2048"
+    with pytest.raises(generate.TemplateError, match=r"runtime.blocks\[0\].layers\[2\].variant: "
+                       r"silu_mul_v2.decode_r1_i2048's first input is bf16 \[1, 2, 2048\]; "
+                       r"the layer before writes bf16 \[1, 28672\]"):
+        runtime.plan(bad, REPO / "wiring", specs)
+
+
+@needs_tree
+def test_the_incumbents_chain_lays_the_gate_up_weight_in_silu_muls_tiles():
+    """MPK's builder shuffles the gate|up weight rows into silu_mul's tiles; the chain's
+    linear reads our weight so re-laid, silu_mul reads the linear's output as it is, and
+    only the block's last output is compared with ours."""
+    k = Kernel.load(REPO, "linear_v2", write_cache=False)
+    specs = {c.name: c.spec.data for c in runtime.companions_for(k, {})}
+    p = runtime.plan(k.spec.data, REPO / "wiring", specs, PINNED)
+    ours = next(g for g in p["graphs"] if g["name"] == "block:llama8b_mlp:b8")
+    chain = next(g for g in p["graphs"] if g.get("of") == ours["name"])
+    assert chain["incumbent"] == "rmsnorm_hopper > linear_swapAB_hopper > silu_mul > linear_swapAB_hopper"
+    recipes = chain["tensors"]
+    weight = ours["layers"][1]["tensors"][1]
+    assert {"use": "gate_up_rows", "index": weight, "tiles": 32} in recipes
+    compared = [r for r in recipes if r["use"] == "output" and not r.get("intermediate")]
+    assert compared == [{"use": "output", "index": ours["layers"][-1]["tensors"][2]}]
+    linear, silu = chain["layers"][1], chain["layers"][2]
+    assert silu["tensors"][0] == linear["tensors"][2]       # the linear's output, as it is
+    assert linear["tma"] and linear["tma_dims"][:3] == [[8, 4096], [448, 4096], [8, 448]]
+    # one dispatch branch per distinct call: the down projection's is the variant's own
+    variant_inc = next(g for g in p["graphs"] if g["name"] == "incumbent:decode_m8_n4096_k14336:linear_swapAB_hopper")
+    assert chain["layers"][3]["id"] == variant_inc["layers"][0]["id"]
 
 
 def test_hang_phase_from_runtime_counters():
@@ -169,8 +207,8 @@ def test_compiled_builder_makes_the_planned_graph(compiled):
     from mpkbuild.runners.runtime import Megakernel, describe
     for name, (ok, log, took, lib) in compiled.items():
         k = Kernel.load(REPO, name, write_cache=False)
-        prod = runtime.producer_for(k, {})
-        p = runtime.plan(k.spec.data, REPO / "wiring", prod.spec.data if prod else None, PINNED)
+        specs = {c.name: c.spec.data for c in runtime.companions_for(k, {})}
+        p = runtime.plan(k.spec.data, REPO / "wiring", specs, PINNED)
         m = Megakernel(str(lib))
         assert m.graphs == [g["name"] for g in p["graphs"]]
         for gi, g in enumerate(p["graphs"]):
@@ -263,8 +301,8 @@ def _stand_in(monkeypatch, checkout=None, names=("decode_r1_h4096", "decode_r8_h
         made[-1].bind(order, refs, checks)
         return order, refs, names_, checks
 
-    def rivals(recipes, ours, n_in):
-        out = real_rivals(recipes, ours, n_in)
+    def rivals(recipes, ours):
+        out = real_rivals(recipes, ours)
         g = next(i for i, p in enumerate(payload["graphs"]) if p.get("tensors") is recipes)
         made[-1].bind_rival(g, out)
         return out

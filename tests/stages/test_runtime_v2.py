@@ -191,10 +191,11 @@ def test_the_compiled_v2_builder_chains_the_layers_by_their_events(compiled_v2):
     from mpkbuild.runners.runtime import Megakernel, describe
     for name, (ok, log, took, lib) in compiled_v2.items():
         k = Kernel.load(REPO, name, write_cache=False)
-        p = runtime.plan(k.spec.data, REPO / "wiring", None, V2, "v2")
+        specs = {c.name: c.spec.data for c in runtime.companions_for(k, {})}
+        p = runtime.plan(k.spec.data, REPO / "wiring", specs, V2, "v2")
         m = Megakernel(str(lib))
         assert m.runtime == 2 and m.graphs == [g["name"] for g in p["graphs"]]
-        assert {g["role"] for g in p["graphs"]} == {"ours", "incumbent"}
+        assert {g["role"] for g in p["graphs"]} - {"block"} == {"ours", "incumbent"}
         for gi, g in enumerate(p["graphs"]):
             d = describe(m, gi)
             layers = [l["tasks"] for l in g["layers"]] + [runtime.SNAPSHOT_TASKS]

@@ -117,6 +117,40 @@ _INCUMBENT_RULE = {
     },
 }
 
+_BLOCK_LAYER = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["kernel", "variant", "incumbent"],
+    "properties": {
+        "kernel": {"type": "string", "pattern": C_IDENT, "description": "a catalog kernel (specs/<kernel>.yaml)"},
+        "variant": {"type": "string", "minLength": 1,
+                    "description": "its variant at each batch: `{batch}` is replaced by the batch"},
+        "incumbent": {"type": "string", "pattern": C_IDENT,
+                      "description": "the MPK task MPK's builder runs for this layer (an entry of "
+                                     "the incumbent table)"},
+        "params": {"type": "object", "description": "the incumbent's graph parameters"},
+    },
+}
+
+_BLOCK = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "batches", "layers", "cos_min", "rel_max"],
+    "properties": {
+        "name": {"type": "string", "pattern": C_IDENT},
+        "batches": {"type": "array", "minItems": 1, "maxItems": 16, "uniqueItems": True,
+                    "items": {"type": "integer", "minimum": 1},
+                    "description": "decode batches: one graph each, named block:<name>:b<batch>"},
+        "layers": {"type": "array", "minItems": 2, "maxItems": 8, "items": _BLOCK_LAYER,
+                   "description": "in order; each layer's first input is the layer before's "
+                                  "first output (the same bytes)"},
+        "cos_min": {"type": "number", "minimum": -1, "maximum": 1,
+                    "description": "the block's output against the float64 composition of the "
+                                   "layers' references"},
+        "rel_max": {"type": "number", "exclusiveMinimum": 0},
+    },
+}
+
 _BASELINE = {
     "type": "object",
     "additionalProperties": False,
@@ -396,7 +430,12 @@ SPEC_SCHEMA: dict = {
                                "propertyNames": {"pattern": C_IDENT},
                                "additionalProperties": _GENERATOR},
                 "thresholds": {"type": "array", "default": [], "maxItems": 64,
-                               "items": _RUNTIME_THRESHOLD},
+                               "items": _RUNTIME_THRESHOLD,
+                               "description": "`variants` globs over the variants and the "
+                                              "blocks' graphs (block:<name>:b<batch>)"},
+                "blocks": {"type": "array", "default": [], "maxItems": 8, "items": _BLOCK,
+                           "description": "graphs of several kernels' layers (a model's block), "
+                                          "each run against the chain of its layers' incumbents"},
             },
         },
     },

@@ -180,7 +180,10 @@ def op_figures(records: list[tuple[int, int]]) -> tuple[float, float]:
 
 
 def _tensors_for(job: dict, graph: dict, gen):
-    """The graph's tensor table (t0, t1, ...) and, per output tensor, its float64 reference."""
+    """The graph's tensor table (t0, t1, ...), per output tensor its float64 reference (of
+    a block: the float64 composition of the layers' references, nothing rounded between
+    them), the tensors' names and the outputs' checks ((index, validate config): a block's
+    last output is held to the block's own tolerances)."""
     rt = job["runtime"]
     layers = graph["layers"]
     table: dict[int, torch.Tensor] = {}
@@ -197,18 +200,18 @@ def _tensors_for(job: dict, graph: dict, gen):
             if i not in table:
                 table[i] = random_tensor(shape, dtype, side["generators"].get(name), gen, device=DEVICE)
                 ref64[i] = table[i].to(torch.float64)
-            names[i] = f"{layer['kernel']}.{name}"
+                names[i] = f"{layer['kernel']}.{name}"
         for (name, shape, dtype), i in zip(outs, idx[len(ins):]):
             table[i] = torch.empty(shape, dtype=dtype, device=DEVICE)
             names[i] = f"{layer['kernel']}.{name}"
         reference = load_function(job["root"], side["validate"]["reference"])
-        res = call_with_params(reference, [ref64[i] for i in idx[:len(ins)]], codegen["params"])
+        # an input fed by the layer before is its output's bytes in this layer's shape
+        args = [ref64[i].reshape(shape) for (_, shape, _), i in zip(ins, idx[:len(ins)])]
+        res = call_with_params(reference, args, codegen["params"])
         for (name, shape, dtype), i, r in zip(outs, idx[len(ins):], res):
-            # a later layer reads the reference of what this one should write, rounded to
-            # the dtype the task really writes
-            ref64[i] = r.to(dtype).to(torch.float64) if li + 1 < len(layers) else r
-            refs[i] = r
-            checks.append((i, side["validate"]))
+            ref64[i] = refs[i] = r
+            last = li + 1 == len(layers)
+            checks.append((i, graph["validate"] if last and "validate" in graph else side["validate"]))
     order = [table[i] for i in range(graph["num_tensors"])]
     return order, refs, names, checks
 
@@ -251,7 +254,7 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
     if not rivals:
         lib.lib.mpkb_finalize()
         return result
-    h2h = head_to_head(lib, job, gi, graph, rivals, grid, tensors, refs, checks, prof, gen)
+    h2h = head_to_head(lib, job, gi, graph, rivals, grid, tensors, refs, checks, prof, gen, names)
     if "verdict" in h2h:            # a hang, or ours or the incumbent failed on its inputs
         return {**h2h, "seed": seed}
     return {**result, "head_to_head": h2h}
@@ -395,10 +398,10 @@ def launch(lib: Megakernel, rt: dict, graph: dict, it: int) -> dict | None:
     return None
 
 
-def rival_tensors(recipes: list[dict], ours: list[torch.Tensor], n_in: int) -> list[torch.Tensor]:
-    """An incumbent's tensor table made from ours (wire/incumbents.py's recipes): our inputs
-    themselves where it reads them as they are, re-laid or widened copies where it reads
-    them otherwise, its own output and scratch buffers."""
+def rival_tensors(recipes: list[dict], ours: list[torch.Tensor]) -> list[torch.Tensor]:
+    """An incumbent's tensor table made from ours (wire/incumbents.py's recipes, indices into
+    our table): our tensors themselves where it reads them as they are, re-laid or widened
+    copies where it reads them otherwise, its own output and scratch buffers."""
     from .common import DTYPES
     out = []
     for r in recipes:
@@ -411,8 +414,12 @@ def rival_tensors(recipes: list[dict], ours: list[torch.Tensor], n_in: int) -> l
             x = ours[r["index"]]
             out.append(x.reshape(x.shape[0], 2, r["tiles"], -1).permute(0, 2, 1, 3)
                        .contiguous().reshape(x.shape[0], -1))
+        elif use == "gate_up_rows":         # W [gate; up] -> per tile t: gate_t's rows, up_t's
+            w = ours[r["index"]]
+            out.append(w.reshape(2, r["tiles"], -1, w.shape[-1]).permute(1, 0, 2, 3)
+                       .contiguous().reshape(w.shape))
         elif use == "output":
-            o = torch.empty_like(ours[n_in + r["index"]])
+            o = torch.empty_like(ours[r["index"]])
             poison_(o)
             out.append(o)
         elif use == "scratch":
@@ -434,22 +441,34 @@ def _against(ours_out, theirs, recipe: dict, ours: list[torch.Tensor], vcfg: dic
     return compare(ours_out, theirs.to(torch.float64), vcfg)
 
 
+def layer_figures(records: list[tuple[int, int]], counts: list[int]) -> list[tuple[float, float]]:
+    """(makespan, slowest task) in µs of each layer of one launch's records: a layer's
+    tasks all end before the next layer's start (its launch event), so in start order the
+    first counts[0] records are layer 0's, and so on."""
+    records, out, at = sorted(records), [], 0
+    for n in counts:
+        out.append(op_figures(records[at:at + n]))
+        at += n
+    return out
+
+
 def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list, grid,
                  tensors: list[torch.Tensor], refs: dict, checks: list, prof: torch.Tensor,
-                 gen) -> dict:
+                 gen, names: dict) -> dict:
     """Ours and each incumbent on the same inputs, set up side by side (mpkb_save/restore)
     and launched in turn, A B A B ..., `pairs` times: per launch the op's makespan and
-    slowest task from the runtime's profiler. Before timing, each incumbent's output is
-    compared with the float64 reference (reported) and with ours (held to the spec's
-    tolerances). The judge (stages/runtime/judge.py) makes the intervals and the verdict.
-    `refs`: the references of ours' outputs by tensor index (made again here on new inputs)."""
+    slowest task from the runtime's profiler (a block's: the whole block's, and each
+    layer's). Before timing, each incumbent's output is compared with the float64
+    reference (reported) and with ours (held to the tolerances: the spec's, a block's
+    own); an incumbent's intermediate outputs in a chain are laid out as MPK lays them
+    and are not compared. The judge (stages/runtime/judge.py) makes the intervals and the
+    verdict. `refs`: the references of ours' outputs by tensor index (made again here on
+    new inputs)."""
     rt = job["runtime"]
     layer = graph["layers"][0]
     side = rt["kernels"][layer["kernel"]]
-    codegen, vcfg = side["codegen"], side["validate"]
-    ins, outs = tensor_specs(codegen, graph["name"])
-    n_in = len(ins)
-    workers, schedulers = grid
+    codegen = side["codegen"]
+    vcfg_of = dict(checks)
     timeout_ms, flags = int(rt["launch_timeout_s"] * 1000), rt["flags"]
     # (slot, whose, graph, its task types): ours first, then each incumbent, launched in turn
     slots, numbers, live = [(0, "ours", graph, {lib.task_type})], {}, [0]
@@ -464,15 +483,17 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
             lib.lib.mpkb_finalize()
             lib.lib.mpkb_drop(slot)
 
-    # the head to head's inputs (runtime.generators: inputs every incumbent accepts), ours
-    # run on them once and held to the reference again
-    gens = rt.get("generators") or {}
+    # a variant's head to head inputs (runtime.generators: inputs every incumbent accepts),
+    # ours run on them once and held to the reference again
+    gens = (rt.get("generators") or {}) if graph.get("role") == "ours" else {}
+    ins, _ = tensor_specs(codegen, layer["variant"])
+    n_in = len(ins)
     for i, (name, shape, dtype) in enumerate(ins):
         if name in gens:
             tensors[i].copy_(random_tensor(shape, dtype, gens[name], gen, device=DEVICE))
     launches = rt["iterations"]          # ours' launches so far: its iterations
     if gens:
-        reference = load_function(job["root"], vcfg["reference"])
+        reference = load_function(job["root"], side["validate"]["reference"])
         refs = dict(zip((i for i, _ in checks),
                         call_with_params(reference, [tensors[i].to(torch.float64) for i in range(n_in)],
                                          codegen["params"])))
@@ -483,7 +504,7 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
         hung = launch(lib, rt, graph, launches)
         if hung:
             return hung
-        for i, _ in checks:
+        for i, vcfg in checks:
             got, problem = compare(tensors[i], refs[i], vcfg)
             if problem:
                 lib.lib.mpkb_finalize()
@@ -493,7 +514,7 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
     lib.lib.mpkb_save(0)
     for slot, (ri, rg) in enumerate(rivals, start=1):
         what = rg["name"]
-        rtensors = rival_tensors(rg["tensors"], tensors, n_in)
+        rtensors = rival_tensors(rg["tensors"], tensors)
         held_tensors.append(rtensors)
         ptrs = (ctypes.c_void_p * len(rtensors))(*[t.data_ptr() for t in rtensors])
         _sync()
@@ -512,22 +533,22 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
         _sync()
         held = {}
         for j, recipe in enumerate(rg["tensors"]):
-            if recipe["use"] != "output":
+            if recipe["use"] != "output" or recipe.get("intermediate"):
                 continue
             k = recipe["index"]
-            theirs, mine = rtensors[j], tensors[n_in + k]
-            vs_ref, _ = compare(theirs, refs[n_in + k], vcfg)
-            vs_ours, problem = _against(mine, theirs, recipe, tensors, vcfg)
-            held[outs[k][0]] = {"incumbent_vs_reference": vs_ref, "ours_vs_incumbent": vs_ours}
+            theirs, mine = rtensors[j], tensors[k]
+            vs_ref, _ = compare(theirs, refs[k], vcfg_of[k])
+            vs_ours, problem = _against(mine, theirs, recipe, tensors, vcfg_of[k])
+            held[names[k]] = {"incumbent_vs_reference": vs_ref, "ours_vs_incumbent": vs_ours}
             if problem:
                 finalize_all()
                 return {"verdict": "fail", "check": "incumbent numerics",
-                        "message": f"{graph['name']} output {outs[k][0]} against incumbent "
+                        "message": f"{graph['name']} output {names[k]} against incumbent "
                                    f"{rg['incumbent']} on the same inputs: {problem}",
                         "numbers": held}
         numbers[rg["incumbent"]] = held
         slots.append((slot, rg["incumbent"], rg, task_types(lib, ri)))
-    samples = {whose: {"makespan_us": [], "slowcta_us": []} for _, whose, _, _ in slots}
+    samples = {whose: {"makespan_us": [], "slowcta_us": [], "layers_us": []} for _, whose, _, _ in slots}
     for p in range(rt["pairs"]):
         for slot, whose, g, types in slots:
             lib.lib.mpkb_restore(slot)
@@ -540,7 +561,8 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
                 return hung
             rec = task_records(prof, types)
             n = per_launch(lib, rt["iterations"])
-            want = sum(l["tasks"] for l in g["layers"]) * n
+            counts = [l["tasks"] for l in g["layers"]]
+            want = sum(counts) * n
             if len(rec) != want:
                 finalize_all()
                 return {"verdict": "fail", "check": "profile",
@@ -552,10 +574,17 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
                 makespan, slowest = op_figures(chunk)
                 samples[whose]["makespan_us"].append(round(makespan, 4))
                 samples[whose]["slowcta_us"].append(round(slowest, 4))
+                if len(counts) > 1:
+                    samples[whose]["layers_us"].append(
+                        [[round(m, 4), round(x, 4)] for m, x in layer_figures(chunk, counts)])
     finalize_all()
+    for s in samples.values():
+        if not s["layers_us"]:
+            del s["layers_us"]
     return {"pairs": rt["pairs"], "iterations_per_launch": per_launch(lib, rt["iterations"]),
             "order": "interleaved: " + " ".join(w for _, w, _, _ in slots) + " ...",
-            "ours": samples["ours"],
+            "ours": {**samples["ours"], **({"layers": [f"{l['kernel']}.{l['variant']}" for l in graph["layers"]]}
+                                          if len(graph["layers"]) > 1 else {})},
             "incumbents": {whose: {"graph": rg["name"], "tasks": sum(l["tasks"] for l in rg["layers"]),
                                    "task_types": sorted(types),
                                    "registers": [l["register"] for l in rg["layers"]],

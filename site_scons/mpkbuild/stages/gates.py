@@ -131,9 +131,11 @@ def nodes(g, k, stage: str) -> None:
     gate_nodes(g, k, stage)
 
 
-def gate_nodes(g, k, stage: str, library: str | None = None, extra_facts: tuple = ()) -> None:
+def gate_nodes(g, k, stage: str, library: str | None = None, extra_facts: tuple = (),
+               extra_sources=()) -> None:
     """The gate node and its check; `library`: what it loads (default: the harness's
-    resources.json, which carries the library's hash)."""
+    resources.json, which carries the library's hash); `extra_sources`: what else its run
+    reads (the runtime gate: the inputs and references of the kernels its blocks run)."""
     row = stages.BY_NAME[stage]
     kind = row.gate
     key = g.gpu_key
@@ -142,7 +144,7 @@ def gate_nodes(g, k, stage: str, library: str | None = None, extra_facts: tuple 
         library = k.rel.resources(run_arch if run_arch in k.archs else k.archs[0])
     result = k.rel.gate_result(stage, key)
     sources = [library, *k.rel.generated.values(), *(k.rel.section_file(s) for s in row.reads),
-               *python_rels(k, kind)]
+               *python_rels(k, kind), *extra_sources]
     if kind.uses_bandwidth:
         sources.append(bandwidth_rel(key))
     sources += [k.rel.gate_verdict(gate, key) for gate in kind.needs_pass]
@@ -215,9 +217,10 @@ def run_gate(build, info, target, source) -> int:
                "generators": read_json(k.section_file("generators")),
                row.settings: read_json(k.section_file(row.settings))}
     # a stage whose gate loads something else than the harness library says what, and adds
-    # to the job (the runtime gate: its megakernel and the graphs)
+    # to the job (the runtime gate: its megakernel, the graphs, the other kernels' Python)
+    more = []
     if hasattr(row.impl, "gate_job"):
-        library = row.impl.gate_job(k, build, arch, payload)
+        library, more = row.impl.gate_job(k, build, arch, payload)
     workdir = Path(target[0].abspath).parent
     blocked = [g for g in kind.needs_pass
                if (workdir / f"{g}.verdict").read_text().strip() != "pass"]
@@ -228,7 +231,7 @@ def run_gate(build, info, target, source) -> int:
         return build.fail(f"{gate} {k.name}: not run, {build.failed_gate} did not pass "
                           "(-k runs every gate)")
     else:
-        inputs = [library, *python_files(k, kind)]
+        inputs = [library, *python_files(k, kind), *more]
         if kind.uses_bandwidth:
             payload["bandwidth_file"] = str(bandwidth_file(k.root, fp.key))
             inputs.append(bandwidth_file(k.root, fp.key))
@@ -251,8 +254,10 @@ def run_gate(build, info, target, source) -> int:
                     extra["max_regression"] = section["max_regression"]
             rules = (read_json(k.section_file(kind.thresholds))[kind.thresholds] if kind.thresholds
                      else section)["thresholds"]
-            result = importlib.import_module(kind.judge).judge(
-                result, rules, list(payload["codegen"]["codegen"]["variants"]), **extra)
+            judge = importlib.import_module(kind.judge)
+            names = (judge.expected(k.spec.data, payload) if hasattr(judge, "expected")
+                     else list(payload["codegen"]["codegen"]["variants"]))
+            result = judge.judge(result, rules, names, **extra)
     full = record(result, gate=gate, kernel=k.name, fingerprint=fp,
                   lock=lock_for(source, k.root, fp), result_path=Path(target[0].abspath),
                   verdict_path=Path(target[1].abspath))

@@ -34,7 +34,7 @@ class Incumbent:
     doc: str                  # where MPK's builder picks it and how it partitions
     params: dict = field(default_factory=dict)   # param -> what it means (spec-settable)
     skip: tuple[str, ...] = ()    # CodeKeeper lines of a branch the builder does not take
-    unsupported: str | None = None  # why the gate cannot run it (yet)
+    task_type: str | None = None  # of a function that registers several, the branch's one
     headers: tuple[str, ...] = ()   # its task headers under include/mirage/persistent_kernel
     runtime: str = "v1"       # the runtime whose gate runs it (v2: a Runtime-V2 task)
 
@@ -116,11 +116,18 @@ TABLE: dict[str, Incumbent] = {i.name: i for i in (
               {"tasks": "partial tasks (default 128: MPK's worker count at 132-159 SMs)"},
               headers=("tasks/blackwell_v2/argmax_sm100.cuh",), runtime="v2"),
     Incumbent("linear_swapAB_hopper", "linear", ("register_linear_swapAB_hopper_task",),
-              "linear_layer on sm_90 registers 'linear_swapAB_hopper'",
-              unsupported="its call takes TMA descriptors (CUtensorMap for the input, weight "
-                          "and output tiles) that MPK's generated _init_persistent_kernel "
-                          "builds on the host with cuTensorMapEncodeTiled; the gate's graph "
-                          "builder does not make them yet",
+              "linear_layer on sm_90 registers 'linear_swapAB_hopper' (a TMA producer warpgroup "
+              "and a wgmma consumer, W as the A operand); the qwen3 builder's grid is "
+              "grid_for_rmsnorm_linear_layer(n) output slices; its TMA descriptors are made on "
+              "the host per task by the checkout's create_tma_desc_by_task, as MPK's generated "
+              "init makes them",
+              {"tasks": "output slices (default: grid_for_rmsnorm_linear_layer(n), the qwen3 builder's)"},
+              skip=("using TMA_RESIDUAL = kernel::tma::tma_2d<bfloat16, $, $, $, $, $, $, "
+                    "$, $, $, $, $, $, true>;",
+                    "TMA_RESIDUAL tma_residual(static_cast<CUtensorMap*>(task_desc->input_tma_desc_"
+                    "ptrs[2][0]));",
+                    "    &tma_residual,", "    runtime_config.my_gpu_id == 0"),
+              task_type="TASK_LINEAR_SWAPAB_HOPPER",
               headers=('tasks/hopper/linear_swapAB_hopper.cuh',)),
 )}
 
@@ -149,14 +156,21 @@ def register_function(text: str, name: str) -> tuple[list[str], list[str]]:
     raise NoIncumbent(f"TaskRegister::{name} is not in {REGISTER_FILE}")
 
 
-def call_lines(text: str, register: str, values: list[int], skip: tuple[str, ...] = ()) -> tuple[list[str], str]:
-    """The dispatch call TaskRegister::<register> emits for these values, and its task type."""
+def call_lines(text: str, register: str, values: list, skip: tuple[str, ...] = (),
+               task_type: str | None = None) -> tuple[list[str], str]:
+    """The dispatch call TaskRegister::<register> emits for these values, and its task type
+    (`task_type`, where the function registers one per branch)."""
     lines, types = register_function(text, register)
     lines = [l for l in lines if l not in skip]
     holes = sum(l.count("$") for l in lines)
     if holes != len(values):
         raise NoIncumbent(f"TaskRegister::{register} emits {holes} values on this checkout; "
                           f"the incumbent table knows {len(values)}")
+    if task_type is not None:
+        if task_type not in types:
+            raise NoIncumbent(f"TaskRegister::{register} registers {types or 'no task type'}, "
+                              f"not {task_type}")
+        types = [task_type]
     if len(set(types)) != 1:
         raise NoIncumbent(f"TaskRegister::{register} registers {types or 'no task type'}: "
                           "not one task type")
@@ -261,10 +275,35 @@ def _rmsnorm_v2(shapes, p):
     return _rows_of_rmsnorm(rows, hidden, 1)
 
 
+def _linear_swapab(shapes, p):
+    (m, k), (n, _) = shapes["inputs"]
+    tasks = int(p["tasks"]) if "tasks" in p else grid_for_rmsnorm_linear_layer(n)
+    if n % tasks:
+        raise NoIncumbent(f"{tasks} output slices do not divide n {n}")
+    if m > 16:
+        raise NoIncumbent(f"linear_swapAB_kernel_hopper asserts batch <= 16 (m is {m})")
+    out = n // tasks
+    # the register function's constants: 3-3-3 swizzle, 64-column TMA copies over a
+    # 128-wide K tile (2 copies), W in 64-row atoms, the batch padded to 8 or 16 in SMEM,
+    # 5 stages, no residual, no split K
+    smem_m, out_cp = (8 if m <= 8 else 16), min(out, 64)
+    values = [3, 3, 3, m, k, m, 64, k, 1, 1, 2, smem_m * 64,          # TMA_B: x
+              3, 3, 3, out, k, 64, 64, k, 1, 1, 2, 64 * 64,           # TMA_A: this task's W rows
+              3, 3, 3, m, out, m, out_cp, n, 1, 1, 1, smem_m * out_cp,  # TMA_OUT: its y columns
+              m, out, k, 5, "void", n, "false"]
+    tensors = [{"use": "input", "index": 0}, {"use": "input", "index": 1},
+               {"use": "output", "index": 0}]
+    # the per-task tensors the host-side descriptors are made from (create_tma_desc_by_task
+    # reads each TensorDesc's dims and row stride): x whole, W's and y's slices
+    return tensors, [{"values": values, "grid": [tasks, 1], "inputs": [0, 1], "outputs": [2],
+                      "stride": [[0, 0], [out * k * 2, 0], [out * 2, 0]], "active_tokens": m,
+                      "tma": {"dims": [[m, k], [out, k], [m, out]], "row_stride": [k, k, n]}}]
+
+
 LAYOUTS = {"rmsnorm_hopper": _rmsnorm, "silu_mul": _silu_mul, "silu_mul_hopper": _silu_mul,
            "embedding": _embedding, "embedding_hopper": _embedding, "argmax_hopper": _argmax,
            "rmsnorm_hopper_v2": _rmsnorm_v2, "silu_mul_v2": _silu_mul, "embedding_v2": _embedding,
-           "argmax_sm100_v2": _argmax}
+           "argmax_sm100_v2": _argmax, "linear_swapAB_hopper": _linear_swapab}
 
 # what each op's incumbent reads from the spec's tensors, in order (dtypes MPK's tasks take)
 EXPECTS = {"rmsnorm": (("bf16", "bf16"), ("bf16",)), "silu_mul": (("bf16",), ("bf16",)),
@@ -280,14 +319,13 @@ def layout(name: str, op: str, shapes: dict, dtypes: dict, params: dict, text: s
         raise NoIncumbent(f"no incumbent named {name!r} (known: {', '.join(TABLE)})")
     if inc.op != op:
         raise NoIncumbent(f"{name} stands in for op {inc.op!r}, the spec's op is {op!r}")
-    if inc.unsupported:
-        raise NoIncumbent(f"{name} is not run by the gate: {inc.unsupported}")
     _check_dtypes(inc, dtypes)
     if text is None:
         raise NoIncumbent(f"the checkout has no {REGISTER_FILE}")
     tensors, layers = LAYOUTS[name](shapes, params)
     for reg, lay in zip(inc.registers, layers):
-        lay["call"], lay["task_type"] = call_lines(text, reg, lay.pop("values"), inc.skip)
+        lay["call"], lay["task_type"] = call_lines(text, reg, lay.pop("values"), inc.skip,
+                                                            inc.task_type)
         lay["register"] = reg
     return {"incumbent": name, "tensors": tensors, "layers": layers, "headers": list(inc.headers)}
 
@@ -306,6 +344,35 @@ def rules_for(spec: dict, variant: str, runtime: str | None = None) -> tuple[lis
         if not rules:
             return [], f"the spec names no {runtime} incumbent (runtime.incumbent)"
     return rules, (None if rules else "the spec names none (runtime.incumbent)")
+
+
+def block_graph_name(block: dict, batch: int) -> str:
+    """A block's graph at one batch, as the gate, its thresholds and the review name it."""
+    return f"{BLOCK_PREFIX}{block['name']}:b{batch}"
+
+
+def block_graph_names(spec: dict, runtime: str | None = None) -> list[str]:
+    """The graphs the spec's runtime.blocks make (one per block and batch); with a runtime,
+    those of the blocks whose incumbents' chain runs on it (block_runtime)."""
+    return [block_graph_name(b, m) for b in spec.get("runtime", {}).get("blocks", [])
+            if runtime is None or block_runtime(b) == runtime for m in b["batches"]]
+
+
+BLOCK_PREFIX = "block:"
+
+
+def matching(glob: str, names: list[str]) -> list[str]:
+    """The graphs a runtime.thresholds glob judges: `block:...` globs the blocks' graphs,
+    any other glob the variants (so `*` is every variant, `block:*` every block graph)."""
+    return [n for n in fnmatch.filter(names, glob)
+            if n.startswith(BLOCK_PREFIX) == glob.startswith(BLOCK_PREFIX)]
+
+
+def block_runtime(block: dict) -> str | None:
+    """The runtime a block's incumbents' chain runs on: its layers' incumbents' (one, as
+    check_section holds them), None where one is unknown."""
+    found = {TABLE[l["incumbent"]].runtime for l in block["layers"] if l["incumbent"] in TABLE}
+    return found.pop() if len(found) == 1 and all(l["incumbent"] in TABLE for l in block["layers"]) else None
 
 
 def variant_shapes(spec: dict, variant: str) -> tuple[dict, dict]:
@@ -344,8 +411,6 @@ def check_section(data: dict):
             yield where + ("params", unknown[0]), (f"{inc.name} takes no param {unknown[0]!r}"
                                                    f" (it takes: {', '.join(inc.params) or 'none'})")
             continue
-        if inc.unsupported:
-            continue            # the review says why; a spec may name it
         for v in matched:
             shapes, dtypes = variant_shapes(data, v)
             try:
@@ -357,9 +422,33 @@ def check_section(data: dict):
             except (TypeError, ValueError, KeyError) as exc:
                 yield where + ("params",), f"variant {v}: {exc!r}"
                 break
+    blocks = block_graph_names(data)
+    for i, block in enumerate(section.get("blocks", [])):
+        where = ("runtime", "blocks", i)
+        if block["name"] in [b["name"] for b in section["blocks"][:i]]:
+            yield where + ("name",), f"a second block named {block['name']!r}"
+        runtimes = sorted({TABLE[l["incumbent"]].runtime for l in block["layers"] if l["incumbent"] in TABLE})
+        if len(runtimes) > 1:
+            yield where + ("layers",), (f"the layers' incumbents are tasks of {' and '.join(runtimes)}: "
+                                        "a chain runs on one runtime")
+        for j, layer in enumerate(block["layers"]):
+            if layer["incumbent"] not in TABLE:
+                yield where + ("layers", j, "incumbent"), (f"no incumbent named {layer['incumbent']!r} "
+                                                           f"(known: {', '.join(TABLE)})")
+            try:
+                layer["variant"].format(batch=1)
+            except (KeyError, IndexError, ValueError) as exc:
+                yield where + ("layers", j, "variant"), (f"{layer['variant']!r}: only {{batch}} is "
+                                                         f"replaced ({exc!r})")
     for i, rule in enumerate(section["thresholds"]):
         where = ("runtime", "thresholds", i)
-        matched = fnmatch.filter(variants, rule["variants"])
+        matched = matching(rule["variants"], variants)
+        if rule["variants"].startswith(BLOCK_PREFIX):
+            if not matching(rule["variants"], blocks):
+                yield where + ("variants",), f"{rule['variants']!r} matches no block graph ({', '.join(blocks) or 'none'})"
+            elif "incumbent" in rule:
+                yield where + ("incumbent",), "a block graph has one incumbent, its chain: no `incumbent:`"
+            continue
         if not matched:
             yield where + ("variants",), f"{rule['variants']!r} matches no variant"
         for v in matched:

@@ -17,8 +17,10 @@ the end-of-graph event, which is the last event) and `_execute_task`, whose bran
 the very call the wire stage registers (wire.section's call lines with the variant's
 symbols substituted). Per variant, one more graph per incumbent the spec names
 (runtime.incumbent: the MPK task it would replace, wire/incumbents.py), dispatched with the
-call the checkout's own register function emits; the gate runs it beside ours (judge.py). A chain graph (two kernels, the event between them) is added for
-kernels named in CHAINS. What is MPK's (the checkout, its compile flags, the graphs, the
+call the checkout's own register function emits; the gate runs it beside ours (judge.py).
+Per block of the spec's runtime.blocks and batch, one graph of the block's layers (other
+kernels' variants among them: their specs, headers and bodies are inputs too) and one of
+the incumbents' chain. What is MPK's (the checkout, its compile flags, the graphs, the
 megakernel source) is megakernel.py; this module is the stage: its nodes and actions.
 """
 from __future__ import annotations
@@ -30,8 +32,8 @@ from mpkbuild.model.graph import Node
 from mpkbuild.util import config
 from mpkbuild.util.console import say
 from mpkbuild.util.fsutil import write_atomic
-from mpkbuild.stages.runtime.megakernel import (CHAINS, Checkout, compile_megakernel, job_payload,
-                                                producer_for, render_all, runtime_fact, runtime_of)
+from mpkbuild.stages.runtime.megakernel import (Checkout, compile_megakernel, companions_for,
+                                                job_payload, render_all, runtime_fact, runtime_of)
 
 
 # ---------------------------------------------------------------- paths
@@ -66,6 +68,7 @@ def source_files(k, runtime: str = "v1") -> dict[str, Path]:
 # ---------------------------------------------------------------- the stage's nodes
 def nodes(g, k, stage: str) -> None:
     """The megakernel source, its compile and the gate (with mpk_root= and a Hopper arch)."""
+    from mpkbuild import stages
     from mpkbuild.stages import gates
     request = g.wire_request
     mpk_root = request.mpk_root if request is not None else None
@@ -79,12 +82,15 @@ def nodes(g, k, stage: str) -> None:
         g.note(f"no runtime gate for any kernel: {exc}")     # printed once per run
         return
     gen = [k.rel.generated["spec_header"], k.rel.generated["body"]]
-    producer = CHAINS.get(k.name)
-    extra = []
-    if producer is not None and (g.root / config.SPEC_DIRNAME / f"{producer[0]}.yaml").is_file():
-        pdir = g.root / config.BUILD_DIRNAME / producer[0]
-        extra = [g.rel(pdir / "spec" / "codegen.json"), g.rel(pdir / "spec" / "wiring.json"),
-                 g.rel(pdir / "gen" / f"{producer[0]}_spec.h"), g.rel(pdir / "gen" / f"{producer[0]}.cuh")]
+    # the kernels k's blocks run beside it: what the source reads of them (their variants
+    # and registered calls), what the compile includes, what the gate runs (their inputs
+    # and references)
+    companions = companions_for(k, {})
+    extra = [r for c in companions for r in (c.rel.section_file("codegen"), c.rel.section_file("wiring"),
+                                             c.rel.generated["spec_header"], c.rel.generated["body"])]
+    gate_extra = [r for c in companions for r in (c.rel.section_file("generators"),
+                                                  c.rel.section_file("validate"),
+                                                  *gates.python_rels(c, stages.BY_NAME[stage].gate))]
     runtime = runtime_of(request)
     fact = runtime_fact(mpk_root, runtime)
     # the incumbents' calls are read from the checkout's register functions
@@ -121,7 +127,8 @@ def nodes(g, k, stage: str) -> None:
                                            *runtime_headers, *headers))),
                       (toolchain_fact(), fact, g.code_fact("megakernel", (f"{__name__}.megakernel",)),
                        *include_facts)))
-    gates.gate_nodes(g, k, stage, library=comp.targets[0], extra_facts=(fact,))
+    gates.gate_nodes(g, k, stage, library=comp.targets[0], extra_facts=(fact,),
+                     extra_sources=gate_extra)
 
 
 def run_source(build, info, target, source) -> int:
@@ -129,7 +136,7 @@ def run_source(build, info, target, source) -> int:
     k = build.kernels[info["MPK_KERNEL"]]
     try:
         files = render_all(k, k.root / "wiring", build.wire_request.mpk_root,
-                           producer_for(k, build.kernels), build.wire_request.runtime)
+                           companions_for(k, build.kernels), build.wire_request.runtime)
     except TemplateError as exc:
         return build.fail(str(exc))
     for name, path in source_files(k, build.wire_request.runtime).items():
@@ -141,9 +148,8 @@ def run_compile(build, info, target, source) -> int:
     k = build.kernels[info["MPK_KERNEL"]]
     checkout = Checkout.find(build.wire_request.mpk_root)
     gen_dirs = [k.gen_dir, *k.include_dirs]
-    producer = producer_for(k, build.kernels)
-    if producer is not None:
-        gen_dirs += [producer.gen_dir, *producer.include_dirs]
+    for c in companions_for(k, build.kernels):
+        gen_dirs += [c.gen_dir, *c.include_dirs]
     ok, text, took = compile_megakernel(checkout, source_path(k), gen_dirs,
                                         Path(target[0].abspath), Path(target[1].abspath),
                                         shadow=shadow_dir(k), runtime=build.wire_request.runtime)
@@ -160,7 +166,7 @@ def predict(node, k, predictor) -> dict:
     if node.kind == "megakernel":
         runtime = runtime_of(predictor.wire_request)
         files = render_all(k, predictor.wiring_root, predictor.wire_request.mpk_root,
-                           producer_for(k, {}), runtime)
+                           companions_for(k, {}), runtime)
         return {t: files[name] for t, name in zip(node.targets, source_files(k, runtime))}
     if node.kind in ("gate", "check"):
         from mpkbuild.stages import gates
@@ -171,11 +177,13 @@ def predict(node, k, predictor) -> dict:
 ACTIONS = {"megakernel": run_source, "megakernel_compile": run_compile}
 
 
-def gate_job(k, build, arch: str, payload: dict) -> Path:
+def gate_job(k, build, arch: str, payload: dict) -> tuple[Path, list[Path]]:
     """The gate loads the megakernel, not the harness library, and the runner needs the
-    graphs (stages/gates.run_gate asks the stage): returns the library it loads."""
+    graphs (stages/gates.run_gate asks the stage): returns the library it loads and the
+    Python files of the kernels k's blocks run (their references), which the job carries."""
+    from mpkbuild.stages import gates
+    from mpkbuild import stages
     library = library_path(k, arch)
     payload.update(library=str(library), runtime=job_payload(k, build))
-    return library
-
-
+    kind = stages.BY_NAME["runtime"].gate
+    return library, [p for c in companions_for(k, build.kernels) for p in gates.python_files(c, kind)]

@@ -16,10 +16,8 @@ megakernel's marks). Standard library only.
 """
 from __future__ import annotations
 
-import fnmatch
-
 from mpkbuild.util import stats
-from mpkbuild.wire.incumbents import TABLE as INCUMBENTS
+from mpkbuild.wire.incumbents import TABLE as INCUMBENTS, matching
 
 FIGURES = ("makespan", "slowcta")
 
@@ -61,6 +59,14 @@ def rule_outcomes(name: str, r: dict, rule: dict) -> list[tuple[str, str]]:
     return out
 
 
+def expected(spec: dict, payload: dict) -> list[str]:
+    """What the thresholds are judged over: the variants, and the graphs of the blocks
+    whose incumbents' chain runs on this run's runtime (a rule matching only the others'
+    is not this run's to judge)."""
+    from mpkbuild.wire.incumbents import block_graph_names
+    return list(spec["codegen"]["variants"]) + block_graph_names(spec, payload["runtime"]["runtime"])
+
+
 def judge(result: dict, thresholds: list, expected: list[str], **_ignored) -> dict:
     """A runner's passing result with its head to head figures judged; anything else (a
     numeric failure, a hang, a crash) is returned as it is."""
@@ -76,7 +82,7 @@ def judge(result: dict, thresholds: list, expected: list[str], **_ignored) -> di
                   or rule["incumbent"] not in INCUMBENTS
                   or INCUMBENTS[rule["incumbent"]].runtime == runtime]
     for rule in thresholds:
-        for name in fnmatch.filter(expected, rule["variants"]):
+        for name in matching(rule["variants"], expected):
             r = variants.get(name)
             if r is None:
                 problems.append(f"{name}: the runtime gate has no result for it")

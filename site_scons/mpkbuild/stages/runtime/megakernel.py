@@ -4,6 +4,7 @@ the megakernel source: one graph per variant (and a chain graph), whose task dis
 very call the wire stage registers."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -46,13 +47,6 @@ MODE_MACROS = ("-DMODE_OFFLINE", "-DMPK_TEST_MODE", "-DMPK_MAX_NUM_BATCHED_REQUE
 # max_seq_length iterations with the runtime's iteration barrier between them (the v2
 # prototype has no test mode); the same production sizes
 MODE_MACROS_V2 = ("-DMODE_ONLINE_NOTOKEN", "-DUSE_RUNTIME_V2", *MODE_MACROS[2:])
-
-
-# chain mode: kernel -> (producer kernel, producer variant, this kernel's variant,
-# {this kernel's input: producer's output}); the graph runs both as two layers
-CHAINS = {
-    "linear_v2": ("rmsnorm_v2", None, None, None),
-}
 
 
 ITERATIONS = 3           # at least; validate.steps when larger
@@ -176,8 +170,45 @@ def _layer(spec: dict, variant: str, dispatch_id: int, tensor_index: list[int]) 
             "task_type": "MPKB_TASK_TYPE", "tasks": view["grid"], "grid_x": view["grid"],
             "num_inputs": len(ins), "num_outputs": len(outs), "tensors": tensor_index,
             "strides": [t["task_stride"] * config.DTYPE_BYTES[dtypes[t["name"]]] for t in ins + outs],
-            "strides_y": [0] * (len(ins) + len(outs)),
+            "strides_y": [0] * (len(ins) + len(outs)), "tma": False,
+            "tma_dims": [[0, 0]] * (len(ins) + len(outs)), "row_strides": [0] * (len(ins) + len(outs)),
             "tensor_names": [t["name"] for t in ins + outs]}
+
+
+def _absolute(recipe: dict, index: list[int], n_in: int) -> dict:
+    """An incumbent's tensor recipe (wire/incumbents.py: indices into the op's own inputs
+    and outputs) with its indices into our graph's tensor table."""
+    r = dict(recipe)
+    if r["use"] == "output":
+        r["index"] = index[n_in + r["index"]]
+    elif "index" in r:
+        r["index"] = index[r["index"]]
+    if "compare_values_of" in r:
+        r["compare_values_of"] = index[r["compare_values_of"]]
+    return r
+
+
+def _incumbent_layers(lay: dict, where: list[int], variant: str, pending: list,
+                      base: int) -> list[dict]:
+    """The plan layers of one incumbent layout whose tensors are `where` in the graph's
+    table; their dispatch entries are appended to `pending` (ids from `base`)."""
+    layers = []
+    for layer in lay["layers"]:
+        gx, gy = layer["grid"]
+        n = len(layer["inputs"]) + len(layer["outputs"])
+        entry = {"id": base + len(pending), "kernel": lay["incumbent"], "variant": variant,
+                 "task_type": layer["task_type"], "register": layer["register"]}
+        pending.append({**entry, "call": layer["call"], "spec": None})
+        tma = layer.get("tma")
+        layers.append({**entry, "tasks": gx * gy, "grid_x": gx,
+                       "num_inputs": len(layer["inputs"]), "num_outputs": len(layer["outputs"]),
+                       "tensors": [where[i] for i in layer["inputs"] + layer["outputs"]],
+                       "strides": [st[0] for st in layer["stride"][:n]],
+                       "strides_y": [st[1] for st in layer["stride"][:n]],
+                       "tma": tma is not None,
+                       "tma_dims": tma["dims"] if tma else [[0, 0]] * n,
+                       "row_strides": tma["row_stride"] if tma else [0] * n})
+    return layers
 
 
 def _incumbent_graphs(spec: dict, variant: str, text: str | None, next_id: int,
@@ -191,40 +222,188 @@ def _incumbent_graphs(spec: dict, variant: str, text: str | None, next_id: int,
     if not rules:
         return [], [], [{"incumbent": None, "why": why}]
     shapes, dtypes = inc.variant_shapes(spec, variant)
+    n_in = len(shapes["inputs"])
+    ours = list(range(n_in + len(shapes["outputs"])))
     for rule in rules:
         try:
             lay = inc.layout(rule["task"], spec["op"], shapes, dtypes, rule.get("params", {}), text)
         except inc.NoIncumbent as exc:
             missing.append({"incumbent": rule["task"], "why": str(exc)})
             continue
-        layers = []
-        for layer in lay["layers"]:
-            gx, gy = layer["grid"]
-            n = len(layer["inputs"]) + len(layer["outputs"])
-            entry = {"id": next_id, "kernel": rule["task"], "variant": variant,
-                     "task_type": layer["task_type"], "register": layer["register"]}
-            dispatch.append({**entry, "call": layer["call"], "spec": None})
-            layers.append({**entry, "tasks": gx * gy, "grid_x": gx,
-                           "num_inputs": len(layer["inputs"]), "num_outputs": len(layer["outputs"]),
-                           "tensors": layer["inputs"] + layer["outputs"],
-                           "strides": [st[0] for st in layer["stride"][:n]],
-                           "strides_y": [st[1] for st in layer["stride"][:n]]})
-            next_id += 1
+        layers = _incumbent_layers(lay, list(range(len(lay["tensors"]))), variant, dispatch,
+                                   next_id)
         graphs.append({"name": f"incumbent:{variant}:{rule['task']}", "role": "incumbent",
                        "of": variant, "incumbent": rule["task"], "num_tensors": len(lay["tensors"]),
-                       "tensors": lay["tensors"], "layers": layers, "headers": lay["headers"],
+                       "tensors": [_absolute(r, ours, n_in) for r in lay["tensors"]],
+                       "layers": layers, "headers": lay["headers"],
                        "active_tokens": lay["layers"][0]["active_tokens"]})
     return graphs, dispatch, missing
 
 
-def plan(spec: dict, wiring_root: Path, producer: dict | None = None,
+# ---------------------------------------------------------------- blocks
+def block_kernels(spec: dict) -> list[str]:
+    """The other kernels the spec's blocks run (their specs, headers and bodies are the
+    megakernel's inputs too), in order."""
+    names = [l["kernel"] for b in spec.get("runtime", {}).get("blocks", []) for l in b["layers"]]
+    return [n for n in dict.fromkeys(names) if n != spec["kernel"]]
+
+
+def _one_branch_per_call(dispatch: list, rivals: list) -> list:
+    """The dispatch with one branch per distinct incumbent call (a block's chain runs the
+    very call of a variant's incumbent at the same shape): the worker's code grows with
+    each branch, and its size moves the in-runtime figures (bench/RESULTS.md §16)."""
+    first, keep, same = {}, [], {}
+    for d in dispatch:
+        if d.get("register") is None:
+            keep.append(d)
+            continue
+        key = (d["task_type"], tuple(d["call"]))
+        if key in first:
+            same[d["id"]] = first[key]
+        else:
+            first[key] = d["id"]
+            keep.append(d)
+    for g in rivals:
+        for l in g["layers"]:
+            l["id"] = same.get(l["id"], l["id"])
+    return keep
+
+
+def _block_error(spec: dict, bi: int, where: str, message: str):
+    from mpkbuild.stages.generate import TemplateError
+    return TemplateError(f"{config.SPEC_DIRNAME}/{spec['kernel']}.yaml: runtime.blocks[{bi}]"
+                         f"{where}: {message}")
+
+
+def _block_graphs(spec: dict, specs: dict, dispatch: list, text: str | None,
+                  runtime: str, wiring_root: Path, with_incumbents: bool) -> tuple[list, list, dict]:
+    """(our graphs, the incumbents' chains, {graph: [{incumbent, why}]}) of every block and
+    batch: our graph runs the layers' variants, each layer's first input the layer
+    before's first output (shapes and dtypes must agree; the bytes are one buffer); the
+    incumbents' chain runs each layer's incumbent in the same order on the same inputs,
+    with the tensors laid out as MPK's builder lays them (a silu_mul fed by a linear gets
+    the linear's weight rows in its tiles, as the builder shuffles them)."""
+    from mpkbuild.util.expr import tensor_shape, variant_symbols
+    from mpkbuild.wire import incumbents as inc
+    ours_graphs, chains, missing = [], [], {}
+    ids = {(d["kernel"], d["variant"]): d["id"] for d in dispatch}
+    for bi, block in enumerate(spec.get("runtime", {}).get("blocks", [])):
+        for m in block["batches"]:
+            name = inc.block_graph_name(block, m)
+            layers, index_of, shapes_of, nxt = [], [], [], 0
+            for li, layer in enumerate(block["layers"]):
+                where = f".layers[{li}]"
+                kspec = specs.get(layer["kernel"])
+                if kspec is None:
+                    raise _block_error(spec, bi, where + ".kernel",
+                                       f"no kernel {layer['kernel']!r} (specs/{layer['kernel']}.yaml)")
+                variant = layer["variant"].format(batch=m)
+                cg = kspec["codegen"]
+                if variant not in cg["variants"]:
+                    raise _block_error(spec, bi, where + ".variant",
+                                       f"{layer['kernel']} has no variant {variant!r} (batch {m})")
+                sym = variant_symbols(cg, variant)
+                ins = [(tensor_shape(t, sym), t["dtype"]) for t in cg["inputs"]]
+                outs = [(tensor_shape(t, sym), t["dtype"]) for t in cg["outputs"]]
+                index = []
+                for j, _ in enumerate(ins):
+                    if j == 0 and li > 0:
+                        (pshape, pdtype), (shape, dtype) = shapes_of[-1], ins[0]
+                        if pdtype != dtype or math.prod(pshape) != math.prod(shape):
+                            raise _block_error(spec, bi, where + ".variant",
+                                               f"{layer['kernel']}.{variant}'s first input is "
+                                               f"{dtype} {shape}; the layer before writes "
+                                               f"{pdtype} {pshape}")
+                        index.append(index_of[-1])
+                    else:
+                        index.append(nxt)
+                        nxt += 1
+                index += list(range(nxt, nxt + len(outs)))
+                nxt += len(outs)
+                key = (layer["kernel"], variant)
+                if key not in ids:
+                    ids[key] = len(dispatch)
+                    dispatch.append({"id": ids[key], "kernel": layer["kernel"], "variant": variant,
+                                     "spec": f"{layer['kernel']}_spec",
+                                     "task_type": "MPKB_TASK_TYPE",
+                                     "call": _call_lines(kspec, sym, wiring_root)})
+                layers.append(_layer(kspec, variant, ids[key], index))
+                index_of.append(index[len(ins)])
+                shapes_of.append(outs[0])
+            ours_graphs.append({"name": name, "role": "block", "block": block["name"],
+                                "num_tensors": nxt, "active_tokens": 0, "layers": layers,
+                                "validate": {"compare": "tolerance", "cos_min": block["cos_min"],
+                                             "rel_max": block["rel_max"]}})
+            if not with_incumbents:
+                continue
+            try:
+                chain, pending = _incumbent_chain(block, name, layers, specs, text, runtime,
+                                                  len(dispatch))
+            except inc.NoIncumbent as exc:
+                missing[name] = [{"incumbent": "the incumbents' chain", "why": str(exc)}]
+                continue
+            dispatch += pending
+            chains.append(chain)
+    return ours_graphs, chains, missing
+
+
+def _incumbent_chain(block: dict, name: str, ours_layers: list, specs: dict,
+                     text: str | None, runtime: str, base: int) -> tuple[dict, list]:
+    """The incumbents' chain of one block graph and its dispatch entries (ids from
+    `base`), or NoIncumbent."""
+    from mpkbuild.wire import incumbents as inc
+    if inc.block_runtime(block) != runtime:
+        raise inc.NoIncumbent(f"the block's incumbents are tasks of {inc.block_runtime(block)}, "
+                              f"this run is on {runtime}")
+    tensors, layers, pending, headers, tasks = [], [], [], [], []
+    fed = None                      # (tensor index in the chain, the layer's incumbent op)
+    for li, (layer, ours) in enumerate(zip(block["layers"], ours_layers)):
+        kspec = specs[layer["kernel"]]
+        shapes, dtypes = inc.variant_shapes(kspec, ours["variant"])
+        lay = inc.layout(layer["incumbent"], kspec["op"], shapes, dtypes,
+                         layer.get("params", {}), text)
+        n_in = len(shapes["inputs"])
+        where = []
+        for j, recipe in enumerate(lay["tensors"]):
+            if fed is not None and recipe.get("index") == 0 and recipe["use"] in ("input", "gate_up_tiles"):
+                if recipe["use"] == "gate_up_tiles":
+                    producer = fed[1]
+                    if producer is None or inc.TABLE[producer].op != "linear":
+                        raise inc.NoIncumbent(f"{layer['incumbent']} reads its input in gate|up "
+                                              "tiles, which only a linear before it writes "
+                                              "(its weight rows shuffled)")
+                    weight = fed[2]
+                    tensors[weight] = {**tensors[weight], "use": "gate_up_rows",
+                                       "tiles": recipe["tiles"]}
+                where.append(fed[0])
+                continue
+            r = _absolute(recipe, ours["tensors"], n_in)
+            if r["use"] == "output" and li + 1 < len(block["layers"]):
+                r["intermediate"] = True        # laid out as MPK lays it: not compared with ours
+            where.append(len(tensors))
+            tensors.append(r)
+        out_local = next(j for j, r in enumerate(lay["tensors"]) if r["use"] == "output")
+        weight_local = 1 if len(lay["tensors"]) > 1 and inc.TABLE[layer["incumbent"]].op == "linear" else None
+        fed = (where[out_local], layer["incumbent"],
+               where[weight_local] if weight_local is not None else None)
+        layers += _incumbent_layers(lay, where, name, pending, base)
+        headers += lay["headers"]
+        tasks.append(layer["incumbent"])
+    return {"name": f"incumbent:{name}:chain", "role": "incumbent", "of": name,
+            "incumbent": " > ".join(tasks), "num_tensors": len(tensors), "tensors": tensors,
+            "layers": layers, "headers": list(dict.fromkeys(headers)),
+            "active_tokens": lay["layers"][0]["active_tokens"]}, pending
+
+
+def plan(spec: dict, wiring_root: Path, companions: dict | None = None,
          checkout_root: Path | None = None, runtime: str = "v1") -> dict:
     """Everything the template renders: the dispatch branches and the graphs.
 
     Per variant one graph of one layer, and one per incumbent the spec names for it
-    (runtime.incumbent) that the checkout has (its register text, wire/incumbents.py); with
-    a chain producer (its spec), one more graph of two layers, the producer's output feeding
-    this kernel's first input. Without a checkout, no incumbent graphs."""
+    (runtime.incumbent) that the checkout has (its register text, wire/incumbents.py); per
+    block of runtime.blocks and batch, one graph of its layers (`companions`: the specs of
+    the other kernels they run, block_kernels) and one of the incumbents' chain. Without a
+    checkout, no incumbent graphs."""
     from mpkbuild.util.expr import variant_symbols
     from mpkbuild.wire.incumbents import register_text
     kernel, cg = spec["kernel"], spec["codegen"]
@@ -246,34 +425,13 @@ def plan(spec: dict, wiring_root: Path, producer: dict | None = None,
             dispatch += calls
             if lost:
                 missing[variant] = lost
-    includes = [f"{kernel}_spec.h", f"{kernel}.cuh"]
-    if producer is not None:
-        chain = chain_variants(producer, spec)
-        if chain is not None:
-            pv, cv, feed = chain
-            pid = len(dispatch)
-            pk, pcg = producer["kernel"], producer["codegen"]
-            dispatch.append({"id": pid, "kernel": pk, "variant": pv, "spec": f"{pk}_spec",
-                             "task_type": "MPKB_TASK_TYPE",
-                             "call": _call_lines(producer, variant_symbols(pcg, pv), wiring_root)})
-            np_in, np_out = len(pcg["inputs"]), len(pcg["outputs"])
-            first = _layer(producer, pv, pid, list(range(np_in + np_out)))
-            # consumer tensors: the fed input is the producer's output, the rest are new
-            names = [t["name"] for t in cg["inputs"] + cg["outputs"]]
-            index, nxt = [], np_in + np_out
-            out_names = [t["name"] for t in pcg["outputs"]]
-            for name in names:
-                if name == feed[0]:
-                    index.append(np_in + out_names.index(feed[1]))
-                else:
-                    index.append(nxt)
-                    nxt += 1
-            second = _layer(spec, cv, list(cg["variants"]).index(cv), index)
-            graphs.append({"name": f"chain:{pk}.{pv}>{kernel}.{cv}", "role": "chain",
-                           "num_tensors": nxt, "active_tokens": 0,
-                           "layers": [first, second], "feed": list(feed)})
-            includes = [f"{pk}_spec.h", f"{pk}.cuh"] + includes
-    graphs += rivals
+    blocks, chains, lost = _block_graphs(spec, {**(companions or {}), kernel: spec}, dispatch,
+                                         text, runtime, wiring_root, checkout_root is not None)
+    graphs += blocks + rivals + chains
+    missing.update(lost)
+    dispatch = _one_branch_per_call(dispatch, rivals + chains)
+    includes = [f"{name}{suffix}" for name in block_kernels(spec) + [kernel]
+                for suffix in ("_spec.h", ".cuh")]
     max_tensors = max(len(l["tensors"]) for g in graphs for l in g["layers"])
     max_tensors = max(max_tensors, max(g["num_tensors"] for g in graphs))
     for g in graphs:
@@ -282,6 +440,8 @@ def plan(spec: dict, wiring_root: Path, producer: dict | None = None,
             l["tensors"] = l["tensors"] + [0] * pad
             l["strides"] = l["strides"] + [0] * pad
             l["strides_y"] = l["strides_y"] + [0] * pad
+            l["tma_dims"] = l["tma_dims"] + [[0, 0]] * pad
+            l["row_strides"] = l["row_strides"] + [0] * pad
     if runtime == "v2":
         task_type, snapshot_type = v2_task_types(checkout_root)
     else:
@@ -290,23 +450,7 @@ def plan(spec: dict, wiring_root: Path, producer: dict | None = None,
             "runtime": runtime, "dispatch": dispatch, "graphs": graphs,
             "includes": includes, "max_tensors": max_tensors, "missing": missing,
             "max_layers": max(len(g["layers"]) for g in graphs),
-            "task_headers": sorted({h for g in rivals for h in g["headers"]})}
-
-
-def chain_variants(producer: dict, consumer: dict):
-    """(producer variant, consumer variant, (consumer input, producer output)) where the
-    producer's output has exactly the consumer's first input's shape and dtype, else None."""
-    from mpkbuild.util.expr import variant_symbols, tensor_shape
-    pcg, ccg = producer["codegen"], consumer["codegen"]
-    cin = ccg["inputs"][0]
-    for cv in ccg["variants"]:
-        want = tensor_shape(cin, variant_symbols(ccg, cv))
-        for pv in pcg["variants"]:
-            for out in pcg["outputs"]:
-                if out["dtype"] == cin["dtype"] and \
-                        tensor_shape(out, variant_symbols(pcg, pv)) == want:
-                    return pv, cv, (cin["name"], out["name"])
-    return None
+            "task_headers": sorted({h for g in rivals + chains for h in g["headers"]})}
 
 
 def expand(graph: dict) -> tuple[list[dict], list[dict]]:
@@ -390,19 +534,18 @@ def _check_v2(checkout_root: Path, body: str, kernel: str) -> None:
                             + "\n  ".join(problems))
 
 
-def render(k, wiring_root: Path, mpk_root: Path | None, producer=None, runtime: str = "v1") -> str:
-    return render_all(k, wiring_root, mpk_root, producer, runtime)["megakernel.cu"].decode()
+def render(k, wiring_root: Path, mpk_root: Path | None, companions=(), runtime: str = "v1") -> str:
+    return render_all(k, wiring_root, mpk_root, companions, runtime)["megakernel.cu"].decode()
 
 
-def render_all(k, wiring_root: Path, mpk_root: Path | None, producer=None,
+def render_all(k, wiring_root: Path, mpk_root: Path | None, companions=(),
                runtime: str = "v1") -> dict[str, bytes]:
     """{name: bytes}: megakernel.cu and the shadow include folder's two files: the checkout's
     persistent_kernel.cuh as it is, and a task_header.cuh of only the tasks the graphs
     dispatch to (ours come in through megakernel.cu's own includes). Without the
     checkout's CUTLASS GEMMs the nvcc of a rmsnorm megakernel takes a third of the time."""
     from mpkbuild.stages.generate import render_template
-    p = plan(k.spec.data, wiring_root, producer.spec.data if producer is not None else None,
-             mpk_root, runtime)
+    p = plan(k.spec.data, wiring_root, {c.name: c.spec.data for c in companions}, mpk_root, runtime)
     context = {**p, "mpk_root": str(mpk_root) if mpk_root else "(none)"}
     v1_headers = p["task_headers"]
     if runtime == "v2":
@@ -426,18 +569,17 @@ def render_all(k, wiring_root: Path, mpk_root: Path | None, producer=None,
     return out
 
 
-def producer_for(k, kernels: dict):
-    """The chain's producer kernel, if this kernel has a chain and the producer is known."""
-    entry = CHAINS.get(k.name)
-    if entry is None:
-        return None
+def companions_for(k, kernels: dict) -> list:
+    """The other kernels k's blocks run (block_kernels), from `kernels` where the build has
+    them, else loaded from their specs (a missing one is left out: plan() names it)."""
     from mpkbuild.model.kernel import Kernel
-    name = entry[0]
-    if name in kernels:
-        return kernels[name]
-    if (k.root / config.SPEC_DIRNAME / f"{name}.yaml").is_file():
-        return Kernel.load(k.root, name, write_cache=False)
-    return None
+    out = []
+    for name in block_kernels(k.spec.data):
+        if name in kernels:
+            out.append(kernels[name])
+        elif (k.root / config.SPEC_DIRNAME / f"{name}.yaml").is_file():
+            out.append(Kernel.load(k.root, name, write_cache=False))
+    return out
 
 
 # ---------------------------------------------------------------- compiling
@@ -475,15 +617,15 @@ def job_payload(k, build=None, wiring_root: Path | None = None,
     the incumbents' with their tensor recipes), every kernel's codegen/generators/validate,
     the iteration count, the launch knobs, the head to head's pairs and generators, and
     why a variant's incumbent cannot run."""
-    producer = producer_for(k, build.kernels if build is not None else {})
+    companions = companions_for(k, build.kernels if build is not None else {})
     if checkout_root is None and build is not None and build.wire_request is not None:
         checkout_root = build.wire_request.mpk_root
     if runtime is None:
         runtime = runtime_of(build.wire_request if build is not None else None)
     p = plan(k.spec.data, wiring_root or k.root / "wiring",
-             producer.spec.data if producer is not None else None, checkout_root, runtime)
+             {c.name: c.spec.data for c in companions}, checkout_root, runtime)
     kernels = {}
-    for x in [k] + ([producer] if producer is not None else []):
+    for x in [k, *companions]:
         kernels[x.name] = {s: x.spec.sections[s][s] for s in ("codegen", "generators", "validate")}
     steps = int(k.spec.data["validate"].get("steps", 0))
     section = k.spec.data["runtime"]

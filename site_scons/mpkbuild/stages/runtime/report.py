@@ -2,6 +2,8 @@
 beside the harness's slowCTA, flagged where their ranges do not overlap."""
 from __future__ import annotations
 
+from mpkbuild.wire.incumbents import BLOCK_PREFIX
+
 
 def _range(values) -> list[float] | None:
     vals = [v for v in values or [] if isinstance(v, (int, float))]
@@ -36,7 +38,7 @@ def runtime_table(rt: dict, perf: dict | None) -> list[dict]:
                 and row["harness_us"] > 0:
             row["ratio"] = row["slowest_us"] / row["harness_us"]
         if row["harness_us"] is None:
-            row["flag"] = "no harness figure" if not name.startswith("chain:") else "chain (no harness figure)"
+            row["flag"] = "no harness figure" if not name.startswith(BLOCK_PREFIX) else "block (no harness figure)"
         elif row["range"] and row["harness_range"]:
             (a0, a1), (b0, b1) = row["range"], row["harness_range"]
             row["flag"] = ("runtime slower" if a0 > b1 else "runtime faster" if a1 < b0
@@ -62,8 +64,6 @@ def head_to_head_table(rt: dict, perf: dict | None) -> list[dict]:
             harness[row["variant"]] = row
     rows = []
     for name, r in (rt.get("variants") or {}).items():
-        if name.startswith("chain:"):
-            continue
         h2h = r.get("head_to_head") or {}
         h = harness.get(name)
         for inc, x in (h2h.get("incumbents") or {}).items():
