@@ -417,7 +417,7 @@ def test_ours_and_the_incumbent_are_set_up_side_by_side_and_launched_in_turn(hea
     assert h["pairs"] == 9 and len(h["ours"]["makespan_us"]) == 9
     inc = h["incumbents"]["rmsnorm_hopper"]
     assert inc["registers"] == ["register_rmsnorm_hopper_task"] and inc["tasks"] == 1
-    assert inc["numerics"]["output"]["ours_vs_incumbent"]["cos"] == pytest.approx(1.0)
+    assert inc["numerics"]["rmsnorm_v2.output"]["ours_vs_incumbent"]["cos"] == pytest.approx(1.0)
     calls = head_to_head.made[-1].calls
     timed = [c for c in calls if c.startswith("restore")]
     assert timed[:18] == ["restore 0", "restore 1"] * 9

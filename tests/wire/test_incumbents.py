@@ -124,3 +124,27 @@ def test_every_catalog_variant_has_an_incumbent_graph_or_a_reason():
             assert v in rivals or p["missing"].get(v), (name, v)
         if name == "linear_v2":
             assert set(k.spec.data["codegen"]["variants"]) <= rivals and not p["missing"]
+
+
+def test_block_rules_are_checked_where_the_spec_says_them():
+    """runtime.blocks and the thresholds over their graphs: `block:` globs judge the block
+    graphs only, an unknown incumbent or a glob that matches no block graph is refused at
+    its field, and a v2 run judges no v1 block."""
+    import copy
+    k = Kernel.load(REPO, "linear_v2", write_cache=False)
+    data = k.spec.data
+    assert inc.block_graph_names(data) == ["block:llama8b_mlp:b1", "block:llama8b_mlp:b8",
+                                           "block:llama8b_mlp:b16"]
+    assert inc.block_graph_names(data, "v2") == []
+    names = list(data["codegen"]["variants"]) + inc.block_graph_names(data)
+    assert inc.matching("*", names) == list(data["codegen"]["variants"])
+    assert inc.matching("block:*", names) == inc.block_graph_names(data)
+    assert list(inc.check_section(data)) == []
+    bad = copy.deepcopy(data)
+    bad["runtime"]["blocks"][0]["layers"][1]["incumbent"] = "linear_hopper_x"
+    bad["runtime"]["thresholds"].append({"variants": "block:other*", "max_vs_incumbent": 1.0})
+    problems = dict(inc.check_section(bad))
+    assert problems[("runtime", "blocks", 0, "layers", 1, "incumbent")].startswith(
+        "no incumbent named 'linear_hopper_x'")
+    at = ("runtime", "thresholds", len(bad["runtime"]["thresholds"]) - 1, "variants")
+    assert problems[at].startswith("'block:other*' matches no block graph")
