@@ -131,7 +131,7 @@ def test_a_checkout_whose_v2_task_takes_the_tools_barrier_is_refused(tmp_path):
     (tmp_path / "deps").symlink_to(V2.parent / "deps")
     k = Kernel.load(REPO, "rmsnorm_v2", write_cache=False)
     with pytest.raises(TemplateError) as exc:
-        runtime.render_all(k, REPO / "wiring", tree, None, "v2")
+        runtime.render_all(k, REPO / "wiring", tree, (), "v2")
     assert f"named barrier {barriers.V2_TASK_BARRIER} is rmsnorm_v2_spec::task_barrier() on Runtime-V2 " \
            "and tasks/blackwell_v2/theirs.cuh uses it too" in str(exc.value)
 
@@ -159,7 +159,7 @@ def test_a_tree_without_v2_is_refused_for_runtime_v2():
 @needs_tree
 def test_the_v2_dispatch_shadow_keeps_only_the_v2_tasks_the_graphs_use():
     k = Kernel.load(REPO, "rmsnorm_v2", write_cache=False)
-    files = runtime.render_all(k, REPO / "wiring", V2, None, "v2")
+    files = runtime.render_all(k, REPO / "wiring", V2, (), "v2")
     shadow = files[f"shadow/{runtime.DISPATCH_V2}"].decode()
     original = (V2 / "include/mirage/persistent_kernel/dispatch_v2.cuh").read_text()
     assert "tasks/blackwell_v2/rmsnorm_v2.cuh" in shadow
