@@ -548,7 +548,7 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
                         "numbers": held}
         numbers[rg["incumbent"]] = held
         slots.append((slot, rg["incumbent"], rg, task_types(lib, ri)))
-    samples = {whose: {"makespan_us": [], "slowcta_us": [], "layers_us": []} for _, whose, _, _ in slots}
+    samples = {whose: {"makespan_us": [], "slowcta_us": []} for _, whose, _, _ in slots}
     for p in range(rt["pairs"]):
         for slot, whose, g, types in slots:
             lib.lib.mpkb_restore(slot)
@@ -575,12 +575,9 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
                 samples[whose]["makespan_us"].append(round(makespan, 4))
                 samples[whose]["slowcta_us"].append(round(slowest, 4))
                 if len(counts) > 1:
-                    samples[whose]["layers_us"].append(
+                    samples[whose].setdefault("layers_us", []).append(
                         [[round(m, 4), round(x, 4)] for m, x in layer_figures(chunk, counts)])
     finalize_all()
-    for s in samples.values():
-        if not s["layers_us"]:
-            del s["layers_us"]
     return {"pairs": rt["pairs"], "iterations_per_launch": per_launch(lib, rt["iterations"]),
             "order": "interleaved: " + " ".join(w for _, w, _, _ in slots) + " ...",
             "ours": {**samples["ours"], **({"layers": [f"{l['kernel']}.{l['variant']}" for l in graph["layers"]]}

@@ -159,7 +159,8 @@ def build_graph(root, kernels: list, fingerprint, wire_request, with_summary: bo
     g = Graph(root=root, gpu_key=fingerprint.key if fingerprint else "no-gpu",
               fingerprint=fingerprint, wire_request=wire_request, sanitize=sanitize,
               tampered=tampered, files=files, code=code,
-              stage_modules={s.name: s.code_modules() for s in STAGES})
+              stage_modules={s.name: s.code_modules() for s in STAGES},
+              kernels={k.name: k for k in kernels})
     rows = [(stage.impl, stage.name) for stage in STAGES]
     for k in kernels:
         for impl, name in rows:

@@ -346,6 +346,9 @@ def rules_for(spec: dict, variant: str, runtime: str | None = None) -> tuple[lis
     return rules, (None if rules else "the spec names none (runtime.incumbent)")
 
 
+BLOCK_PREFIX = "block:"
+
+
 def block_graph_name(block: dict, batch: int) -> str:
     """A block's graph at one batch, as the gate, its thresholds and the review name it."""
     return f"{BLOCK_PREFIX}{block['name']}:b{batch}"
@@ -358,9 +361,6 @@ def block_graph_names(spec: dict, runtime: str | None = None) -> list[str]:
             if runtime is None or block_runtime(b) == runtime for m in b["batches"]]
 
 
-BLOCK_PREFIX = "block:"
-
-
 def matching(glob: str, names: list[str]) -> list[str]:
     """The graphs a runtime.thresholds glob judges: `block:...` globs the blocks' graphs,
     any other glob the variants (so `*` is every variant, `block:*` every block graph)."""
@@ -368,10 +368,15 @@ def matching(glob: str, names: list[str]) -> list[str]:
             if n.startswith(BLOCK_PREFIX) == glob.startswith(BLOCK_PREFIX)]
 
 
+def _block_runtimes(block: dict) -> set[str]:
+    """The runtimes of a block's layers' known incumbents."""
+    return {TABLE[l["incumbent"]].runtime for l in block["layers"] if l["incumbent"] in TABLE}
+
+
 def block_runtime(block: dict) -> str | None:
     """The runtime a block's incumbents' chain runs on: its layers' incumbents' (one, as
     check_section holds them), None where one is unknown."""
-    found = {TABLE[l["incumbent"]].runtime for l in block["layers"] if l["incumbent"] in TABLE}
+    found = _block_runtimes(block)
     return found.pop() if len(found) == 1 and all(l["incumbent"] in TABLE for l in block["layers"]) else None
 
 
@@ -427,7 +432,7 @@ def check_section(data: dict):
         where = ("runtime", "blocks", i)
         if block["name"] in [b["name"] for b in section["blocks"][:i]]:
             yield where + ("name",), f"a second block named {block['name']!r}"
-        runtimes = sorted({TABLE[l["incumbent"]].runtime for l in block["layers"] if l["incumbent"] in TABLE})
+        runtimes = sorted(_block_runtimes(block))
         if len(runtimes) > 1:
             yield where + ("layers",), (f"the layers' incumbents are tasks of {' and '.join(runtimes)}: "
                                         "a chain runs on one runtime")

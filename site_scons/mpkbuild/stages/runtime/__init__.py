@@ -85,7 +85,7 @@ def nodes(g, k, stage: str) -> None:
     # the kernels k's blocks run beside it: what the source reads of them (their variants
     # and registered calls), what the compile includes, what the gate runs (their inputs
     # and references)
-    companions = companions_for(k, {})
+    companions = companions_for(k, g.kernels)
     extra = [r for c in companions for r in (c.rel.section_file("codegen"), c.rel.section_file("wiring"),
                                              c.rel.generated["spec_header"], c.rel.generated["body"])]
     gate_extra = [r for c in companions for r in (c.rel.section_file("generators"),
@@ -166,7 +166,7 @@ def predict(node, k, predictor) -> dict:
     if node.kind == "megakernel":
         runtime = runtime_of(predictor.wire_request)
         files = render_all(k, predictor.wiring_root, predictor.wire_request.mpk_root,
-                           companions_for(k, {}), runtime)
+                           companions_for(k, predictor.kernels), runtime)
         return {t: files[name] for t, name in zip(node.targets, source_files(k, runtime))}
     if node.kind in ("gate", "check"):
         from mpkbuild.stages import gates

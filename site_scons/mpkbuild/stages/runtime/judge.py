@@ -82,9 +82,10 @@ def judge(result: dict, thresholds: list, expected: list[str], **_ignored) -> di
                   or rule["incumbent"] not in INCUMBENTS
                   or INCUMBENTS[rule["incumbent"]].runtime == runtime]
     # a rule over graphs this run does not have (a v1 block's on v2) is not this run's
-    thresholds = [rule for rule in thresholds if matching(rule["variants"], expected)]
-    for rule in thresholds:
-        for name in matching(rule["variants"], expected):
+    judged = [(rule, names) for rule in thresholds if (names := matching(rule["variants"], expected))]
+    thresholds = [rule for rule, _ in judged]
+    for rule, names in judged:
+        for name in names:
             r = variants.get(name)
             if r is None:
                 problems.append(f"{name}: the runtime gate has no result for it")

@@ -290,7 +290,8 @@ def _block_graphs(spec: dict, specs: dict, dispatch: list, text: str | None,
     for bi, block in enumerate(spec.get("runtime", {}).get("blocks", [])):
         for m in block["batches"]:
             name = inc.block_graph_name(block, m)
-            layers, index_of, shapes_of, nxt = [], [], [], 0
+            layers, nxt = [], 0
+            fed = None              # (tensor index, shape, dtype) of the layer before's output
             for li, layer in enumerate(block["layers"]):
                 where = f".layers[{li}]"
                 kspec = specs.get(layer["kernel"])
@@ -307,14 +308,14 @@ def _block_graphs(spec: dict, specs: dict, dispatch: list, text: str | None,
                 outs = [(tensor_shape(t, sym), t["dtype"]) for t in cg["outputs"]]
                 index = []
                 for j, _ in enumerate(ins):
-                    if j == 0 and li > 0:
-                        (pshape, pdtype), (shape, dtype) = shapes_of[-1], ins[0]
+                    if j == 0 and fed is not None:
+                        (at, pshape, pdtype), (shape, dtype) = fed, ins[0]
                         if pdtype != dtype or math.prod(pshape) != math.prod(shape):
                             raise _block_error(spec, bi, where + ".variant",
                                                f"{layer['kernel']}.{variant}'s first input is "
                                                f"{dtype} {shape}; the layer before writes "
                                                f"{pdtype} {pshape}")
-                        index.append(index_of[-1])
+                        index.append(at)
                     else:
                         index.append(nxt)
                         nxt += 1
@@ -328,8 +329,7 @@ def _block_graphs(spec: dict, specs: dict, dispatch: list, text: str | None,
                                      "task_type": "MPKB_TASK_TYPE",
                                      "call": _call_lines(kspec, sym, wiring_root)})
                 layers.append(_layer(kspec, variant, ids[key], index))
-                index_of.append(index[len(ins)])
-                shapes_of.append(outs[0])
+                fed = (index[len(ins)], *outs[0])
             ours_graphs.append({"name": name, "role": "block", "block": block["name"],
                                 "num_tensors": nxt, "active_tokens": 0, "layers": layers,
                                 "validate": {"compare": "tolerance", "cos_min": block["cos_min"],
@@ -355,8 +355,10 @@ def _incumbent_chain(block: dict, name: str, ours_layers: list, specs: dict,
     if inc.block_runtime(block) != runtime:
         raise inc.NoIncumbent(f"the block's incumbents are tasks of {inc.block_runtime(block)}, "
                               f"this run is on {runtime}")
-    tensors, layers, pending, headers, tasks = [], [], [], [], []
-    fed = None                      # (tensor index in the chain, the layer's incumbent op)
+    tensors, layers, pending, headers = [], [], [], []
+    # the layer before's output (its index in the chain's table) and, of a linear, its
+    # weight's (which a silu_mul after it makes MPK's builder shuffle)
+    fed = None
     for li, (layer, ours) in enumerate(zip(block["layers"], ours_layers)):
         kspec = specs[layer["kernel"]]
         shapes, dtypes = inc.variant_shapes(kspec, ours["variant"])
@@ -367,12 +369,11 @@ def _incumbent_chain(block: dict, name: str, ours_layers: list, specs: dict,
         for j, recipe in enumerate(lay["tensors"]):
             if fed is not None and recipe.get("index") == 0 and recipe["use"] in ("input", "gate_up_tiles"):
                 if recipe["use"] == "gate_up_tiles":
-                    producer = fed[1]
-                    if producer is None or inc.TABLE[producer].op != "linear":
+                    weight = fed[1]
+                    if weight is None:
                         raise inc.NoIncumbent(f"{layer['incumbent']} reads its input in gate|up "
                                               "tiles, which only a linear before it writes "
                                               "(its weight rows shuffled)")
-                    weight = fed[2]
                     tensors[weight] = {**tensors[weight], "use": "gate_up_rows",
                                        "tiles": recipe["tiles"]}
                 where.append(fed[0])
@@ -383,14 +384,12 @@ def _incumbent_chain(block: dict, name: str, ours_layers: list, specs: dict,
             where.append(len(tensors))
             tensors.append(r)
         out_local = next(j for j, r in enumerate(lay["tensors"]) if r["use"] == "output")
-        weight_local = 1 if len(lay["tensors"]) > 1 and inc.TABLE[layer["incumbent"]].op == "linear" else None
-        fed = (where[out_local], layer["incumbent"],
-               where[weight_local] if weight_local is not None else None)
+        # a linear layout's tensor 1 is its weight (x, W, y)
+        fed = (where[out_local], where[1] if inc.TABLE[layer["incumbent"]].op == "linear" else None)
         layers += _incumbent_layers(lay, where, name, pending, base)
         headers += lay["headers"]
-        tasks.append(layer["incumbent"])
     return {"name": f"incumbent:{name}:chain", "role": "incumbent", "of": name,
-            "incumbent": " > ".join(tasks), "num_tensors": len(tensors), "tensors": tensors,
+            "incumbent": " > ".join(l["incumbent"] for l in block["layers"]), "num_tensors": len(tensors), "tensors": tensors,
             "layers": layers, "headers": list(dict.fromkeys(headers)),
             "active_tokens": lay["layers"][0]["active_tokens"]}, pending
 
