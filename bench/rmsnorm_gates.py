@@ -1,6 +1,6 @@
 """Edit-to-verdict time and per-variant perf of rmsnorm_v2, in one run on the GPU box.
 
-    python bench/rmsnorm_gates.py [--out DIR] [--edits N] [--mpk-root PATH]
+    python bench/rmsnorm_gates.py [--out DIR] [--edits N] [--mpk-root PATH] [--runtime-only]
 
 Copies the project to a temporary folder, builds everything through review, then makes a
 kernel-body edit (a comment in the rendered body, so nvcc really re-runs) and times
@@ -11,6 +11,8 @@ a fraction of the GPU's measured copy bandwidth. With --mpk-root (an MPK checkou
 carried .mirage/mpk on the box) also the runtime gate: its first run (megakernel render,
 nvcc, the run apart) and, per edit, a second body edit timed to the runtime verdict, then
 per variant the in-runtime slowest and median task beside the harness's slowCTA.
+With --runtime-only (and --mpk-root) only the runtime path: its first build, then each
+body edit to the in-runtime verdict, with the gate's own time taken apart (phases_s).
 """
 from __future__ import annotations
 
@@ -65,7 +67,11 @@ def main() -> None:
                     help="text replacement in the copied spec (to compare levers in one run)")
     ap.add_argument("--mpk-root", type=Path, default=None,
                     help="an MPK checkout: also time the runtime gate and its edit-to-verdict")
+    ap.add_argument("--runtime-only", action="store_true",
+                    help="with --mpk-root: time only the runtime path (no review, validate or perf)")
     args = ap.parse_args()
+    if args.runtime_only and not args.mpk_root:
+        raise SystemExit("--runtime-only needs --mpk-root")
     tmp = Path(tempfile.mkdtemp(prefix="mpk-bench-"))
     for name in ("SConstruct", "site_scons", "specs", "kernels", "wiring"):
         src = REPO / name
@@ -78,7 +84,9 @@ def main() -> None:
         if old not in spec.read_text():
             raise SystemExit(f"--spec-edit: {old!r} is not in the spec")
         spec.write_text(spec.read_text().replace(old, new))
-    wall_full, _, log_full = scons(tmp, "-k", "-j4", "stage=review")
+    wall_full, log_full = 0.0, ""
+    if not args.runtime_only:
+        wall_full, _, log_full = scons(tmp, "-k", "-j4", "stage=review")
     body = tmp / "kernels" / K / f"{K}.cuh.j2"
     runtime_args = (f"kernel={K}", "stage=runtime", f"mpk_root={args.mpk_root.resolve()}") \
         if args.mpk_root else None
@@ -88,6 +96,24 @@ def main() -> None:
         runtime_runs.append({"what": "first", "wall_s": wall_r, **split(stamps_r, wall_r)})
         log_rt += log_r
     rows = []
+    if args.runtime_only:
+        for edit in range(args.edits):
+            body.write_text(body.read_text() + f"// bench runtime edit {edit}\n")
+            wall_r, stamps_r, log_r = scons(tmp, *runtime_args)
+            gate = next((tmp / "build" / K / "gpu").iterdir()) / "runtime.json"
+            phases = json.loads(gate.read_text()).get("phases_s", {}) if gate.exists() else {}
+            runtime_runs.append({"what": f"edit {edit}", "wall_s": wall_r, **split(stamps_r, wall_r),
+                                 "phases": phases,
+                                 "elapsed_run_s": json.loads(gate.read_text()).get("elapsed_run_s")})
+            log_rt += log_r
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "bench.log").write_text(log_rt)
+            (args.out / "runtime_runs.json").write_text(json.dumps(runtime_runs, indent=1))
+        gpu_dir = next((tmp / "build" / K / "gpu").iterdir())
+        print_runtime(runtime_runs, gpu_dir, {"variants": {}})
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
     for edit in range(args.edits):
         body.write_text(body.read_text() + f"// bench edit {edit}\n")
         wall_v, stamps_v, log_v = scons(tmp, f"kernel={K}", "stage=validate")
@@ -146,6 +172,9 @@ def print_runtime(runs: list[dict], gpu_dir: Path, perf: dict) -> None:
     for r in runs:
         print(f"{r['what']:>8} {r['wall_s']:>7.2f} {r.get('megakernel', 0):>10.2f} "
               f"{r.get('megakernel-compile', 0):>7.2f} {r.get('runtime', 0):>7.2f}")
+        if r.get("phases"):
+            print(f"{'':>8} the gate's process ran {r.get('elapsed_run_s')} s: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in r["phases"].items()))
     path = gpu_dir / "runtime.json"
     if not path.exists():
         print("no runtime.json: the gate did not finish")

@@ -48,6 +48,22 @@ DEVICE = "cuda"
 def _sync() -> None:
     if DEVICE == "cuda":
         torch.cuda.synchronize()
+
+
+# where the gate's own time goes (seconds by phase, summed over graphs): the result's
+# phases_s, so an edit-to-verdict figure can be taken apart without a profiler
+PHASES: dict[str, float] = {}
+
+
+class _phase:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        PHASES[self.name] = PHASES.get(self.name, 0.0) + time.perf_counter() - self.t0
 WORKER_TABLE = ((160, 144), (144, 128), (132, 128), (108, 96), (68, 64), (40, 30), (0, 20))
 
 
@@ -221,14 +237,16 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
     iterations, timeout_ms, flags = rt["iterations"], int(rt["launch_timeout_s"] * 1000), rt["flags"]
     seed = int.from_bytes(os.urandom(6), "little")
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
-    tensors, refs, names, checks = _tensors_for(job, graph, gen)
+    with _phase("inputs and references"):
+        tensors, refs, names, checks = _tensors_for(job, graph, gen)
     workers, schedulers = grid
     prof = torch.zeros(1 + workers * PROFILE_ENTRIES_PER_WORKER, dtype=torch.int64, device=DEVICE)
     ptrs = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
     _sync()
     print(f"runtime {graph['name']}: setup ({workers} workers, {schedulers} schedulers)", flush=True)
     t0 = time.perf_counter()
-    code = setup(lib, gi, ptrs, len(tensors), grid, prof, flags, timeout_ms, iterations)
+    with _phase("setup"):
+        code = setup(lib, gi, ptrs, len(tensors), grid, prof, flags, timeout_ms, iterations)
     if code in (2, 3):
         return {"verdict": "hang", "phase": "warm-up", "seed": seed,
                 "message": f"{graph['name']}: the {'scheduler' if code == 2 else 'worker'} kernel "
@@ -241,7 +259,8 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
         print(f"runtime {graph['name']}: {preload}", flush=True)
     expect = sum(l["tasks"] for l in graph["layers"])
     run = _iterations_v2 if lib.runtime == 2 else _iterations_v1
-    res = run(lib, rt, graph, tensors, refs, names, checks, prof, expect, seed)
+    with _phase("iterations"):
+        res = run(lib, rt, graph, tensors, refs, names, checks, prof, expect, seed)
     if res["verdict"] != "pass":
         return res
     spans_all, walls = res["spans_all"], res["walls"]
@@ -254,7 +273,8 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
     if not rivals:
         lib.lib.mpkb_finalize()
         return result
-    h2h = head_to_head(lib, job, gi, graph, rivals, grid, tensors, refs, checks, prof, gen, names)
+    with _phase("head to head"):
+        h2h = head_to_head(lib, job, gi, graph, rivals, grid, tensors, refs, checks, prof, gen, names)
     if "verdict" in h2h:            # a hang, or ours or the incumbent failed on its inputs
         return {**h2h, "seed": seed}
     return {**result, "head_to_head": h2h}
@@ -549,6 +569,7 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
         numbers[rg["incumbent"]] = held
         slots.append((slot, rg["incumbent"], rg, task_types(lib, ri)))
     samples = {whose: {"makespan_us": [], "slowcta_us": []} for _, whose, _, _ in slots}
+    t_pairs = time.perf_counter()
     for p in range(rt["pairs"]):
         for slot, whose, g, types in slots:
             lib.lib.mpkb_restore(slot)
@@ -577,6 +598,8 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
                 if len(counts) > 1:
                     samples[whose].setdefault("layers_us", []).append(
                         [[round(m, 4), round(x, 4)] for m, x in layer_figures(chunk, counts)])
+    PHASES["head to head: the timed pairs"] = (PHASES.get("head to head: the timed pairs", 0.0)
+                                               + time.perf_counter() - t_pairs)
     finalize_all()
     return {"pairs": rt["pairs"], "iterations_per_launch": per_launch(lib, rt["iterations"]),
             "order": "interleaved: " + " ".join(w for _, w, _, _ in slots) + " ...",
@@ -641,12 +664,15 @@ def hang_phase_v2(state: str, graph: dict, iterations: int) -> str:
 
 def main(job: dict) -> dict:
     clock = time.perf_counter()
-    if DEVICE == "cuda":
-        torch.cuda.init()
-    torch.empty(1, device=DEVICE)
-    facts = device_facts()
+    PHASES.clear()
+    with _phase("context"):
+        if DEVICE == "cuda":
+            torch.cuda.init()
+        torch.empty(1, device=DEVICE)
+        facts = device_facts()
     grid = grid_for(facts["sm_count"])
-    lib = Megakernel(job["library"])
+    with _phase("library load"):
+        lib = Megakernel(job["library"])
     graphs, failed = {}, []
     for gi, name in enumerate(lib.graphs):
         graph = job["runtime"]["graphs"][gi]
@@ -668,6 +694,7 @@ def main(job: dict) -> dict:
     return {"verdict": verdict, "device": facts, "grid": {"workers": grid[0], "schedulers": grid[1]},
             "runtime": f"v{lib.runtime}", "iterations": job["runtime"]["iterations"],
             "variants": graphs, "elapsed_run_s": round(time.perf_counter() - clock, 3),
+            "phases_s": {k: round(v, 3) for k, v in PHASES.items()},
             "message": "; ".join(f["message"] for f in failed) if failed else
             (f"all {len(graphs)} graphs pass {job['runtime']['iterations']} iterations in the "
              f"persistent kernel ({grid[0]} workers, {grid[1]} schedulers)" if lib.runtime == 1 else
