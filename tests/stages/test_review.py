@@ -48,6 +48,11 @@ def test_the_review_lists_what_is_slower_than_torch_with_its_numbers_and_limit(t
     assert not any(ln.startswith("- decode_m1_") for ln in page.splitlines())
     row = next(ln for ln in page.splitlines() if ln.startswith("| large_m1_n28672_k8192 |"))
     assert row.endswith("| ≥ 85% BW |")
+    # 104% of a DRAM ceiling, hot (its working set is not known to fit the L2) and cold: the
+    # ceiling is not one, and the row says so; 90% says nothing
+    assert row.count("104% (above the ceiling)") == 2
+    assert "above the ceiling" not in next(ln for ln in page.splitlines()
+                                           if ln.startswith("| decode_m16_n7168_k2048 |"))
 
 
 def test_a_review_with_every_variant_faster_says_so_and_one_without_limits_says_that(tmp_path):

@@ -3,18 +3,30 @@
 One derived node per GPU, cached like any other: perf gates judge achieved bandwidth
 against these measured ceilings, not the datasheet, and against the one for the kernel's
 own mix (util.perfspec.ceiling): a 2-read : 1-write stream (silu_mul) or a read-only one
-(argmax) can run above a copy's figure (on an H200, Inductor's silu_mul moved 4.3 TB/s
-against the copy's 4.18).
-- 1:1: a large device-to-device copy (the copy bandwidth, as before);
-- 2:1: c = a + b over three buffers;
-- read: a full reduction (sum, and max; the faster) of one large buffer.
+(argmax) can run above a copy's figure.
+- 1:1: a large device-to-device copy;
+- 2:1: c = a (op) b over three buffers;
+- read: a full read of one large buffer.
+Each mix is the fastest of torch's stream for it (copy_, add, sum and amax: what the node
+measured before) and the blocked streams of streams.cu (each block moves its own contiguous
+span; spans, widths, loads in flight and store hints swept, about a second in all), compiled
+here with nvcc for this GPU; without nvcc they are left out and the result says so. On an
+H200 torch's reductions read 2 GiB at 4.26-4.28 TB/s while argmax_fp32_v2 and linear_v2 read
+at up to 4.5 (one CTA per contiguous row), and the blocked read stream at 4.52-4.54: a
+ceiling a kernel exceeds is not a ceiling (bench/stream_ceilings.py; bench/RESULTS.md §22).
 The streams run eagerly between events, not replayed from a graph: a memcpy node in a CUDA
 graph may run on the copy engines, which moved only ~2.7 TB/s on an H200 against ~4.2 TB/s
 for the SM copy kernel.
 """
 from __future__ import annotations
 
+import ctypes
+import itertools
+import shutil
 import statistics
+import subprocess
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -24,6 +36,11 @@ from .timing import warm_up
 
 COPY_BYTES = 2 * 2**30
 REPEATS = 9
+STREAMS_SOURCE = Path(__file__).with_name("streams.cu")
+MODES = {"read": 0, "1:1": 1, "2:1": 2}
+# the blocked streams' shapes: span per block, threads, 16-byte loads in flight per thread,
+# and for the mixes that write, plain or evict-first (st.global.cs) stores
+SPANS_KIB, THREADS, LOADS = (16, 32, 128, 512), (256, 512, 1024), (4, 8)
 
 
 def _time(step) -> dict:
@@ -40,6 +57,47 @@ def _time(step) -> dict:
             "samples_us": times}
 
 
+def blocked_streams() -> tuple[object | None, str]:
+    """(streams.cu's mpkb_stream, a note): nvcc builds it for this GPU (a few seconds, once
+    per bandwidth node); (None, why) where it cannot."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return None, "blocked streams not compiled (no nvcc on this host): the ceilings are torch's streams'"
+    major, minor = torch.cuda.get_device_capability()
+    lib = Path(tempfile.mkdtemp(prefix="mpkb-streams-")) / "libstreams.so"
+    try:
+        subprocess.run([nvcc, "-O3", f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}",
+                        "-shared", "-Xcompiler", "-fPIC", "-o", str(lib), str(STREAMS_SOURCE)],
+                       check=True, capture_output=True, text=True, timeout=180)
+        fn = ctypes.CDLL(str(lib)).mpkb_stream
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", "") or str(exc)
+        return None, (f"blocked streams not compiled ({detail.strip()[:300]}): the ceilings are "
+                      "torch's streams'")
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                   ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                   ctypes.c_void_p]
+    return fn, f"blocked streams compiled for sm_{major}{minor}"
+
+
+def blocked_steps(fn, mix: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
+                  sink: torch.Tensor) -> dict:
+    """{shape name: step}: one launch of the mix's blocked stream per shape over the buffers
+    (read: a; 1:1: out = a; 2:1: out = a op b), each `a.nbytes` a buffer."""
+    mode, per = MODES[mix], a.numel() * a.element_size()
+    hints = (0,) if mode == 0 else (0, 1)
+    steps = {}
+    for span_kib, threads, loads, evict in itertools.product(SPANS_KIB, THREADS, LOADS, hints):
+        def step(s=span_kib * 1024, t=threads, u=loads, e=evict):
+            code = fn(mode, a.data_ptr(), b.data_ptr(), out.data_ptr(), per, s, t, u, e,
+                      sink.data_ptr(), torch.cuda.current_stream().cuda_stream)
+            if code:
+                raise RuntimeError(f"blocked {mix} stream (span {s}, {t} threads, {u} loads): error {code}")
+        steps[f"blocked {span_kib} KiB, {threads} thr, {loads} loads{', cs' if evict else ''}"] = step
+    return steps
+
+
 def main(job: dict) -> dict:
     torch.cuda.init()
     nvml = Nvml()
@@ -47,28 +105,34 @@ def main(job: dict) -> dict:
     n = COPY_BYTES // 4
     src = torch.randn(n, device="cuda", dtype=torch.float32)
     dst = torch.empty_like(src)
-    streams = {"1:1": (2 * COPY_BYTES, [lambda: dst.copy_(src)])}
     third = n // 2                                  # three 1 GiB buffers: 2 GiB read, 1 written
     a, b = src[:third], src[third:2 * third]
     c = torch.empty(third, device="cuda", dtype=torch.float32)
-    streams["2:1"] = (3 * third * 4, [lambda: torch.add(a, b, out=c)])
-    streams["read"] = (COPY_BYTES, [lambda: src.sum(), lambda: src.amax()])
-    timings, ceilings = {}, {}
-    for mix, (nbytes, steps) in streams.items():
-        best = None
-        for i, step in enumerate(steps):
+    # mix: (bytes moved per launch, torch's steps, the blocked stream's buffers)
+    streams = {"1:1": (2 * COPY_BYTES, {"torch copy_": lambda: dst.copy_(src)}, (src, src, dst)),
+               "2:1": (3 * third * 4, {"torch add": lambda: torch.add(a, b, out=c)}, (a, b, c)),
+               "read": (COPY_BYTES, {"torch sum": lambda: src.sum(), "torch amax": lambda: src.amax()},
+                        (src, src, src))}
+    fn, note = blocked_streams()
+    sink = torch.zeros(1, dtype=torch.int32, device="cuda")
+    timings, ceilings, fastest = {}, {}, {}
+    for mix, (nbytes, steps, buffers) in streams.items():
+        if fn is not None:
+            steps = {**steps, **blocked_steps(fn, mix, *buffers, sink)}
+        for name, step in steps.items():
             t = _time(step)
             t["bytes"] = nbytes
-            timings[f"{mix}#{i}"] = t
+            timings[f"{mix}: {name}"] = t
             bps = nbytes / (t["median_us"] * 1e-6)
-            best = bps if best is None else max(best, bps)
-        ceilings[mix] = best
+            if bps > ceilings.get(mix, 0.0):
+                ceilings[mix], fastest[mix] = bps, name
     bw = ceilings["1:1"]
     return {"verdict": "pass", "device": device_facts(), "copy_bytes": COPY_BYTES,
-            "copy_bandwidth_Bps": bw, "ceilings_Bps": ceilings, "timings": timings,
+            "copy_bandwidth_Bps": bw, "ceilings_Bps": ceilings, "ceiling_streams": fastest,
+            "timings": timings, "streams": note,
             "gpu_state": {"start": start_state, "end": nvml.snapshot()},
-            "message": (f"device-to-device copy {bw / 1e12:.2f} TB/s (read + write); "
-                        f"2:1 {ceilings['2:1'] / 1e12:.2f}, read-only {ceilings['read'] / 1e12:.2f} TB/s")}
+            "message": (f"copy {bw / 1e12:.2f} TB/s (read + write), 2:1 {ceilings['2:1'] / 1e12:.2f}, "
+                        f"read-only {ceilings['read'] / 1e12:.2f}; {note}")}
 
 
 if __name__ == "__main__":

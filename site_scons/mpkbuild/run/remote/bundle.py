@@ -42,14 +42,15 @@ class BundleError(Exception):
 
 # ---------------------------------------------------------------- packing (the build side)
 def package_files() -> list[tuple[str, Path]]:
-    """The mpkbuild package source as (archive name, file): *.py and templates, no caches."""
+    """The mpkbuild package source as (archive name, file): *.py, templates and the runners'
+    CUDA sources (the bandwidth node's read stream), no caches."""
     pkg = PACKAGE_PARENT / "mpkbuild"
     out = []
     for path in sorted(pkg.rglob("*")):
         rel = path.relative_to(pkg)
         if not path.is_file() or "__pycache__" in rel.parts:
             continue
-        if path.suffix == ".py" or rel.parts[0] == "templates":
+        if path.suffix in (".py", ".cu") or rel.parts[0] == "templates":
             out.append((f"{CODE_DIR}/mpkbuild/{rel.as_posix()}", path))
     return out
 

@@ -13,8 +13,9 @@ from mpkbuild.stages.gates import ACTIONS, nodes, predict  # noqa: F401 (the sta
 
 
 def shared_nodes(g, kernels, with_summary: bool) -> None:
-    """The GPU's copy bandwidth: one node per GPU profile, first in the graph."""
+    """The GPU's bandwidth ceilings: one node per GPU profile, first in the graph; the streams
+    it compiles (runners/streams.cu) are its input, so an edit re-measures."""
     g.nodes.insert(0, Node(f"bandwidth {g.gpu_key}", "bandwidth", "perf", None,
-                           (bandwidth_rel(g.gpu_key),), (),
+                           (bandwidth_rel(g.gpu_key),), (g.pkg("runners", "streams.cu"),),
                            (gates.gpu_fact(g.fingerprint),
                             g.code_fact("bandwidth", (gates.__name__, *gates.BANDWIDTH.code())))))
