@@ -24,7 +24,10 @@ def test_the_streams_build_as_the_node_builds_them(tmp_path):
                    check=True, timeout=300)
     text = ptx.read_text()
     entries = re.findall(r"\.entry (\S+)\(", text)
-    assert len(entries) == 3 * 2 * 2           # 3 mixes x 2 depths x plain / evict-first stores
+    # registers: 3 mixes x 2 depths x plain / evict-first stores; the ring: read at 3 depths,
+    # copy at 3 depths x the two store hints
+    assert len(entries) == 3 * 2 * 2 + 3 + 3 * 2
+    assert "cp.async.cg.shared.global" in text
     # the 8-deep read kernel keeps its 8 loads in flight (unrolled, none folded away)
     assert max(len(re.findall(r"ld\.global\.nc\.L1::no_allocate\.v4\.u32", body))
                for body in re.split(r"\.entry ", text)[1:]) >= 16     # 2:1's 8 + 8

@@ -9,7 +9,8 @@ own mix (util.perfspec.ceiling): a 2-read : 1-write stream (silu_mul) or a read-
 - read: a full read of one large buffer.
 Each mix is the fastest of torch's stream for it (copy_, add, sum and amax: what the node
 measured before) and the blocked streams of streams.cu (each block moves its own contiguous
-span; spans, widths, loads in flight and store hints swept, about a second in all), compiled
+span, through registers or, for read and copy, a shared-memory ring of cp.async copies;
+spans, widths, loads in flight and store hints swept, a few seconds in all), compiled
 here with nvcc for this GPU; without nvcc they are left out and the result says so. On an
 H200 torch's reductions read 2 GiB at 4.26-4.28 TB/s while argmax_fp32_v2 and linear_v2 read
 at up to 4.5 (one CTA per contiguous row), and the blocked read stream at 4.52-4.54: a
@@ -40,7 +41,12 @@ STREAMS_SOURCE = Path(__file__).with_name("streams.cu")
 MODES = {"read": 0, "1:1": 1, "2:1": 2}
 # the blocked streams' shapes: span per block, threads, 16-byte loads in flight per thread,
 # and for the mixes that write, plain or evict-first (st.global.cs) stores
-SPANS_KIB, THREADS, LOADS = (16, 32, 128, 512), (256, 512, 1024), (4, 8)
+# (505 KiB: a 129280-float row, not a power of two, as argmax_fp32_v2's rows are)
+SPANS_KIB, THREADS, LOADS = (16, 32, 128, 505), (256, 512, 1024), (4, 8)
+# the same through a shared-memory ring of cp.async copies (argmax_v2's way: 48 per thread
+# in flight read 2.1 GB at 4.64 TB/s on an H200, above the register streams' 4.57)
+RING_MODES = {"read": 3, "1:1": 4}
+RING_SPANS_KIB, RING_THREADS, RING_DEPTHS = (128, 505), (128, 256), (16, 32, 48)
 
 
 def _time(step) -> dict:
@@ -81,20 +87,35 @@ def blocked_streams() -> tuple[object | None, str]:
     return fn, f"blocked streams compiled for sm_{major}{minor}"
 
 
+TOO_MANY_THREADS = -3     # streams.cu: the shape's block cannot have that many threads
+
+
 def blocked_steps(fn, mix: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
                   sink: torch.Tensor) -> dict:
     """{shape name: step}: one launch of the mix's blocked stream per shape over the buffers
-    (read: a; 1:1: out = a; 2:1: out = a op b), each `a.nbytes` a buffer."""
-    mode, per = MODES[mix], a.numel() * a.element_size()
-    hints = (0,) if mode == 0 else (0, 1)
+    (read: a; 1:1: out = a; 2:1: out = a op b), each `a.nbytes` a buffer, register streams
+    and (read, copy) ring streams. A shape that cannot launch on this GPU (its block needs
+    more registers or shared memory than an SM has) is left out."""
+    per = a.numel() * a.element_size()
+    hints = (0,) if mix == "read" else (0, 1)
+    shapes = [(MODES[mix], "blocked", *shape) for shape in itertools.product(SPANS_KIB, THREADS, LOADS, hints)]
+    if mix in RING_MODES:
+        shapes += [(RING_MODES[mix], "ring", *shape)
+                   for shape in itertools.product(RING_SPANS_KIB, RING_THREADS, RING_DEPTHS, hints)]
     steps = {}
-    for span_kib, threads, loads, evict in itertools.product(SPANS_KIB, THREADS, LOADS, hints):
-        def step(s=span_kib * 1024, t=threads, u=loads, e=evict):
-            code = fn(mode, a.data_ptr(), b.data_ptr(), out.data_ptr(), per, s, t, u, e,
+    for mode, kind, span_kib, threads, loads, evict in shapes:
+        def launch(mode=mode, s=span_kib * 1024, t=threads, u=loads, e=evict) -> int:
+            return fn(mode, a.data_ptr(), b.data_ptr(), out.data_ptr(), per, s, t, u, e,
                       sink.data_ptr(), torch.cuda.current_stream().cuda_stream)
+
+        def step(launch=launch, what=f"span {span_kib} KiB, {threads} threads, {loads} loads"):
+            code = launch()
             if code:
-                raise RuntimeError(f"blocked {mix} stream (span {s}, {t} threads, {u} loads): error {code}")
-        steps[f"blocked {span_kib} KiB, {threads} thr, {loads} loads{', cs' if evict else ''}"] = step
+                raise RuntimeError(f"blocked {mix} stream ({what}): CUDA error {code}")
+        if launch() == TOO_MANY_THREADS:
+            continue
+        depth = f"{loads} loads" if kind == "blocked" else f"{loads} deep"
+        steps[f"{kind} {span_kib} KiB, {threads} thr, {depth}{', cs' if evict else ''}"] = step
     return steps
 
 
