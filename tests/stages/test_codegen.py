@@ -82,7 +82,7 @@ def test_smem_plan_respects_alignment():
 
 def test_launch_bounds_follow_min_blocks_per_sm(root):
     spec = root / "specs" / f"{K}.yaml"
-    spec.write_text(spec.read_text().replace("  grid: [rows // rpt]", "  min_blocks_per_sm: 1 + rows // 4096\n  grid: [rows // rpt]"))
+    spec.write_text(spec.read_text().replace("  grid: [rows]", "  min_blocks_per_sm: 1 + rows // 4096\n  grid: [rows]"))
     harness = render(Kernel.load(root, K), "harness")
     assert "__launch_bounds__(rmsnorm_v2_spec::THREADS, 1)\nrmsnorm_v2__decode_r16_h7168(" in harness
     assert "__launch_bounds__(rmsnorm_v2_spec::THREADS, 5)\nrmsnorm_v2__large_r16384_h7168(" in harness
@@ -91,7 +91,7 @@ def test_launch_bounds_follow_min_blocks_per_sm(root):
 def test_partition_override_moves_the_task_slice(root):
     spec = root / "specs" / f"{K}.yaml"
     spec.write_text(spec.read_text().replace(
-        "  grid: [rows // rpt]", '  grid: [rows // rpt]\n  overrides:\n    - {variants: "large_r16384_*", partition: {input: [-1, -1]}}'))
+        "  grid: [rows]", '  grid: [rows]\n  overrides:\n    - {variants: "large_r16384_*", partition: {input: [-1, -1]}}'))
     harness = render(Kernel.load(root, K), "harness")
     large = harness[harness.index("rmsnorm_v2__large_r16384_h7168("):]
     assert "input + static_cast<size_t>(task)" not in large.split("task, rmsnorm_v2_spec::task_smem()")[0]
@@ -100,7 +100,7 @@ def test_partition_override_moves_the_task_slice(root):
 
 def test_smem_sized_by_variant_symbols_is_planned_per_variant(root):
     spec = root / "specs" / f"{K}.yaml"
-    spec.write_text(spec.read_text().replace("bytes: 64, align: 16", "bytes: \"max(64, rows // 4)\", align: 16"))
+    spec.write_text(spec.read_text().replace("bytes: 16, align: 16", "bytes: \"max(16, rows // 4)\", align: 16"))
     k = Kernel.load(root, K)
     header, harness = render(k, "spec_header"), render(k, "harness")
     assert "constexpr size_t SMEM_TOTAL_MAX = 4096;" in header            # 16384 // 4
