@@ -35,6 +35,18 @@ def test_defaults_fill_every_name():
     assert "task_offset.sm_90a.cc" in frags                          # tile-indexed by default
 
 
+def test_a_template_argument_from_the_task_tile_follows_the_layers_grid():
+    # embedding_v2's tokens per task (rpt) is no layer param: its register function reads it
+    # from the output tile's rows, so whatever grid the layer gives, the call matches it
+    import yaml
+    from conftest import REPO
+    spec = yaml.safe_load((REPO / "specs" / "embedding_v2.yaml").read_text())
+    fn = wire.render(spec, WIRING, {"sm_90a": 170, "sm_100a": 240})["register_fn.sm_90a.cc"]
+    assert "assert(params.size() == 0);" in fn
+    assert "int const rpt = output_ops[0]->output_tensors[0].dim[0];" in fn
+    assert 'code.e("embedding_v2_task<$, $>(", hidden, rpt);' in fn
+
+
 def test_render_is_pure_and_deterministic():
     a = wire.render(rmsnorm_spec(), WIRING)
     b = wire.render(rmsnorm_spec(), WIRING)
