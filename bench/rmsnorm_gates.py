@@ -101,10 +101,10 @@ def main() -> None:
             body.write_text(body.read_text() + f"// bench runtime edit {edit}\n")
             wall_r, stamps_r, log_r = scons(tmp, *runtime_args)
             gate = next((tmp / "build" / K / "gpu").iterdir()) / "runtime.json"
-            phases = json.loads(gate.read_text()).get("phases_s", {}) if gate.exists() else {}
+            result = json.loads(gate.read_text()) if gate.exists() else {}
             runtime_runs.append({"what": f"edit {edit}", "wall_s": wall_r, **split(stamps_r, wall_r),
-                                 "phases": phases,
-                                 "elapsed_run_s": json.loads(gate.read_text()).get("elapsed_run_s")})
+                                 "phases": result.get("phases_s", {}),
+                                 "elapsed_run_s": result.get("elapsed_run_s")})
             log_rt += log_r
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)

@@ -43,8 +43,9 @@ MODES = {"read": 0, "1:1": 1, "2:1": 2}
 # and for the mixes that write, plain or evict-first (st.global.cs) stores
 # (505 KiB: a 129280-float row, not a power of two, as argmax_fp32_v2's rows are)
 SPANS_KIB, THREADS, LOADS = (16, 32, 128, 505), (256, 512, 1024), (4, 8)
-# the same through a shared-memory ring of cp.async copies (argmax_v2's way: 48 per thread
-# in flight read 2.1 GB at 4.64 TB/s on an H200, above the register streams' 4.57)
+# the same through a shared-memory ring of cp.async copies, argmax_v2's way (argmax_fp32_v2
+# with 48 per thread in flight read 2.1 GB at 4.55-4.62 TB/s on an H200; the ring streams
+# themselves read 4.43-4.46, the register streams 4.48-4.57: bench/RESULTS.md §22)
 RING_MODES = {"read": 3, "1:1": 4}
 RING_SPANS_KIB, RING_THREADS, RING_DEPTHS = (128, 505), (128, 256), (16, 32, 48)
 
@@ -87,7 +88,7 @@ def blocked_streams() -> tuple[object | None, str]:
     return fn, f"blocked streams compiled for sm_{major}{minor}"
 
 
-TOO_MANY_THREADS = -3     # streams.cu: the shape's block cannot have that many threads
+CANNOT_LAUNCH = -3     # streams.cu: the shape's block needs more registers or SMEM than an SM has
 
 
 def blocked_steps(fn, mix: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
@@ -104,18 +105,20 @@ def blocked_steps(fn, mix: str, a: torch.Tensor, b: torch.Tensor, out: torch.Ten
                    for shape in itertools.product(RING_SPANS_KIB, RING_THREADS, RING_DEPTHS, hints)]
     steps = {}
     for mode, kind, span_kib, threads, loads, evict in shapes:
+        depth = f"{loads} loads" if kind == "blocked" else f"{loads} deep"
+        name = f"{kind} {span_kib} KiB, {threads} thr, {depth}{', cs' if evict else ''}"
+
         def launch(mode=mode, s=span_kib * 1024, t=threads, u=loads, e=evict) -> int:
             return fn(mode, a.data_ptr(), b.data_ptr(), out.data_ptr(), per, s, t, u, e,
                       sink.data_ptr(), torch.cuda.current_stream().cuda_stream)
 
-        def step(launch=launch, what=f"span {span_kib} KiB, {threads} threads, {loads} loads"):
+        def step(launch=launch, name=name):
             code = launch()
             if code:
-                raise RuntimeError(f"blocked {mix} stream ({what}): CUDA error {code}")
-        if launch() == TOO_MANY_THREADS:
+                raise RuntimeError(f"{mix} stream ({name}): CUDA error {code}")
+        if launch() == CANNOT_LAUNCH:
             continue
-        depth = f"{loads} loads" if kind == "blocked" else f"{loads} deep"
-        steps[f"{kind} {span_kib} KiB, {threads} thr, {depth}{', cs' if evict else ''}"] = step
+        steps[name] = step
     return steps
 
 

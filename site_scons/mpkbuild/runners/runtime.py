@@ -19,6 +19,7 @@ MPK_ENABLE_PROFILING the runtime's profiler gives every task's span.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import statistics
@@ -55,15 +56,19 @@ def _sync() -> None:
 PHASES: dict[str, float] = {}
 
 
-class _phase:
-    def __init__(self, name: str):
-        self.name = name
+def _spent(name: str, seconds: float) -> None:
+    PHASES[name] = PHASES.get(name, 0.0) + seconds
 
-    def __enter__(self):
-        self.t0 = time.perf_counter()
 
-    def __exit__(self, *exc):
-        PHASES[self.name] = PHASES.get(self.name, 0.0) + time.perf_counter() - self.t0
+@contextlib.contextmanager
+def _phase(name: str):
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        _spent(name, time.perf_counter() - t0)
+
+
 WORKER_TABLE = ((160, 144), (144, 128), (132, 128), (108, 96), (68, 64), (40, 30), (0, 20))
 
 
@@ -245,8 +250,7 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
     _sync()
     print(f"runtime {graph['name']}: setup ({workers} workers, {schedulers} schedulers)", flush=True)
     t0 = time.perf_counter()
-    with _phase("setup"):
-        code = setup(lib, gi, ptrs, len(tensors), grid, prof, flags, timeout_ms, iterations)
+    code = setup(lib, gi, ptrs, len(tensors), grid, prof, flags, timeout_ms, iterations)
     if code in (2, 3):
         return {"verdict": "hang", "phase": "warm-up", "seed": seed,
                 "message": f"{graph['name']}: the {'scheduler' if code == 2 else 'worker'} kernel "
@@ -254,6 +258,7 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
     if code != 0:
         raise CudaFault(f"{graph['name']}: setup failed: {lib.error(code) if code > 0 else code}")
     setup_s = time.perf_counter() - t0
+    _spent("setup", setup_s)
     preload = lib.lib.mpkb_preload_report().decode()
     if preload:
         print(f"runtime {graph['name']}: {preload}", flush=True)
@@ -598,8 +603,7 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
                 if len(counts) > 1:
                     samples[whose].setdefault("layers_us", []).append(
                         [[round(m, 4), round(x, 4)] for m, x in layer_figures(chunk, counts)])
-    PHASES["head to head: the timed pairs"] = (PHASES.get("head to head: the timed pairs", 0.0)
-                                               + time.perf_counter() - t_pairs)
+    _spent("head to head: the timed pairs", time.perf_counter() - t_pairs)
     finalize_all()
     return {"pairs": rt["pairs"], "iterations_per_launch": per_launch(lib, rt["iterations"]),
             "order": "interleaved: " + " ".join(w for _, w, _, _ in slots) + " ...",

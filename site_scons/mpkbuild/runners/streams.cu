@@ -155,7 +155,7 @@ int launch_ring_depth(const void* a, void* out, size_t nbytes, size_t span_bytes
 
 template <int MODE, int UNROLL>
 int launch(const void* a, const void* b, void* out, size_t nbytes, size_t span_bytes,
-                   int threads, bool evict_first, unsigned* sink, cudaStream_t stream) {
+           int threads, bool evict_first, unsigned* sink, cudaStream_t stream) {
   const size_t n_vec = nbytes / sizeof(uint4), span_vec = span_bytes / sizeof(uint4);
   const unsigned blocks = static_cast<unsigned>((n_vec + span_vec - 1) / span_vec);
   auto* pa = static_cast<const uint4*>(a);

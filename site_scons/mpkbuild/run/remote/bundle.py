@@ -43,7 +43,7 @@ class BundleError(Exception):
 # ---------------------------------------------------------------- packing (the build side)
 def package_files() -> list[tuple[str, Path]]:
     """The mpkbuild package source as (archive name, file): *.py, templates and the runners'
-    CUDA sources (the bandwidth node's read stream), no caches."""
+    CUDA sources (the bandwidth node's streams), no caches."""
     pkg = PACKAGE_PARENT / "mpkbuild"
     out = []
     for path in sorted(pkg.rglob("*")):
