@@ -27,7 +27,7 @@ mkdir -p "$out" "$work"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/site_scons PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
-tests() { timeout "$limit" python3 -m pytest -v -rs -m gpu -p no:cacheprovider --durations=15 "$@" 2>&1 | tee "$out/$part.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tail -40; }
+tests() { timeout "$limit" python3 -m pytest -v -rsP -m gpu -p no:cacheprovider --durations=15 "$@" 2>&1 | tee "$out/$part.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tail -40; }
 case "$part" in
   gates)   tests tests/stages/test_faults.py tests/test_gpu.py tests/runners/test_gpuwait.py ;;
   catalog) tests tests/stages/test_gpu_catalog.py ;;

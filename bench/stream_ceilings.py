@@ -5,8 +5,8 @@ runners/streams.cu over their span, threads, loads in flight and store hint.
     PYTHONPATH=site_scons python bench/stream_ceilings.py [--out DIR]
 
 Prints, per mix, torch's streams and the fastest blocked shapes in TB/s (bytes read +
-written over the median of 9 launches between events, with the slowest and fastest launch
-in brackets), then the ceiling each mix gets and by how much it exceeds torch's; with --out
+written per launch over the median of 9 samples, each 3 launches queued behind an untimed
+one, with the slowest and fastest sample in brackets), then the ceiling each mix gets and by how much it exceeds torch's; with --out
 the node's whole result as JSON.
 """
 from __future__ import annotations

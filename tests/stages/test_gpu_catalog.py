@@ -48,6 +48,25 @@ def test_kernel_meets_its_perf_thresholds(project_all, kernel):
         for name, r in perf.get("variants", {}).items())
     print(f"\n{kernel} perf on {perf.get('device', {}).get('name')}:\n{table}")
     assert run.returncode == 0 and perf["verdict"] == "pass", f"{perf.get('message')}\n{table}"
+    assert not above_the_ceiling(perf), above_the_ceiling(perf)
+
+
+def above_the_ceiling(perf: dict) -> list[str]:
+    """The DRAM figures (cold, and hot where one launch touches more than the L2) whose whole
+    interval lies above the measured ceiling of the kernel's mix: a ceiling a kernel exceeds
+    is not one (issue 42). The slow end of the median's interval is the lowest bandwidth the
+    samples allow."""
+    above = []
+    for name, r in perf["variants"].items():
+        for fig in ("hot", "cold"):
+            placements = r.get("hot_placements") or {}
+            if fig not in r or (fig == "hot" and placements.get("working_set_bytes", 0) <= placements.get("l2_bytes", 0)):
+                continue
+            slowest = r["bytes"] / (r[fig]["ci_us"][1] * 1e-6)
+            if slowest > r["ceiling"]["Bps"]:
+                above.append(f"{name} {fig}: {slowest / 1e12:.3f} TB/s at the slow end of its interval, "
+                             f"ceiling {r['ceiling']['Bps'] / 1e12:.3f}")
+    return above
 
 
 def test_embedding_gate_catches_a_body_that_reads_row_zero_for_bad_ids(project_all):
@@ -55,8 +74,8 @@ def test_embedding_gate_catches_a_body_that_reads_row_zero_for_bad_ids(project_a
     project, k = project_all, "embedding_v2"
     only_sm90(project, k)
     project.edit(f"kernels/{k}/{k}.cuh.j2",
-                 "for (int i = 0; i < ITERS; ++i) v[i] = make_uint4(0u, 0u, 0u, 0u);",
-                 "for (int i = 0; i < ITERS; ++i) v[i] = __ldg(reinterpret_cast<const uint4*>(table) + i * THREADS + tid);")
+                 "for (int i = 0; i < ITERS; ++i) v[b][i] = make_uint4(0u, 0u, 0u, 0u);",
+                 "for (int i = 0; i < ITERS; ++i) v[b][i] = __ldg(reinterpret_cast<const uint4*>(table) + i * THREADS + tid);")
     run = project.scons(f"kernel={k}", "stage=validate", fake_gpu=False, check=False)
     v = gate_result(project, k, "validate")
     assert run.returncode != 0 and v["verdict"] == "fail", v
