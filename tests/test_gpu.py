@@ -75,7 +75,11 @@ def test_rmsnorm_passes_every_gate_on_this_gpu(project):
 def test_broken_body_gets_the_right_verdict(project, fault, edit, verdict, phrase):
     only_sm90(project)
     if fault == "state":
-        project.edit(BODY, "namespace {{ kernel }}_detail {", "__device__ int mpk_fault_steps;\nnamespace {{ kernel }}_detail {")
+        # the body lint refuses a __device__ global (state kept across tasks) at generate:
+        # allowed here, so that validate's steps are what catches it
+        project.edit(BODY, "namespace {{ kernel }}_detail {",
+                     "__device__ int mpk_fault_steps;  // mpk-lint: allow (the fault under test)\n"
+                     "namespace {{ kernel }}_detail {")
     project.edit(BODY, *edit)
     project.edit(f"specs/{K}.yaml", "timeout_s: 300", "timeout_s: 20")
     run = project.scons("stage=validate", fake_gpu=False, check=False)
