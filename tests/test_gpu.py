@@ -60,27 +60,35 @@ def test_rmsnorm_passes_every_gate_on_this_gpu(project):
     assert "verdicts:" in run.stdout
 
 
-@pytest.mark.parametrize("fault, edit, verdict, phrase", [
-    ("unwritten", (STORE, STORE.replace("__stcs(", "if (tid < THREADS / 2) __stcs(")), "fail", "not fully written"),
-    ("nan", ("const float inv_rms = ", "const float inv_rms = (tid == 5) ? __int_as_float(0x7fc00000) : "),
-     "fail", "NaN"),
-    ("state", ("  float ss = 0.f;", "  __shared__ int bump; if (tid == 0) bump = atomicAdd(&mpk_fault_steps, 1);\n"
+# fault: (its edit of the body, the verdict, a phrase of the message); tests/test_gpu_fixtures.py
+# checks on the CPU that each still applies to the body and gets through generate
+FAULTS = {
+    "unwritten": ((STORE, STORE.replace("__stcs(", "if (tid < THREADS / 2) __stcs(")), "fail", "not fully written"),
+    "nan": (("const float inv_rms = ", "const float inv_rms = (tid == 5) ? __int_as_float(0x7fc00000) : "),
+            "fail", "NaN"),
+    "state": (("  float ss = 0.f;", "  __shared__ int bump; if (tid == 0) bump = atomicAdd(&mpk_fault_steps, 1);\n"
                                     "  __syncthreads();  // mpk-lint: allow (the fault under test)\n  float ss = (bump % 2) ? 1.0f : 0.f;"),
-     "fail", "differs bitwise between step"),
-    ("crash", (STORE, STORE.replace("out4 + i", "out4 + (1ull << 40) + i")),
-     "crash", "illegal"),
-    ("hang", ("  float ss = 0.f;", "  while (task_index >= 0) __nanosleep(1000);\n  float ss = 0.f;"),
-     "hang", "timeout"),
-])
-def test_broken_body_gets_the_right_verdict(project, fault, edit, verdict, phrase):
-    only_sm90(project)
+              "fail", "differs bitwise between step"),
+    "crash": ((STORE, STORE.replace("out4 + i", "out4 + (1ull << 40) + i")), "crash", "illegal"),
+    "hang": (("  float ss = 0.f;", "  while (task_index >= 0) __nanosleep(1000);\n  float ss = 0.f;"), "hang", "timeout"),
+}
+
+
+def break_body(project, fault: str) -> None:
+    """The fault's edits of the body (the state fault's global first)."""
     if fault == "state":
         # the body lint refuses a __device__ global (state kept across tasks) at generate:
         # allowed here, so that validate's steps are what catches it
         project.edit(BODY, "namespace {{ kernel }}_detail {",
                      "__device__ int mpk_fault_steps;  // mpk-lint: allow (the fault under test)\n"
                      "namespace {{ kernel }}_detail {")
-    project.edit(BODY, *edit)
+    project.edit(BODY, *FAULTS[fault][0])
+
+
+@pytest.mark.parametrize("fault, verdict, phrase", [(f, v, p) for f, (_, v, p) in FAULTS.items()])
+def test_broken_body_gets_the_right_verdict(project, fault, verdict, phrase):
+    only_sm90(project)
+    break_body(project, fault)
     project.edit(f"specs/{K}.yaml", "timeout_s: 300", "timeout_s: 20")
     run = project.scons("stage=validate", fake_gpu=False, check=False)
     assert run.returncode != 0

@@ -69,13 +69,26 @@ def above_the_ceiling(perf: dict) -> list[str]:
     return above
 
 
+# the bodies' broken edits, each (file, old, new); tests/test_gpu_fixtures.py checks on the CPU
+# that they still apply and get through generate
+# the documented behaviour for a bad id is a zero row; gathering (clamped) row 0 instead
+ROW_ZERO_FOR_BAD_IDS = [
+    ("kernels/embedding_v2/embedding_v2.cuh.j2",
+     "for (int i = 0; i < ITERS; ++i) v[b][i] = make_uint4(0u, 0u, 0u, 0u);",
+     "for (int i = 0; i < ITERS; ++i) v[b][i] = __ldg(reinterpret_cast<const uint4*>(table) + i * THREADS + tid);")]
+# `>=` instead of torch's strict order keeps the LAST of equal maxima (both argmax specs' body)
+LAST_OF_TIES = [
+    ("kernels/argmax_v2/argmax_v2.cuh.j2", "if (best_idx < 0 || greater(cm, best)) {",
+     "if (best_idx < 0 || greater(cm, best) || cm == best) {"),
+    ("kernels/argmax_v2/argmax_v2.cuh.j2", "            if (same(Vec<T>::at(v[u], k), cm)) j = k;",
+     "            if (same(Vec<T>::at(v[u], k), cm)) { j = k; break; }")]
+
+
 def test_embedding_gate_catches_a_body_that_reads_row_zero_for_bad_ids(project_all):
-    # the documented behaviour is a zero row; gathering (clamped) row 0 instead must fail
     project, k = project_all, "embedding_v2"
     only_sm90(project, k)
-    project.edit(f"kernels/{k}/{k}.cuh.j2",
-                 "for (int i = 0; i < ITERS; ++i) v[b][i] = make_uint4(0u, 0u, 0u, 0u);",
-                 "for (int i = 0; i < ITERS; ++i) v[b][i] = __ldg(reinterpret_cast<const uint4*>(table) + i * THREADS + tid);")
+    for edit in ROW_ZERO_FOR_BAD_IDS:
+        project.edit(*edit)
     run = project.scons(f"kernel={k}", "stage=validate", fake_gpu=False, check=False)
     v = gate_result(project, k, "validate")
     assert run.returncode != 0 and v["verdict"] == "fail", v
@@ -84,15 +97,12 @@ def test_embedding_gate_catches_a_body_that_reads_row_zero_for_bad_ids(project_a
 
 @pytest.mark.parametrize("k", ("argmax_v2", "argmax_fp32_v2"))
 def test_argmax_gate_catches_highest_index_ties(project_all, k):
-    # `>=` instead of torch's strict order keeps the LAST of equal maxima: exact compare
-    # fails, in bf16 (ties from its coarse spacing) and in fp32 (ties from the generator's step)
+    # the last of equal maxima: exact compare fails, in bf16 (ties from its coarse spacing)
+    # and in fp32 (ties from the generator's step)
     project = project_all
     only_sm90(project, k)
-    body = "kernels/argmax_v2/argmax_v2.cuh.j2"          # both specs' body
-    project.edit(body, "if (best_idx < 0 || greater(cm, best)) {",
-                 "if (best_idx < 0 || greater(cm, best) || cm == best) {")
-    project.edit(body, "            if (same(Vec<T>::at(v[u], k), cm)) j = k;",
-                 "            if (same(Vec<T>::at(v[u], k), cm)) { j = k; break; }")
+    for edit in LAST_OF_TIES:
+        project.edit(*edit)
     run = project.scons(f"kernel={k}", "stage=validate", fake_gpu=False, check=False)
     v = gate_result(project, k, "validate")
     assert run.returncode != 0 and v["verdict"] == "fail", v
