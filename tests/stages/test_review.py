@@ -4,6 +4,7 @@ import json
 
 from mpkbuild.stages import review
 from mpkbuild.stages.perf.judge import check_thresholds, limits_by_variant
+from mpkbuild.stages.perf.report import bandwidth_marks, dram_figures
 
 
 def figures(hot, base_hot, cold=None, base_cold=None, bw=0.9):
@@ -209,3 +210,13 @@ def test_status_has_one_line_on_the_in_runtime_verdict(tmp_path):
     line = report.status_note(tmp_path, SimpleNamespace(targets=("runtime.json",)))
     assert line.startswith("in-runtime vs incumbent (makespan): 2 faster of 2; closest a vs y 0.96")
     assert line.endswith("; 1 without an incumbent")
+
+
+def test_a_hot_figure_in_the_l2_is_marked_so_and_only_dram_figures_are_held_to_the_ceiling():
+    in_l2 = {"hot": {}, "cold": {}, "hot_bandwidth_fraction": 1.3, "cold_bandwidth_fraction": 1.02,
+             "hot_placements": {"working_set_bytes": 28 * 2**20, "l2_bytes": 60 * 2**20}}
+    streamed = dict(in_l2, hot_placements={"working_set_bytes": 470 * 2**20, "l2_bytes": 60 * 2**20})
+    assert dram_figures(in_l2) == ("cold",) and dram_figures(streamed) == ("hot", "cold")
+    marks = bandwidth_marks({"variants": {"m8": in_l2, "large": streamed}})
+    assert marks["m8"] == {"hot": " (in L2)", "cold": " (above the ceiling)"}
+    assert marks["large"] == {"hot": " (above the ceiling)", "cold": " (above the ceiling)"}

@@ -14,7 +14,29 @@ def section(res: dict) -> dict:
     """What the review shows of a perf result beyond its verdict."""
     return {"slower_than_baseline": slower_than_baseline(res), "table": perf_table(res),
             "against_fastest": against_fastest(res), "placements": placement_rows(res),
-            "state": gpu_state_text(res.get("gpu_state"))}
+            "bandwidth_marks": bandwidth_marks(res), "state": gpu_state_text(res.get("gpu_state"))}
+
+
+def dram_figures(r: dict) -> tuple[str, ...]:
+    """The timed figures of a variant that must come from DRAM, so that its ceiling holds
+    them: cold, and hot unless one launch's working set is known to fit in the L2 (its
+    replays may then be served from the L2 and read above any DRAM ceiling)."""
+    hp = r.get("hot_placements") or {}
+    in_l2 = bool(hp.get("working_set_bytes")) and hp["working_set_bytes"] <= hp.get("l2_bytes", 0)
+    return tuple(fig for fig in ("hot", "cold") if fig in r and not (fig == "hot" and in_l2))
+
+
+def bandwidth_marks(perf: dict) -> dict[str, dict[str, str]]:
+    """Per variant and figure, what the review writes after its bandwidth: " (in L2)" for a
+    hot figure that need not reach DRAM, " (above the ceiling)" for a DRAM figure over 100%
+    (the GPU's measured ceiling for the mix is then not one)."""
+    marks = {}
+    for name, r in (perf.get("variants") or {}).items():
+        dram = dram_figures(r)
+        marks[name] = {fig: (" (in L2)" if fig not in dram else
+                             " (above the ceiling)" if r.get(f"{fig}_bandwidth_fraction", 0.0) > 1.0 else "")
+                       for fig in ("hot", "cold") if fig in r}
+    return marks
 
 
 def placement_rows(perf: dict) -> list[dict]:
