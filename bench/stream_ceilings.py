@@ -6,8 +6,8 @@ runners/streams.cu over their span, threads, loads in flight and store hint.
 
 Prints, per mix, torch's streams and the fastest blocked shapes in TB/s (bytes read +
 written per launch over the median of 9 samples, each 3 launches queued behind an untimed
-one, with the slowest and fastest sample in brackets), then the ceiling each mix gets and by how much it exceeds torch's; with --out
-the node's whole result as JSON.
+one, with the slowest and fastest sample in brackets), then the ceiling each mix gets and
+by how much it exceeds torch's; with --out the node's whole result as JSON.
 """
 from __future__ import annotations
 

@@ -60,8 +60,9 @@ def test_rmsnorm_passes_every_gate_on_this_gpu(project):
     assert "verdicts:" in run.stdout
 
 
-# fault: (its edit of the body, the verdict, a phrase of the message); tests/test_gpu_fixtures.py
-# checks on the CPU that each still applies to the body and gets through generate
+# fault: (its edit of the body, the verdict, a phrase of the message);
+# tests/stages/test_gpu_fixtures.py checks on the CPU that each still applies to the body and
+# gets through generate
 FAULTS = {
     "unwritten": ((STORE, STORE.replace("__stcs(", "if (tid < THREADS / 2) __stcs(")), "fail", "not fully written"),
     "nan": (("const float inv_rms = ", "const float inv_rms = (tid == 5) ? __int_as_float(0x7fc00000) : "),

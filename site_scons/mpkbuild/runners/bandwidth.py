@@ -12,9 +12,10 @@ measured before) and the blocked streams of streams.cu (each block moves its own
 span, through registers or, for read and copy, a shared-memory ring of cp.async copies;
 spans, widths, loads in flight and store hints swept, a few seconds in all), compiled
 here with nvcc for this GPU; without nvcc they are left out and the result says so. On an
-H200 torch's reductions read 2 GiB at 4.26-4.28 TB/s while argmax_fp32_v2 and linear_v2 read
-at up to 4.5 (one CTA per contiguous row), and the blocked read stream at 4.52-4.54: a
-ceiling a kernel exceeds is not a ceiling (bench/stream_ceilings.py; bench/RESULTS.md §22).
+H200 the blocked read stream reads 2 GiB at 4.60-4.69 TB/s against torch's sum at 4.40, and
+the fastest kernels (one CTA per contiguous row: argmax_fp32_v2, linear_v2) at up to 98.7%
+of it: a ceiling a kernel exceeds is not a ceiling (bench/stream_ceilings.py;
+bench/RESULTS.md §22-23).
 The streams run eagerly, not replayed from a graph (a memcpy node in a CUDA graph may run on
 the copy engines, which moved only ~2.7 TB/s on an H200 against ~4.2 TB/s for the SM copy
 kernel), but timed as the kernels' graph replays are (timing.time_graphs with `prime`): each
@@ -49,8 +50,8 @@ MODES = {"read": 0, "1:1": 1, "2:1": 2}
 # (505 KiB: a 129280-float row, not a power of two, as argmax_fp32_v2's rows are)
 SPANS_KIB, THREADS, LOADS = (16, 32, 128, 505), (256, 512, 1024), (4, 8)
 # the same through a shared-memory ring of cp.async copies, argmax_v2's way (argmax_fp32_v2
-# with 48 per thread in flight read 2.1 GB at 4.55-4.62 TB/s on an H200; the ring streams
-# themselves read 4.43-4.46, the register streams 4.48-4.57: bench/RESULTS.md §22)
+# keeps 48 per thread in flight); on an H200, timed one launch between events, the ring
+# streams read 4.43-4.46 TB/s and the register streams 4.48-4.57 (bench/RESULTS.md §22)
 RING_MODES = {"read": 3, "1:1": 4}
 RING_SPANS_KIB, RING_THREADS, RING_DEPTHS = (128, 505), (128, 256), (16, 32, 48)
 
