@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parent.parent
 FAKES = REPO / "tests" / "fakes"
 EXECUTOR = "executor=fake_gpu:FakeGpuExecutor"
 TEMPLATE_KERNEL = "rmsnorm_v2"
-COPIED = ("SConstruct", "site_scons", "wiring", "pyproject.toml")
+COPIED = ("SConstruct", "site_scons", "pyproject.toml")
 
 TRIVIAL_BODY = """\
 // {{ kernel }} task body (synthetic bench kernel): copies its row, nothing more.
@@ -83,7 +83,6 @@ def make_tree(dest: Path, n: int) -> list[str]:
         else:
             shutil.copy2(src, dest / name)
     (dest / "specs").mkdir()
-    shutil.copy2(REPO / "specs" / "schema.json", dest / "specs" / "schema.json")
     base = yaml.safe_load((REPO / "specs" / f"{TEMPLATE_KERNEL}.yaml").read_text())
     base.pop("wiring", None)
     reference = (REPO / "kernels" / TEMPLATE_KERNEL / "reference.py").read_text()

@@ -15,7 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 FAKES = Path(__file__).resolve().parent / "fakes"
-COPIED = ("SConstruct", "site_scons", "specs", "kernels", "wiring", "pyproject.toml")
+COPIED = ("SConstruct", "site_scons", "specs", "kernels", "pyproject.toml")
 
 def _action_re() -> re.Pattern:
     """An action line the build prints: a stage of the table (or the per-GPU bandwidth
@@ -142,8 +142,6 @@ def copy_project(dest: Path, kernels: tuple[str, ...] | None = ("rmsnorm_v2",)) 
                     shutil.copy2(src / f"{k}.yaml", dest / name / f"{k}.yaml")
                 else:
                     shutil.copytree(src / k, dest / name / k, ignore=shutil.ignore_patterns("__pycache__"))
-            if name == "specs" and (src / "schema.json").exists():
-                shutil.copy2(src / "schema.json", dest / name / "schema.json")
         elif src.is_dir():
             shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         elif src.exists():

@@ -73,7 +73,7 @@ def run_node_no_op(p):
     """A no-op statement in the one function every node's SCons action is: SCons used to
     sign that function by its compiled code, so the build re-ran everything while -n and
     status said fresh."""
-    p.edit("site_scons/site_tools/mpk.py", "    build = _BUILD[0]\n", "    _probe = 0\n    build = _BUILD[0]\n")
+    p.edit("site_scons/mpkbuild/site_tools/mpk.py", "    build = _BUILD[0]\n", "    _probe = 0\n    build = _BUILD[0]\n")
 
 
 def docstring_edit(p):
@@ -92,7 +92,7 @@ CORPUS = {
     "body comment at end": lambda p: p.path(f"kernels/{K}/{K}.cuh.j2").write_text(
         p.path(f"kernels/{K}/{K}.cuh.j2").read_text() + "// trailing note\n"),
     "reference": lambda p: p.edit(f"kernels/{K}/reference.py", '"""Called with float64', '"""Called (edited) with float64'),
-    "wiring template": lambda p: p.edit("wiring/templates/layer.py.j2", "{{", "{{ "),
+    "wiring template": lambda p: p.edit("site_scons/mpkbuild/data/wiring/templates/layer.py.j2", "{{", "{{ "),
     "harness template": lambda p: p.edit("site_scons/mpkbuild/templates/harness.cu.j2", "// harness.cu:", "// harness.cu (edited):"),
     "touch": touch_all,
     "body, same size, mtime kept": kept_mtime_edit(f"kernels/{K}/{K}.cuh.j2", "// One task = one row.",
@@ -117,7 +117,7 @@ CORPUS = {
     "generated file edited by hand": append(f"build/{K}/gen/{K}.cuh", "// hand edit\n"),
     "resources edited by hand": lambda p: p.edit(f"build/{K}/sm_90a/resources.json", '"registers": ',
                                                  '"registers": 1'),
-    "unrelated file in wiring/": lambda p: p.path("wiring/NOTES.md").write_text("notes\n"),
+    "unrelated file in wiring/": lambda p: p.path("site_scons/mpkbuild/data/wiring/NOTES.md").write_text("notes\n"),
 }
 NOTHING = {"comment only", "touch", "runner comment", "stage module comment", "stage module docstring",
            "plumbing behaviour", "action function no-op", "unrelated file in wiring/"}
@@ -312,7 +312,9 @@ def test_tampered_result_is_named_not_trusted_and_redone(built):
     assert stale_set(built, "stage=validate") == set()
 
 
-def test_status_json_is_json_alone_with_or_without_q(built):
+def test_status_json_is_json_alone_with_q_and_after_one_scons_line_without(built):
+    """The tool turns SCons's progress off for --json; the line SCons prints before it reads
+    the SConstruct is only kept off by -Q (a project has no site_init.py of ours)."""
     import subprocess, sys, os
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(built.root / "site_scons")] + [
         p for p in [os.environ.get("PYTHONPATH")] if p])}
@@ -325,7 +327,11 @@ def test_status_json_is_json_alone_with_or_without_q(built):
     for extra in ([], ["-Q"]):
         proc = subprocess.run(base + extra, cwd=built.root, env=env, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
-        json.loads(proc.stdout)           # nothing else on stdout
+        out = proc.stdout
+        if not extra:
+            first, out = out.split("\n", 1)
+            assert first == "scons: Reading SConscript files ..."
+        json.loads(out)                   # nothing else on stdout
         assert "modified after its gate wrote it" in proc.stderr
     # a reader that went away: quiet, no traceback, the command's own exit status
     for args in (["status"], ["status", "--json"], ["check", f"gpu={GPU}"]):

@@ -3,7 +3,7 @@
 order and the verdict table printed at the end.
 
 `Build` is the state of one invocation: the loaded kernels, the executor, the GPU profile
-and the request; every stage action receives it. The SCons tool (site_tools/mpk.py) only
+and the request; every stage action receives it. The SCons tool (mpkbuild/site_tools/mpk.py) only
 declares the graph this module plans.
 """
 from __future__ import annotations
@@ -257,7 +257,7 @@ def report(build: Build, command: str, g: graph_mod.Graph, sconsign, names: list
            with_summary: bool) -> int:
     """status / check / dag / why= / the exact dry run: computed, printed, no build."""
     root = build.root
-    predictor = status_mod.Predictor(root, build.kernels, build.wire_request, root / "wiring")
+    predictor = status_mod.Predictor(root, build.kernels, build.wire_request, config.wiring_roots(root))
     targets = g.request(names, stage, with_summary)
     if command in ("why", "dag"):
         from mpkbuild import dagview       # networkx: only the commands that draw or walk it
@@ -479,10 +479,11 @@ def apply_remembered(root: Path) -> dict[str, str]:
     return used
 
 
-def remember_options(root: Path) -> None:
-    """What this build was given of REMEMBERED, for the runs after it."""
+def remember_options(root: Path, skip=()) -> None:
+    """What this build was given of REMEMBERED, for the runs after it (not what it took from
+    mpkbuild.yaml: skip)."""
     from mpkbuild.util.fsutil import write_atomic
-    keep = {n: ARGUMENTS[n] for n in REMEMBERED if ARGUMENTS.get(n)}
+    keep = {n: ARGUMENTS[n] for n in REMEMBERED if ARGUMENTS.get(n) and n not in skip}
     path = root / config.BUILD_DIRNAME / OPTIONS_FILE
     if not keep and not path.exists():
         return
@@ -523,10 +524,20 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
     (they exit here), lock. Returns the build, its graph, the default targets (gates first)
     and the nodes the verdict table reports."""
     root = Path(env.Dir("#").abspath)
+    from mpkbuild.model.project import ProjectError, use_project
+    try:
+        project = use_project(root)        # mpkbuild.yaml: the folders, the default checkout
+    except ProjectError as exc:
+        fail_early(str(exc))
     SCons.Script.Help(help_text(root), append=False)
+    from_project = ()
     if not GetOption("help"):
+        none_asked = ARGUMENTS.get("mpk_root") == ""      # `mpk_root=`: no checkout, this run
         for name, value in apply_remembered(root).items():
             note(f"{name}={value} (remembered in {config.BUILD_DIRNAME}/{OPTIONS_FILE}; give {name}= to forget it)")
+        if project.mpk_root is not None and "mpk_root" not in ARGUMENTS and not none_asked:
+            ARGUMENTS["mpk_root"] = str(project.mpk_root)   # the project's default checkout
+            from_project = ("mpk_root",)                     # ... which is not remembered
     try:
         executor = run_mod.load(ARGUMENTS.get("executor"), dict(ARGUMENTS))
     except ExecutorError as exc:
@@ -586,7 +597,7 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
         k.save_spec_cache()                # only now: bad input above must write nothing
     g.code.save()                          # the code digests this plan computed
     if not GetOption("clean"):
-        remember_options(root)
+        remember_options(root, skip=from_project)
     closure = stages.closure(stage)
     targets = g.request(names, stage, with_summary)
     needed = g.needed_labels(targets)      # the verdict table lists only what this stage builds

@@ -98,7 +98,7 @@ def to_mermaid(ag: nx.DiGraph, statuses: dict) -> str:
 
 
 def write(ag: nx.DiGraph, statuses: dict, out_dir: Path, name: str) -> list[Path]:
-    """build/dag/<name>.dot and .mmd, plus .svg when Graphviz's dot is installed."""
+    """<build>/dag/<name>.dot and .mmd, plus .svg when Graphviz's dot is installed."""
     dot_text = to_dot(ag, statuses)
     paths = [out_dir / f"{name}.dot", out_dir / f"{name}.mmd"]
     write_atomic(paths[0], dot_text)
@@ -167,7 +167,9 @@ def inputs_for(query: str, g: Graph, kernels: list[str], specs: dict | None = No
         raise WhyError(f"why={query!r}: {top!r} is not a spec section "
                        f"(sections: {', '.join(sorted({k for ks in SECTIONS.values() for k in ks}))}, wiring)")
     which = [m.group("kernel")] if m.group("kernel") else kernels
-    found = [f"build/{k}/spec/{section}.json" for k in which if f"build/{k}/spec/{section}.json" in full]
+    from mpkbuild.util import config
+    section_file = lambda k: f"{config.BUILD_DIRNAME}/{k}/spec/{section}.json"
+    found = [section_file(k) for k in which if section_file(k) in full]
     if not found:
         raise WhyError(f"why={query!r}: no requested kernel has a {section} section"
                        + (f" (kernel {m.group('kernel')!r} not requested or unknown)" if m.group("kernel") else ""))
@@ -177,8 +179,7 @@ def inputs_for(query: str, g: Graph, kernels: list[str], specs: dict | None = No
         if not having:
             raise WhyError(f"why={query!r}: no requested spec has the field {field!r} "
                            f"(kernels: {', '.join(which)})")
-        found = [f"build/{k}/spec/{section}.json" for k in having
-                 if f"build/{k}/spec/{section}.json" in full]
+        found = [section_file(k) for k in having if section_file(k) in full]
     return found
 
 

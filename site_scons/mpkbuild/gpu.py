@@ -132,21 +132,32 @@ def describe_absence() -> str:
     return "nvidia-smi lists no GPU"
 
 
-PROFILE_DIR = "gpu_profiles"
-
-
 class ProfileError(Exception):
     """gpu=<profile> names no known GPU profile."""
 
 
+def profile_files(root) -> dict[str, "Path"]:
+    """Every committed GPU profile by key: the package's (shipped with it), then the project's
+    gpu_profiles/ (the same key there wins)."""
+    from pathlib import Path
+    from mpkbuild.util import config
+    out = {p.stem: p for p in config.SHIPPED_PROFILES.glob("*.json")}
+    out.update({p.stem: p for p in (Path(root) / config.PROFILE_DIRNAME).glob("*.json")})
+    return out
+
+
 def load_profile(root, key: str) -> GpuFingerprint:
-    """A GPU profile by key: gpu_profiles/<key>.json (committed), else the fingerprint a
-    run on that GPU recorded under build/ (bandwidth or any gate result)."""
+    """A GPU profile by key: a committed one (the project's gpu_profiles/<key>.json, else the
+    package's), else the fingerprint a run on that GPU recorded under build/ (bandwidth or any
+    gate result)."""
     from pathlib import Path
     import json
+    from mpkbuild.util import config
     root = Path(root)
-    candidates = [root / PROFILE_DIR / f"{key}.json", root / "build" / "gpu" / key / "bandwidth.json"]
-    candidates += sorted(root.glob(f"build/*/gpu/{key}/*.json"))
+    build = root / config.BUILD_DIRNAME
+    committed = profile_files(root)
+    candidates = [committed[key]] if key in committed else []
+    candidates += [build / "gpu" / key / "bandwidth.json", *sorted(build.glob(f"*/gpu/{key}/*.json"))]
     for path in candidates:
         try:
             data = json.loads(path.read_text())
@@ -159,17 +170,17 @@ def load_profile(root, key: str) -> GpuFingerprint:
             continue
         if fp.key == key:
             return fp
-    known = sorted({p.stem for p in (root / PROFILE_DIR).glob("*.json")}
-                   | {p.parent.name for p in root.glob("build/gpu/*/bandwidth.json")})
+    known = sorted(set(committed) | {p.parent.name for p in build.glob("gpu/*/bandwidth.json")})
     raise ProfileError(f"gpu={key}: no such GPU profile (known: {', '.join(known) or 'none'}; "
-                       f"save one on the GPU box with `python -m mpkbuild.gpu > {PROFILE_DIR}/<key>.json`)")
+                       f"save one on the GPU box with `python -m mpkbuild.gpu > {config.PROFILE_DIRNAME}/<key>.json`)")
 
 
 def known_profiles(root) -> list[str]:
     from pathlib import Path
+    from mpkbuild.util import config
     root = Path(root)
-    return sorted({p.stem for p in (root / PROFILE_DIR).glob("*.json")}
-                  | {p.parent.name for p in root.glob("build/*/gpu/*/validate.json")})
+    return sorted(set(profile_files(root))
+                  | {p.parent.name for p in (root / config.BUILD_DIRNAME).glob("*/gpu/*/validate.json")})
 
 
 if __name__ == "__main__":

@@ -134,9 +134,11 @@ def main(argv=None) -> int:
         sys.stderr.write("usage: python -m mpkbuild.scaffold NAME FAMILY(A-E) [PROJECT_ROOT]\n")
         return 2
     root = Path(args[2]) if len(args) == 3 else Path.cwd()
+    from mpkbuild.model.project import ProjectError, use_project
     try:
+        use_project(root)                  # its mpkbuild.yaml: where specs/ and kernels/ are
         paths = create(root, args[0], args[1])
-    except ScaffoldError as exc:
+    except (ScaffoldError, ProjectError) as exc:
         sys.stderr.write(f"mpk: error: {exc}\n")
         return 1
     for path in paths:

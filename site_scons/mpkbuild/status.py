@@ -91,12 +91,25 @@ def _fact_change(old: str, new: str, code=None) -> str:
             if strip(old).split(";")[0] != strip(new).split(";")[0] else \
             f"nvcc flags {strip(old).split('flags:')[-1].strip()} -> {strip(new).split('flags:')[-1].strip()}"
     if kind == "gpu":
-        return f"GPU {strip(old)} -> {strip(new)}"
+        return _gpu_change(strip(old), strip(new))
     if kind == "spec":
         return "the normalised spec changed"
     if kind == "tuned":
         return f"tuned config {strip(old)} -> {strip(new)}"
     return f"{kind} {strip(old)} -> {strip(new)}"
+
+
+def _gpu_change(old: str, new: str) -> str:
+    """A GPU fact's change; torch's version is part of it (gpu.GpuFingerprint.signature), so
+    a new torch alone is said as such: the results were taken in another environment."""
+    parts = lambda s: dict(p.strip().split("=", 1) for p in s.split(";") if "=" in p)
+    a, b = parts(old), parts(new)
+    changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    if changed == ["torch"]:
+        return (f"torch {a['torch']} -> {b['torch']}: results taken with another torch are another "
+                "GPU profile's, not this environment's (install the torch they were taken with, "
+                "or run the gates again)")
+    return f"GPU {old} -> {new}"
 
 
 class Predictor:

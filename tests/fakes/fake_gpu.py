@@ -1,8 +1,8 @@
 """A stand-in GPU executor for tests only (selected with executor=fake_gpu:FakeGpuExecutor).
 
-It never touches a GPU: it reports a fixed fingerprint and answers each gate with a result
-whose verdict the test chooses through FAKE_GPU_VERDICT (default pass), after sleeping
-FAKE_GPU_SLEEP seconds. A perf verdict of "timed" answers as the real perf runner does:
+It never touches a GPU: it reports a fixed fingerprint (but for FAKE_GPU_NAME and
+FAKE_GPU_TORCH) and answers each gate with a result whose verdict the test chooses through
+FAKE_GPU_VERDICT (default pass), after sleeping FAKE_GPU_SLEEP seconds. A perf verdict of "timed" answers as the real perf runner does:
 figures for every variant (2 us torch, FAKE_GPU_RATIO {variant: time / torch}, default 0.5,
 95% of copy bandwidth), which the build then judges against the spec's thresholds. Each
 figure carries FAKE_GPU_SAMPLES (default 21) paired samples whose relative noise is
@@ -31,7 +31,8 @@ class FakeGpuExecutor:
 
     def fingerprint(self):
         return GpuFingerprint(name=os.environ.get("FAKE_GPU_NAME", "Fake GPU"),
-                              compute_capability="9.0", driver="1.0", torch="0.0", count=1)
+                              compute_capability="9.0", driver="1.0",
+                              torch=os.environ.get("FAKE_GPU_TORCH", "0.0"), count=1)
 
     def absence(self):
         return "fake executor always has a GPU"

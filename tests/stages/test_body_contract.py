@@ -8,6 +8,7 @@ import pytest
 
 from conftest import REPO
 from mpkbuild.stages.generate import lint_body
+from mpkbuild.util import config
 
 K = "rmsnorm_v2"
 BODY = f"kernels/{K}/{K}.cuh.j2"
@@ -78,7 +79,7 @@ def test_the_harness_has_a_worker_mode_guarded_as_the_registered_call(project):
     from mpkbuild.util.config import MPK_WORKER_THREADS, WORKER_MODE_BLOCKS
     project.scons("stage=compile")
     harness = project.path(f"build/{K}/gen/harness.cu").read_text()
-    guard = yaml.safe_load((REPO / "wiring/surface.yaml").read_text())["call"]["guard"]
+    guard = yaml.safe_load((config.SHIPPED_WIRING / "surface.yaml").read_text())["call"]["guard"]
     guard = guard.replace("{{ kernel }}", K)
     variants = yaml.safe_load((REPO / f"specs/{K}.yaml").read_text())["codegen"]["variants"]
     for v in variants:

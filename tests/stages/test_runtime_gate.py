@@ -25,6 +25,7 @@ sys.path.insert(0, str(REPO / "site_scons"))
 from mpkbuild.model.kernel import Kernel, discover  # noqa: E402
 from mpkbuild.stages import generate  # noqa: E402
 from mpkbuild.stages.runtime import megakernel as runtime  # noqa: E402  (what the gate takes from MPK)
+from mpkbuild.util import config
 
 needs_tree = pytest.mark.skipif(not (PINNED / "include").is_dir(),
                                 reason="../shared/mirage (the pinned MPK tree) is absent")
@@ -44,7 +45,7 @@ def _materialise(name: str, out: Path, root: Path = REPO, checkout: Path = PINNE
         sec = x.spec.sections["codegen"]
         for role, fn in (("body", f"{x.name}.cuh"), ("spec_header", f"{x.name}_spec.h")):
             (out / fn).write_text(generate.render_file(role, sec, x.spec.file, x.body_source, x.root))
-    for name, data in runtime.render_all(k, root / "wiring", checkout, companions, runtime_).items():
+    for name, data in runtime.render_all(k, config.wiring_roots(root), checkout, companions, runtime_).items():
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_bytes(data)
     return out
@@ -104,7 +105,7 @@ def test_grid_is_mpks():
 
 def test_plan_expands_to_the_documented_graph():
     k = Kernel.load(REPO, "rmsnorm_v2", write_cache=False)
-    p = runtime.plan(k.spec.data, REPO / "wiring")
+    p = runtime.plan(k.spec.data, config.SHIPPED_WIRING)
     assert [g["name"] for g in p["graphs"]] == list(k.spec.data["codegen"]["variants"])
     for g in p["graphs"]:
         tasks, events = runtime.expand(g)
@@ -120,7 +121,7 @@ def test_plan_expands_to_the_documented_graph():
 
 def test_call_is_the_wired_one():
     k = Kernel.load(REPO, "linear_v2", write_cache=False)
-    p = runtime.plan(k.spec.data, REPO / "wiring", {c.name: c.spec.data for c in runtime.companions_for(k, {})})
+    p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, {c.name: c.spec.data for c in runtime.companions_for(k, {})})
     call = p["dispatch"][0]["call"]
     assert call[0] == "if (threadIdx.x < linear_v2_spec::THREADS) {"
     assert "task_desc->task_metadata.task_offset," in " ".join(call)
@@ -131,7 +132,7 @@ def test_block_plan_feeds_each_layer_the_layer_befores_output():
     k = Kernel.load(REPO, "linear_v2", write_cache=False)
     specs = {c.name: c.spec.data for c in runtime.companions_for(k, {})}
     assert sorted(specs) == ["rmsnorm_v2", "silu_mul_v2"]
-    p = runtime.plan(k.spec.data, REPO / "wiring", specs)
+    p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, specs)
     blocks = [g for g in p["graphs"] if g["role"] == "block"]
     assert [g["name"] for g in blocks] == ["block:llama8b_mlp:b1", "block:llama8b_mlp:b8",
                                           "block:llama8b_mlp:b16"]
@@ -151,7 +152,7 @@ def test_block_plan_feeds_each_layer_the_layer_befores_output():
     with pytest.raises(generate.TemplateError, match=r"runtime.blocks\[0\].layers\[2\].variant: "
                        r"silu_mul_v2.decode_r1_i2048's first input is bf16 \[1, 2, 2048\]; "
                        r"the layer before writes bf16 \[1, 28672\]"):
-        runtime.plan(bad, REPO / "wiring", specs)
+        runtime.plan(bad, config.SHIPPED_WIRING, specs)
 
 
 @needs_tree
@@ -161,7 +162,7 @@ def test_the_incumbents_chain_lays_the_gate_up_weight_in_silu_muls_tiles():
     only the block's last output is compared with ours."""
     k = Kernel.load(REPO, "linear_v2", write_cache=False)
     specs = {c.name: c.spec.data for c in runtime.companions_for(k, {})}
-    p = runtime.plan(k.spec.data, REPO / "wiring", specs, PINNED)
+    p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, specs, PINNED)
     ours = next(g for g in p["graphs"] if g["name"] == "block:llama8b_mlp:b8")
     chain = next(g for g in p["graphs"] if g.get("of") == ours["name"])
     assert chain["incumbent"] == "rmsnorm_hopper > linear_swapAB_hopper > silu_mul > linear_swapAB_hopper"
@@ -208,7 +209,7 @@ def test_compiled_builder_makes_the_planned_graph(compiled):
     for name, (ok, log, took, lib) in compiled.items():
         k = Kernel.load(REPO, name, write_cache=False)
         specs = {c.name: c.spec.data for c in runtime.companions_for(k, {})}
-        p = runtime.plan(k.spec.data, REPO / "wiring", specs, PINNED)
+        p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, specs, PINNED)
         m = Megakernel(str(lib))
         assert m.graphs == [g["name"] for g in p["graphs"]]
         for gi, g in enumerate(p["graphs"]):

@@ -30,6 +30,7 @@ from mpkbuild.stages.generate import TemplateError  # noqa: E402
 from mpkbuild.stages.runtime import megakernel as runtime  # noqa: E402
 from mpkbuild.wire import barriers, incumbents  # noqa: E402
 from test_runtime_gate import _fault_project, _materialise, _run_runtime  # noqa: E402
+from mpkbuild.util import config
 
 needs_tree = pytest.mark.skipif(not (V2 / "include").is_dir(),
                                 reason="../shared/mirage/v2 (the pinned Runtime-V2 tree) is absent")
@@ -131,7 +132,7 @@ def test_a_checkout_whose_v2_task_takes_the_tools_barrier_is_refused(tmp_path):
     (tmp_path / "deps").symlink_to(V2.parent / "deps")
     k = Kernel.load(REPO, "rmsnorm_v2", write_cache=False)
     with pytest.raises(TemplateError) as exc:
-        runtime.render_all(k, REPO / "wiring", tree, (), "v2")
+        runtime.render_all(k, config.SHIPPED_WIRING, tree, (), "v2")
     assert f"named barrier {barriers.V2_TASK_BARRIER} is rmsnorm_v2_spec::task_barrier() on Runtime-V2 " \
            "and tasks/blackwell_v2/theirs.cuh uses it too" in str(exc.value)
 
@@ -159,7 +160,7 @@ def test_a_tree_without_v2_is_refused_for_runtime_v2():
 @needs_tree
 def test_the_v2_dispatch_shadow_keeps_only_the_v2_tasks_the_graphs_use():
     k = Kernel.load(REPO, "rmsnorm_v2", write_cache=False)
-    files = runtime.render_all(k, REPO / "wiring", V2, (), "v2")
+    files = runtime.render_all(k, config.SHIPPED_WIRING, V2, (), "v2")
     shadow = files[f"shadow/{runtime.DISPATCH_V2}"].decode()
     original = (V2 / "include/mirage/persistent_kernel/dispatch_v2.cuh").read_text()
     assert "tasks/blackwell_v2/rmsnorm_v2.cuh" in shadow
@@ -192,7 +193,7 @@ def test_the_compiled_v2_builder_chains_the_layers_by_their_events(compiled_v2):
     for name, (ok, log, took, lib) in compiled_v2.items():
         k = Kernel.load(REPO, name, write_cache=False)
         specs = {c.name: c.spec.data for c in runtime.companions_for(k, {})}
-        p = runtime.plan(k.spec.data, REPO / "wiring", specs, V2, "v2")
+        p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, specs, V2, "v2")
         m = Megakernel(str(lib))
         assert m.runtime == 2 and m.graphs == [g["name"] for g in p["graphs"]]
         assert {g["role"] for g in p["graphs"]} - {"block"} == {"ours", "incumbent"}

@@ -13,6 +13,7 @@ from conftest import REPO
 from mpkbuild.model.kernel import Kernel
 from mpkbuild.stages.runtime import megakernel
 from mpkbuild.wire import incumbents as inc
+from mpkbuild.util import config
 
 PINNED = REPO.parent / "shared" / "mirage" / "mpk"
 pytestmark = pytest.mark.skipif(not (PINNED / inc.REGISTER_FILE).is_file(),
@@ -94,7 +95,7 @@ def test_a_checkout_without_the_register_function_has_no_incumbent_and_says_why(
     text = _text().replace("TaskRegister::register_rmsnorm_hopper_task(", "TaskRegister::register_rmsnorm_h_task(")
     (tree / inc.REGISTER_FILE).write_text(text)
     k = Kernel.load(REPO, "rmsnorm_v2", write_cache=False)
-    p = megakernel.plan(k.spec.data, REPO / "wiring", None, tree)
+    p = megakernel.plan(k.spec.data, config.SHIPPED_WIRING, None, tree)
     assert not [g for g in p["graphs"] if g["role"] == "incumbent"]
     (why,) = p["missing"]["decode_r1_h4096"]
     assert why == {"incumbent": "rmsnorm_hopper",
@@ -118,7 +119,7 @@ def test_every_catalog_variant_has_an_incumbent_graph_or_a_reason():
         if "wiring" not in k.spec.data:
             continue
         specs = {c.name: c.spec.data for c in megakernel.companions_for(k, {})}
-        p = megakernel.plan(k.spec.data, REPO / "wiring", specs, PINNED)
+        p = megakernel.plan(k.spec.data, config.SHIPPED_WIRING, specs, PINNED)
         rivals = {g["of"] for g in p["graphs"] if g["role"] == "incumbent"}
         for v in k.spec.data["codegen"]["variants"]:
             assert v in rivals or p["missing"].get(v), (name, v)

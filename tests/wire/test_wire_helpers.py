@@ -16,7 +16,8 @@ from pathlib import Path
 import yaml
 
 from conftest import REPO
-WIRING = REPO / "wiring"
+from mpkbuild.util import config
+WIRING = config.SHIPPED_WIRING
 FIXTURE = REPO / "tests" / "fixtures" / "mpk_tree"
 
 SILU_MUL = {

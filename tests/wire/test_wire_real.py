@@ -17,8 +17,9 @@ from mpkbuild.model.kernel import Kernel, discover
 from mpkbuild.stages.wire import task_sources
 
 from conftest import REPO
+from mpkbuild.util import config
 MIRAGE = REPO.parent / "shared" / "mirage"
-WIRING = REPO / "wiring"
+WIRING = config.SHIPPED_WIRING
 # clang-format from the environment the tests run in (the venv's, pip install -e .[test])
 CLANG_FORMAT = shutil.which("clang-format", path=os.pathsep.join(
     [os.path.dirname(sys.executable), os.environ.get("PATH", "")]))

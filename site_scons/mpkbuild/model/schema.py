@@ -1,6 +1,6 @@
 """The spec schema: one JSON Schema that loading enforces and editors can use.
 
-`python -m mpkbuild.model.schema` prints it; specs/schema.json is that output (a test keeps the
+`python -m mpkbuild.model.schema` prints it; data/spec.schema.json is that output (a test keeps the
 two equal). Defaults live here, beside the fields they belong to, and :func:`fill_defaults`
 applies them, so a default is never written twice.
 """

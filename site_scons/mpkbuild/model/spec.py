@@ -549,7 +549,7 @@ def _semantic_errors(data: dict, root: Path, stem: str):
         yield path, message
     if "wiring" in data:
         from mpkbuild.wire import section as wire
-        for path, message in wire.check_section(data):
+        for path, message in wire.check_section(data, config.wiring_roots(root)):
             yield tuple(str(path).split(".")), message
 
 

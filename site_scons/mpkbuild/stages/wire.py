@@ -188,11 +188,15 @@ def nodes(g, k, stage: str) -> None:
 
 
 def wiring_files(g) -> list[str]:
-    """What the wire stage reads of wiring/: surface.yaml and the templates folder (a
-    note or another file beside them re-runs nothing)."""
-    folder = g.root / config.WIRING_DIRNAME
-    return [g.rel(folder / config.WIRING_SURFACE),
-            *sorted(g.rel(p) for p in (folder / config.WIRING_TEMPLATES).rglob("*") if p.is_file())]
+    """What the wire stage reads of the wiring folders (the project's wiring/, the shipped
+    surface): surface.yaml and the templates folder of each (a note or another file beside
+    them re-runs nothing)."""
+    out = []
+    for folder in config.wiring_roots(g.root):
+        if (folder / config.WIRING_SURFACE).is_file():
+            out.append(g.rel(folder / config.WIRING_SURFACE))
+        out += sorted(g.rel(p) for p in (folder / config.WIRING_TEMPLATES).rglob("*") if p.is_file())
+    return out
 
 
 def all_wired_kernels(build) -> list[Kernel]:
@@ -209,7 +213,7 @@ def all_wired_kernels(build) -> list[Kernel]:
 def run(build, info, target, source) -> int:
     k = build.kernels[info["MPK_KERNEL"]]
     request = build.wire_request
-    wiring_root = k.root / config.WIRING_DIRNAME
+    wiring_root = config.wiring_roots(k.root)
     run_ = run_plan(build, request, wiring_root) if request.mpk_root is not None else None
     try:
         manifest = run_wire(k, run_, request, wiring_root)

@@ -6,12 +6,49 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 TEMPLATE_DIR = PACKAGE_DIR / "templates"
 
-BUILD_DIRNAME = "build"
-SPEC_DIRNAME = "specs"
-KERNEL_DIRNAME = "kernels"
-WIRING_DIRNAME = "wiring"               # the registration surface: wiring/surface.yaml
+# What the package ships and reads as data (the wheel carries it): the registration surface
+# (surface.yaml and its templates), the GPU profiles every project knows, the spec schema
+DATA_DIR = PACKAGE_DIR / "data"
+SHIPPED_WIRING = DATA_DIR / "wiring"
+SHIPPED_PROFILES = DATA_DIR / "gpu_profiles"
+SPEC_SCHEMA_FILE = DATA_DIR / "spec.schema.json"
 WIRING_SURFACE = "surface.yaml"
 WIRING_TEMPLATES = "templates"
+
+# A project's folders, relative to its root (the folder of its SConstruct): these defaults,
+# or what its mpkbuild.yaml says (model/project.py reads that file and calls use_layout once,
+# before anything is planned). Read them as config.<NAME> at call time, never imported by name.
+PROJECT_FILE = "mpkbuild.yaml"
+BUILD_DIRNAME = "build"                 # everything the tool writes
+SPEC_DIRNAME = "specs"                  # specs/<kernel>.yaml: what makes a kernel
+KERNEL_DIRNAME = "kernels"              # where `new=` puts a kernel's body and reference
+PROFILE_DIRNAME = "gpu_profiles"        # the project's own GPU profiles (beside the shipped)
+TUNED_DIRNAME = "tuned"                 # tuned/<gpu>/K.json (committed)
+HISTORY_DIRNAME = "perf_history"        # perf_history/<gpu>/K.json: accepted perf results
+WIRING_DIRNAME = "wiring"               # optional: extends or overrides the shipped surface
+# the mpkbuild.yaml key of each folder, and the name above it takes
+LAYOUT_KEYS = {"build": "BUILD_DIRNAME", "specs": "SPEC_DIRNAME", "kernels": "KERNEL_DIRNAME",
+               "gpu_profiles": "PROFILE_DIRNAME", "tuned": "TUNED_DIRNAME",
+               "perf_history": "HISTORY_DIRNAME", "wiring": "WIRING_DIRNAME"}
+DEFAULT_LAYOUT = {key: globals()[name] for key, name in LAYOUT_KEYS.items()}
+
+
+def use_layout(folders: dict[str, str]) -> None:
+    """Set the project's folders (mpkbuild.yaml keys; those not given take the defaults)."""
+    for key, name in LAYOUT_KEYS.items():
+        globals()[name] = folders.get(key, DEFAULT_LAYOUT[key])
+
+
+def layout() -> dict[str, str]:
+    """The folders in force, by mpkbuild.yaml key."""
+    return {key: globals()[name] for key, name in LAYOUT_KEYS.items()}
+
+
+def wiring_roots(root) -> tuple[Path, ...]:
+    """The wiring surfaces a project wires with, the project's first: its wiring/ folder (when
+    it has one) extends or overrides the shipped one (wire/surface.py merges them)."""
+    own = Path(root) / WIRING_DIRNAME
+    return (own, SHIPPED_WIRING) if own.is_dir() else (SHIPPED_WIRING,)
 
 ARCHS = ("sm_90a", "sm_100a")
 FLOAT32_MAX = 3.4028234663852886e38  # float params: `constexpr float` in K_spec.h

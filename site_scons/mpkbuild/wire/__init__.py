@@ -39,7 +39,7 @@ _EXPORTS = {
     "write_fragments": "fsio",
     "Plan": "patch", "apply": "patch", "plan": "patch", "plan_unwire": "patch", "unwire": "patch",
     "render": "blocks",
-    "DEFAULT_WIRING_ROOT": "section", "WIRING_SCHEMA": "section", "check_section": "section",
+    "WIRING_SCHEMA": "section", "check_section": "section",
     **{name: "errors" for name in (
         "AnchorAmbiguous", "AnchorNotFound", "DriftError", "Incoherent", "MarkerError", "NameClash",
         "NoFreeNumber", "NotACheckout", "NumberClash", "NumberOutOfRange", "SectionError",

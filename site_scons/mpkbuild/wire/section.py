@@ -19,7 +19,6 @@ from ..util import config, expr
 from .errors import SectionError
 from .surface import Surface, load_surface
 
-DEFAULT_WIRING_ROOT = Path(__file__).resolve().parents[3] / "wiring"
 MAX_INPUTS, MAX_OUTPUTS = 7, 3          # task_desc->input_ptrs / output_ptrs capacity
 ARCH_NAMES = ("sm_90a", "sm_100a")
 # the wiring targets a per-arch field may name: the spec's archs (v1) and the Runtime-V2
@@ -158,10 +157,11 @@ class Wiring:
         yield "layer", f"{self.layer}_layer", None
 
 
-def check_section(spec: dict, wiring_root: Path | None = None) -> list[tuple[str, str]]:
-    """Semantic errors of spec['wiring'] as (field path, message); [] when it is fine."""
+def check_section(spec: dict, wiring_root=None) -> list[tuple[str, str]]:
+    """Semantic errors of spec['wiring'] as (field path, message); [] when it is fine.
+    wiring_root: the wiring folders (config.wiring_roots), the shipped one by default."""
     try:
-        surface = load_surface(wiring_root or DEFAULT_WIRING_ROOT)
+        surface = load_surface(wiring_root or config.SHIPPED_WIRING)
     except Exception as exc:  # a broken surface is not the spec's fault, but say so
         return [("wiring", f"cannot load the wiring surface: {exc}")]
     problems: list[tuple[str, str]] = []

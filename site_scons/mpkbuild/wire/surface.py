@@ -1,5 +1,10 @@
 """Loading wiring/surface.yaml: the registration surface as data.
 
+The package ships one (data/wiring/); a project's own wiring/ folder extends or overrides
+it (config.wiring_roots): its surface.yaml is merged over the shipped one key by key (a
+site by its id, an arch, scan regex or requirement by its name; `drop: true` removes a
+site, `null` an entry) and its templates/ shadow the shipped templates of the same name.
+
 Owns the :class:`Surface` object (archs with their enum ranges and TMA sub-ranges, the
 layout files that identify a checkout, the marker format, one :class:`Site` per edit, and
 the scan regexes) and the jinja2 environment over wiring/templates with StrictUndefined.
@@ -22,6 +27,7 @@ from ..util.config import WIRING_SURFACE as SURFACE_FILE, WIRING_TEMPLATES as TE
 from .errors import SurfaceError, TemplateError
 _SITE_KEYS = {"id", "file", "per_arch", "anchor", "where", "indent", "comment", "template",
               "when", "scope", "kind", "claim", "optional", "join", "needs", "runtime"}
+_MAPPING_KEYS = ("archs", "scan", "requires", "call", "python", "marker")   # merged by name
 _REQUIRE_KEYS = {"file", "scope", "pattern", "what", "if_used"}
 _WHEN = {None, "tma", "tile_indexed"}
 
@@ -82,7 +88,7 @@ class Requirement:
 
 @dataclass(frozen=True)
 class Surface:
-    root: Path
+    root: Path                 # the first wiring folder (the project's, when it has one)
     archs: dict                # name -> Arch
     layout: tuple[str, ...]
     marker_begin: str
@@ -92,9 +98,17 @@ class Surface:
     call: dict
     python: dict
     requires: dict = None      # id -> Requirement
+    roots: tuple = ()          # every wiring folder, the project's first: templates are
+                               # looked up in that order
 
     def env(self) -> jinja2.Environment:
-        return _env(str(self.root / TEMPLATE_DIR))
+        return _env(tuple(str(r / TEMPLATE_DIR) for r in (self.roots or (self.root,))))
+
+    def _template_rel(self, template: str) -> str:
+        for r in self.roots or (self.root,):
+            if (r / TEMPLATE_DIR / template).is_file():
+                return f"{r.name}/{TEMPLATE_DIR}/{template}"
+        return f"{self.root.name}/{TEMPLATE_DIR}/{template}"
 
     def text(self, source: str, where: str, **ctx) -> str:
         """Render a short jinja2 string from surface.yaml (a path or an anchor pattern)."""
@@ -106,7 +120,7 @@ class Surface:
 
     def render(self, template: str, ctx: dict) -> str:
         """Render wiring/templates/<template>; errors name the template file and line."""
-        rel = f"{self.root.name}/{TEMPLATE_DIR}/{template}"
+        rel = self._template_rel(template)
         try:
             tmpl = self.env().get_template(template)
         except jinja2.TemplateSyntaxError as exc:
@@ -135,8 +149,8 @@ def _cstr(text: str) -> str:
 
 
 @lru_cache(maxsize=8)
-def _env(template_dir: str) -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(template_dir),
+def _env(template_dirs: tuple[str, ...]) -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(list(template_dirs)),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True, autoescape=False)
     env.filters["cstr"] = _cstr
@@ -149,19 +163,70 @@ def _need(data: dict, key: str, where: str):
     return data[key]
 
 
-def load_surface(wiring_root: Path | str) -> Surface:
-    """Read and check wiring/surface.yaml; raise SurfaceError naming the bad entry."""
-    root = Path(wiring_root)
-    path = root / SURFACE_FILE
+def _read(path: Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
-        raise SurfaceError(f"{path}: cannot read the wiring surface: {exc.strerror} "
-                           "(pass the project's wiring/ folder)") from None
+        raise SurfaceError(f"{path}: cannot read the wiring surface: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise SurfaceError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise SurfaceError(f"{path}: must be a mapping")
+    return data
+
+
+def _merge(base: dict, over: dict, path: Path) -> dict:
+    """A project's surface.yaml over the shipped one (see the module docstring)."""
+    out = dict(base)
+    for key, value in over.items():
+        if key == "sites":
+            if not isinstance(value, list):
+                raise SurfaceError(f"{path}: sites: must be a list of sites")
+            sites = list(base.get("sites") or [])
+            for i, site in enumerate(value):
+                if not isinstance(site, dict) or "id" not in site:
+                    raise SurfaceError(f"{path}: sites[{i}]: a site needs an id (the shipped "
+                                       "site it replaces, or a new one)")
+                at = next((j for j, s in enumerate(sites) if s.get("id") == site["id"]), None)
+                if site.get("drop") is True:
+                    if at is None:
+                        raise SurfaceError(f"{path}: sites[{i}]: drop: no site {site['id']!r} to drop")
+                    del sites[at]
+                elif at is None:
+                    sites.append(site)
+                else:
+                    sites[at] = site
+            out["sites"] = sites
+        elif key in _MAPPING_KEYS:
+            if not isinstance(value, dict):
+                raise SurfaceError(f"{path}: {key}: must be a mapping")
+            merged = dict(base.get(key) or {})
+            for name, entry in value.items():
+                if entry is None:
+                    merged.pop(name, None)
+                else:
+                    merged[name] = entry
+            out[key] = merged
+        elif key == "version" and value != base.get("version"):
+            raise SurfaceError(f"{path}: version {value!r}: the shipped surface is version "
+                               f"{base.get('version')!r}")
+        else:
+            out[key] = value
+    return out
+
+
+def load_surface(wiring_root) -> Surface:
+    """Read and check the wiring surface: one wiring folder, or several (the project's
+    first, the shipped one last; config.wiring_roots), merged. Raises SurfaceError naming
+    the bad entry."""
+    roots = (Path(wiring_root),) if isinstance(wiring_root, (str, Path)) else tuple(Path(r) for r in wiring_root)
+    with_file = [r for r in roots if (r / SURFACE_FILE).is_file()]
+    if not with_file:
+        raise SurfaceError(f"{roots[-1] / SURFACE_FILE}: cannot read the wiring surface: no such file")
+    data = _read(with_file[-1] / SURFACE_FILE)
+    for r in reversed(with_file[:-1]):
+        data = _merge(data, _read(r / SURFACE_FILE), r / SURFACE_FILE)
+    root = roots[0]
     archs = {}
     for name, a in _need(data, "archs", "top level").items():
         try:
@@ -240,7 +305,7 @@ def load_surface(wiring_root: Path | str) -> Surface:
             except re.error as exc:
                 raise SurfaceError(f"{SURFACE_FILE}: site {site.id}: join: bad regex: {exc}") from None
     marker = _need(data, "marker", "top level")
-    return Surface(root=root, archs=archs, layout=tuple(_need(data, "layout", "top level")),
+    return Surface(root=root, roots=roots, archs=archs, layout=tuple(_need(data, "layout", "top level")),
                    marker_begin=_need(marker, "begin", "marker"),
                    marker_end=_need(marker, "end", "marker"), sites=tuple(sites), scan=scan,
                    call=_need(data, "call", "top level"), python=_need(data, "python", "top level"),

@@ -21,14 +21,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mpkbuild.util import config
 from mpkbuild.util.fsutil import read_json, write_json_atomic
 
-HISTORY_DIR = "perf_history"
 KEEP = 50          # entries kept per ledger (the oldest dropped)
 
 
 def ledger_rel(gpu_key: str, kernel: str) -> str:
-    return f"{HISTORY_DIR}/{gpu_key}/{kernel}.json"
+    return f"{config.HISTORY_DIRNAME}/{gpu_key}/{kernel}.json"
 
 
 def ledger_path(root: Path, gpu_key: str, kernel: str) -> Path:
@@ -115,7 +115,7 @@ def _commit(root: Path) -> str | None:
 
 
 def _gpu_keys(root: Path, kernel: str) -> list[str]:
-    return sorted(p.parent.name for p in (Path(root) / "build" / kernel / "gpu").glob("*/perf.json"))
+    return sorted(p.parent.name for p in (Path(root) / config.BUILD_DIRNAME / kernel / "gpu").glob("*/perf.json"))
 
 
 def main(argv=None) -> int:
@@ -128,6 +128,12 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true", help="accept a result that did not pass")
     ap.add_argument("--root", type=Path, default=Path.cwd())
     args = ap.parse_args(argv)
+    from mpkbuild.model.project import ProjectError, use_project
+    try:
+        use_project(args.root)          # its mpkbuild.yaml: where build/ and perf_history/ are
+    except ProjectError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     keys = [args.gpu] if args.gpu else _gpu_keys(args.root, args.kernel)
     if len(keys) != 1:
         print(f"name the GPU profile with --gpu: {', '.join(keys) or 'no perf result'}", file=sys.stderr)
@@ -136,7 +142,7 @@ def main(argv=None) -> int:
     if args.action == "show":
         print(json.dumps(load(args.root, key, args.kernel) or {}, indent=2))
         return 0
-    perf = Path(args.root) / "build" / args.kernel / "gpu" / key / "perf.json"
+    perf = Path(args.root) / config.BUILD_DIRNAME / args.kernel / "gpu" / key / "perf.json"
     try:
         result = json.loads(perf.read_text())
         path = accept(args.root, args.kernel, key, result, args.note, args.force)

@@ -113,7 +113,8 @@ def nodes(g, k, stage: str) -> None:
                       g.rel(checkout.runtime_dir / ENTRY_HEADER),
                       g.pkg("templates", "megakernel.cu.j2"), g.pkg("templates", "task_header.cuh.j2"),
                       g.pkg("templates", "megakernel_parts.cu.j2"), *v2_inputs,
-                      g.rel(g.root / config.WIRING_DIRNAME / config.WIRING_SURFACE)),
+                      *(g.rel(r / config.WIRING_SURFACE) for r in config.wiring_roots(g.root)
+                        if (r / config.WIRING_SURFACE).is_file())),
                      (fact, g.code_fact("megakernel", (f"{__name__}.megakernel",))),
                      always=next(filter(None, map(g.edited, targets)), None)))
     from mpkbuild.stages.compile import include_inputs
@@ -135,7 +136,7 @@ def run_source(build, info, target, source) -> int:
     from mpkbuild.stages.generate import TemplateError
     k = build.kernels[info["MPK_KERNEL"]]
     try:
-        files = render_all(k, k.root / "wiring", build.wire_request.mpk_root,
+        files = render_all(k, config.wiring_roots(k.root), build.wire_request.mpk_root,
                            companions_for(k, build.kernels), build.wire_request.runtime)
     except TemplateError as exc:
         return build.fail(str(exc))

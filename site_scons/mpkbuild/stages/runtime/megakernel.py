@@ -621,7 +621,7 @@ def job_payload(k, build=None, wiring_root: Path | None = None,
         checkout_root = build.wire_request.mpk_root
     if runtime is None:
         runtime = runtime_of(build.wire_request if build is not None else None)
-    p = plan(k.spec.data, wiring_root or k.root / "wiring",
+    p = plan(k.spec.data, wiring_root or config.wiring_roots(k.root),
              {c.name: c.spec.data for c in companions}, checkout_root, runtime)
     kernels = {}
     for x in [k, *companions]:

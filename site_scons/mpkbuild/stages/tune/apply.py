@@ -8,19 +8,17 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+from mpkbuild.util import config
 from mpkbuild.util.fsutil import dump_json, read_json, sha256_file, sha256_json, sha256_or_missing
 from mpkbuild.stages.tune.space import candidate_problem, space
 from mpkbuild.stages.tune.trials import trial_baseline_files, trial_perf
-
-
-TUNED_DIRNAME = "tuned"
 
 
 SECTIONS_READ = ("tune", "generators", "validate", "perf")   # "tune" holds the spec's codegen
 
 
 def tuned_file(root: Path | str, gpu_key: str, kernel: str) -> Path:
-    return Path(root) / TUNED_DIRNAME / gpu_key / f"{kernel}.json"
+    return Path(root) / config.TUNED_DIRNAME / gpu_key / f"{kernel}.json"
 
 
 # ---------------------------------------------------------------- the key

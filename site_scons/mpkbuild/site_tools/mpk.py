@@ -1,5 +1,8 @@
 """SCons tool `mpk`: hands SCons the graph that mpkbuild plans, one Command per node.
 
+A project loads it from the installed package: Environment(tools=["mpk"],
+toolpath=[mpkbuild.toolpath()]) (docs/plugin.md).
+
 mpkbuild.cli reads the command line and plans the graph (mpkbuild.model.graph, from the
 stage table in mpkbuild.stages); each node's action is its stage module's. SCons decides
 what runs (by content); the executor only decides where a GPU gate runs.
@@ -32,6 +35,13 @@ def _interrupted() -> bool:
         except (AttributeError, IndexError, TypeError):
             return False
     return bool(_INTERRUPT_STATE[0]())
+
+
+def _wants_json() -> bool:
+    import os
+    import shlex
+    import sys
+    return "--json" in sys.argv[1:] + shlex.split(os.environ.get("SCONSFLAGS", ""))
 
 
 _BUILD: list[cli.Build] = []      # this invocation's build (one per scons process)
@@ -118,7 +128,15 @@ def generate(env):
     # mtime is unchanged and more than two days old (max_drift), so a same-size edit with
     # its mtime put back (cp -p, rsync -t, a restored cache) would go unseen. A negative
     # max_drift makes SCons hash every file on every run (0 would mean "always trust").
+    # Every node is judged by content and its inputs are declared, never scanned from a cache.
     SCons.Script.SetOption("max_drift", -1)
+    SCons.Script.SetOption("implicit_cache", 0)
+    env.Decider("content")
+    if _wants_json():
+        # JSON alone on stdout from here on; the line SCons prints before it reads the
+        # SConstruct can only be kept off by -Q (or a project's site_scons/site_init.py)
+        from SCons.Script import Main as scons_main
+        scons_main.progress_display.set_mode(0)
     SCons.Script.AddOption("--json", dest="mpk_json", action="store_true", default=False,
                            help="scons status: print JSON")
     SCons.Script.AddOption("--details", dest="mpk_details", action="store_true", default=False,
