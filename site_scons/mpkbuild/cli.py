@@ -171,6 +171,14 @@ def wire_request() -> WireRequest:
     path = Path(SCons.Script.GetLaunchDir(), root).resolve()
     if not path.is_dir():
         fail_early(f"mpk_root={root}: {path} is not a folder")
+    from mpkbuild.wire.errors import WireError
+    from mpkbuild.wire.fsio import recover
+    try:
+        done = recover(path)               # a wire run that was killed: finished or undone
+    except (WireError, OSError) as exc:
+        fail_early(f"mpk_root={root}: {exc}")
+    if done:
+        note(done)
     if runtime != "v1":
         try:
             Checkout.find(path).require(runtime)

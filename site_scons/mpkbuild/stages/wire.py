@@ -3,9 +3,10 @@ edits to the checkout only with apply=1.
 
 Writes build/<K>/wiring/ (fragments/, mpk.diff, wire.json). Against a checkout the whole
 request is one plan (:func:`run_plan`): every requested kernel is planned and checked, and
-only then, with apply=1, written, all of it through :func:`mpkbuild.wire.apply` (temp files,
-then renames) or nothing: a refusal in any kernel leaves the checkout byte-identical. The
-preview shows the numbers apply would write.
+only then, with apply=1, written, all of it through :func:`mpkbuild.wire.apply` (journaled in
+the checkout: a kill at any instant is finished or rolled back by the next run, wire/fsio.py)
+or nothing: a refusal in any kernel leaves the checkout byte-identical. The preview shows the
+numbers apply would write.
 """
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def run_plan(build, request: WireRequest, wiring_root: Path) -> RunPlan:
         if run.plan.problems:
             run.error = ("the result would be incoherent:\n  " + "\n  ".join(run.plan.problems))
         elif request.apply:
-            patch.apply(run.plan)          # every file checked writable first, then all renamed
+            patch.apply(run.plan, "unwire" if request.unwire else "apply")
             run.applied = True
     except errors.WireError as exc:       # drift errors carry their diff in the message
         run.error = str(exc)

@@ -15,8 +15,10 @@ package only interprets it. Public API (everything else is internal):
   kernels' specs (clashes between kernels are errors), ``kernels`` those to wire.
   ``Plan.diff()`` is a unified diff, ``Plan.new_contents`` maps path -> new text (None =
   delete), ``Plan.numbers`` the TaskType numbers, ``Plan.fragments`` numbered fragments.
-- ``apply(plan) -> list[str]`` -- writes the plan (temp file + rename per file, all files
-  checked writable first); refuses if a file changed since planning.
+- ``apply(plan) -> list[str]`` -- writes the plan (journaled: temp files, then renames; all
+  files checked writable first); refuses if a file changed since planning.
+- ``recover(mpk_root) -> str | None`` -- finishes or rolls back a run that was killed
+  (its journal in the checkout), saying which; None when there was none.
 - ``unwire(mpk_root, kernels, wiring_root) -> Plan`` -- removes every block of the kernels;
   ``plan_unwire`` is its dry run.
 - ``check_coherence(mpk_root, wiring_root) -> list[str]`` -- problems, ``[]`` if coherent.
@@ -36,7 +38,7 @@ import importlib
 # imports (util/closure.py), so code that uses the wire engine imports its submodules by name.
 _EXPORTS = {
     "check_coherence": "coherence",
-    "write_fragments": "fsio",
+    "write_fragments": "fsio", "recover": "fsio",
     "Plan": "patch", "apply": "patch", "plan": "patch", "plan_unwire": "patch", "unwire": "patch",
     "render": "blocks",
     "WIRING_SCHEMA": "section", "check_section": "section",
@@ -44,7 +46,7 @@ _EXPORTS = {
         "AnchorAmbiguous", "AnchorNotFound", "DriftError", "Incoherent", "MarkerError", "NameClash",
         "NoFreeNumber", "NotACheckout", "NumberClash", "NumberOutOfRange", "SectionError",
         "StalePlan", "SurfaceError", "TargetMissing", "TargetReadOnly", "TemplateError", "Unsupported",
-        "WireError")},
+        "WireBusy", "WireError")},
 }
 __all__ = sorted(_EXPORTS)
 

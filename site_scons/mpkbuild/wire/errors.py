@@ -45,6 +45,10 @@ class TargetReadOnly(WireError):
     """A file that would change cannot be written."""
 
 
+class WireBusy(WireError):
+    """Another wire run is writing the checkout (its journal is there, its writer alive)."""
+
+
 class AnchorNotFound(WireError):
     """The anchor line a site inserts at is not in its target file."""
 

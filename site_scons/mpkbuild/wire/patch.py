@@ -354,8 +354,9 @@ def plan_unwire(mpk_root, kernels: list[str], wiring_root) -> Plan:
     return _judge(co, Plan(Path(mpk_root), tuple(kernels), {}, _build(co, kernels, []), {}))
 
 
-def apply(plan: Plan) -> list[str]:
-    """Write the plan's files (all or nothing); returns the changed paths."""
+def apply(plan: Plan, what: str = "apply") -> list[str]:
+    """Write the plan's files (all or nothing, journaled: fsio.commit); returns the changed
+    paths. what: the run, as the journal names it."""
     root = Path(plan.mpk_root)
     if plan.problems:
         raise Incoherent(f"refusing to write {root}: the result would be incoherent "
@@ -368,12 +369,13 @@ def apply(plan: Plan) -> list[str]:
             raise StalePlan(f"{rel}: changed since the plan was made; plan again. Nothing "
                             "was changed")
     commit(root, {r: c.new for r, c in plan.changes.items() if c.new is not None},
-           [r for r, c in plan.changes.items() if c.new is None])
+           [r for r, c in plan.changes.items() if c.new is None],
+           what=f"{what} {','.join(plan.kernels)}")
     return sorted(plan.changes)
 
 
 def unwire(mpk_root, kernels: list[str], wiring_root) -> Plan:
     """Remove every marked block of these kernels; each file returns to its unwired bytes."""
     p = plan_unwire(mpk_root, kernels, wiring_root)
-    apply(p)
+    apply(p, "unwire")
     return p
