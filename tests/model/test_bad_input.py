@@ -240,6 +240,11 @@ CASES: dict[str, Case] = {
                                   "codegen.variants.THREADS", "a name the spec header defines", "THREADS:"),
     "variant named namespace": Case(replace("decode_r1_h4096:    {rows: 1", "namespace:    {rows: 1"),
                                     "codegen.variants.namespace", "a C++ keyword", "namespace:"),
+    "tensor named threadIdx": Case(replace("{name: output, dtype: bf16, shape: [rows, hidden], partition: [0, -1]}",
+                                           "{name: threadIdx, dtype: bf16, shape: [rows, hidden], partition: [0, -1]}"),
+                                   "codegen.outputs.0.name", "a CUDA built-in variable", "name: threadIdx"),
+    "variant named blockDim": Case(replace("decode_r1_h4096:    {rows: 1", "blockDim:    {rows: 1"),
+                                   "codegen.variants.blockDim", "a CUDA built-in variable", "blockDim:"),
     "variant symbol grid": Case(replace("{rows: 1, hidden: 4096}", "{rows: 1, hidden: 4096, grid: 2}"),
                                 "codegen.variants.decode_r1_h4096.grid", "decode_r1_h4096::GRID", "grid: 2"),
     "param worker_threads": Case(replace("    eps: 1.0e-6\n", "    eps: 1.0e-6\n    worker_threads: 256\n"),
@@ -452,3 +457,17 @@ def test_non_utf8_body_is_one_located_error_at_generate(root, suffix):
     with pytest.raises(codegen.TemplateError) as info:
         codegen.render_file("body", spec.sections["codegen"], spec.file, body, root)
     assert str(info.value) == f"kernels/{K}/{K}{suffix}:{line}: not UTF-8 text (byte 0xff)"
+
+
+def test_a_kernel_named_as_cxx_reserves_is_refused_at_load(tmp_path):
+    """A kernel's name is its C++ namespace, task function and entry points: `__global__`
+    (reserved: a double underscore) is refused at load, naming the file, line and field."""
+    root = copy_project(tmp_path / "proj").root
+    text = (root / SPEC).read_text().replace(f"kernel: {K}\n", "kernel: __global__\n", 1)
+    assert "kernel: __global__" in text
+    (root / "specs" / "__global__.yaml").write_text(text)
+    with pytest.raises(SpecError) as err:
+        load_spec(root / "specs" / "__global__.yaml", root)
+    line = next(i for i, l in enumerate(text.splitlines(), 1) if l.startswith("kernel:"))
+    assert str(err.value).startswith(f"specs/__global__.yaml:{line}: kernel: kernel name '__global__'"), err.value
+    assert "reserved in C++" in str(err.value)

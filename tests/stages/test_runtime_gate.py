@@ -534,3 +534,16 @@ def test_a_count_kept_across_iterations_fails_at_iteration_2_in_v1(tmp_path):
     r = res["variants"]["r512_c256"]
     assert res["verdict"] == "fail" and r["check"] == "numeric" and r["iteration"] == 2, (res["message"], out)
     assert "r512_c256 iteration 2 of 3 output fault_kept_count.output:" in res["message"]
+
+
+def test_no_megakernel_runs_before_validate_passed(project):
+    """The runtime gate needs validate's verdict (test mode first): -n lists validate before
+    it, the gate node reads validate.verdict, and a validate that did not pass blocks it as
+    it blocks perf."""
+    from mpkbuild import stages
+    assert "validate" in stages.BY_NAME["runtime"].gate.needs_pass
+    assert "validate" in stages.closure("runtime")
+    run = project.scons("-n", "kernel=rmsnorm_v2", "stage=runtime", f"mpk_root={PINNED}")
+    listed = run.stdout.split("\n")
+    gate = next(i for i, l in enumerate(listed) if l.startswith("runtime rmsnorm_v2"))
+    assert any(l.startswith("validate rmsnorm_v2") for l in listed[:gate]), listed

@@ -285,10 +285,16 @@ SPEC_HEADER_NAMES = frozenset({"THREADS", "WORKER_THREADS", "SMEM_BUDGET", "SMEM
 VARIANT_NAMES = frozenset({"GRID", "SMEM_TOTAL"})
 
 
+# CUDA's built-in variables: a parameter or namespace of that name hides or clashes with them
+CUDA_BUILTINS = frozenset({"threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize"})
+
+
 def _cpp_reserved(name: str) -> str | None:
     """Why a name cannot be a C++ identifier the generated code declares, or None."""
     if name in CPP_KEYWORDS:
         return "a C++ keyword"
+    if name in CUDA_BUILTINS:
+        return "a CUDA built-in variable"
     if name.startswith("__") or "__" in name or (name.startswith("_") and name[1:2].isupper()):
         return "reserved in C++ (a double underscore, or an underscore and a capital)"
     return None
@@ -335,6 +341,10 @@ def _semantic_errors(data: dict, root: Path, stem: str):
     """Checks the schema cannot express. Yields (path, message); the first one is reported."""
     if data["kernel"] != stem:
         yield ("kernel",), f"kernel name {data['kernel']!r} must equal the spec file's stem {stem!r}"
+    why = _cpp_reserved(data["kernel"])
+    if why:
+        yield ("kernel",), (f"kernel name {data['kernel']!r} names the generated C++ (its namespace, "
+                            f"task function and entry points) and is {why}")
     cg = data["codegen"]
     body = cg["body"]
     target = _inside_repo(root, body)

@@ -86,13 +86,15 @@ STAGES: tuple[Stage, ...] = (
     # judged by validate's reference and tolerances, so its settings are the validate section
     # its settings are validate's too; its head to head against the incumbents and their
     # thresholds are the runtime section's
-    Stage("runtime", ("codegen", "generators", "validate", "wiring", "runtime"), ("generate",), "gpu",
-          True, True, "runtime",
+    # never a megakernel before validate passed (test mode first: a body validate failed
+    # is not launched inside the persistent kernel)
+    Stage("runtime", ("codegen", "generators", "validate", "wiring", "runtime"), ("generate", "validate"),
+          "gpu", True, True, "runtime",
           "every variant as tasks of the real MPK persistent kernel of mpk_root= at the "
           "production grid, 3+ iterations, then head to head with the MPK task it would "
           "replace (makespan and slowCTA from the runtime's profiler, judged) (GPU)",
           gate=Gate("runtime", "validate.reference", judge="mpkbuild.stages.runtime.judge",
-                    section="validate", thresholds="runtime"),
+                    section="validate", thresholds="runtime", needs_pass=("validate",)),
           note="mpkbuild.stages.runtime.report:status_note"),
     Stage("perf", ("codegen", "generators", "perf"), ("compile", "validate"), "gpu", True, True, "perf",
           "CUDA-graph timing, cold/hot, slowCTA, torch baseline, bandwidth (GPU)",
