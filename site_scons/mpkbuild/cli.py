@@ -181,7 +181,7 @@ def wire_request() -> WireRequest:
         note(done)
     if runtime != "v1":
         try:
-            Checkout.find(path).require(runtime)
+            Checkout.require_runtime(path, runtime)   # wiring reads no deps/: cutlass is the gate's
         except FileNotFoundError as exc:
             fail_early(str(exc))
     return WireRequest(path, apply, unwire, renumber, runtime)

@@ -98,3 +98,31 @@ def test_a_torch_change_is_said_as_such(built):
     assert any(r.startswith("torch 0.0 -> 2.13: results taken with another torch are another GPU profile's")
                for r in gate["reasons"]), gate["reasons"]
     assert not nodes["compile rmsnorm_v2 sm_90a"]["will_run"]
+
+
+def test_init_inside_a_mirage_checkout_names_it_as_the_default_mpk_root(tmp_path):
+    from mpkbuild.__main__ import init
+    tree = tmp_path / "mirage"
+    shutil.copytree(REPO / "tests" / "fixtures" / "mpk_tree", tree)
+    init(tree / "kernels-of-ours")
+    project = project_mod.load(tree / "kernels-of-ours")
+    assert project.mpk_root == tree.resolve()
+    alone = tmp_path / "alone"
+    init(alone)
+    assert project_mod.load(alone).mpk_root is None
+
+
+def test_init_refuses_where_a_project_is_and_writes_nothing(tmp_path):
+    from mpkbuild.__main__ import InitError, init
+    (tmp_path / "SConstruct").write_text("# mine\n")
+    with pytest.raises(InitError, match="SConstruct already there"):
+        init(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["SConstruct"]
+
+
+def test_this_repository_loads_the_tool_as_init_writes_it():
+    """The catalog is a project like a user's: its SConstruct's code is init's."""
+    from mpkbuild.__main__ import PROJECT_TEMPLATES
+    code = lambda text: [l.split("#")[0].rstrip() for l in text.splitlines()
+                         if l.split("#")[0].strip()]
+    assert code((REPO / "SConstruct").read_text()) == code((PROJECT_TEMPLATES / "SConstruct.j2").read_text())

@@ -59,10 +59,22 @@ class Checkout:
     def need_text(self, rel: str, why: str) -> str:
         text = self.text(rel)
         if text is None:
-            raise TargetMissing(f"{rel}: file missing in mpk_root {self.root} ({why}); the "
+            raise TargetMissing(self.older_layout(rel) or
+                                f"{rel}: file missing in mpk_root {self.root} ({why}); the "
                                 "checkout is incomplete or the runtime moved it (then update "
                                 "wiring/surface.yaml)")
         return text
+
+    def older_layout(self, rel: str) -> str | None:
+        """Where a file the surface expects sits one folder up (python/mirage/persistent_kernel.py
+        for python/mirage/mpk/persistent_kernel.py): an older layout of the tree, said as such."""
+        p = Path(rel)
+        if len(p.parts) < 3 or not (self.root / p.parent.parent / p.name).is_file():
+            return None
+        return (f"mpk_root {self.root}: not supported: {p.name} at {p.parent.parent.as_posix()}/, "
+                f"expected {p.parent.as_posix()}/ (an older layout of the tree; wire a checkout "
+                "of the layout wiring/surface.yaml describes, or extend the surface in the "
+                "project's wiring/)")
 
     def blocks(self, rel: str) -> list[Block]:
         text = self.text(rel)

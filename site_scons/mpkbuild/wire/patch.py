@@ -124,7 +124,8 @@ class _Editor:
             return None
         if self.old is None:
             if wanted:
-                raise TargetMissing(f"{self.rel}: file missing in mpk_root {self.co.root} (site "
+                raise TargetMissing(self.co.older_layout(self.rel) or
+                                    f"{self.rel}: file missing in mpk_root {self.co.root} (site "
                                     f"{wanted[0].site.id} of {wanted[0].key} goes there); the "
                                     "checkout is incomplete, or update wiring/surface.yaml")
             return None

@@ -104,9 +104,14 @@ class Checkout:
 
     def require(self, runtime: str) -> None:
         """A checkout without the runtime asked for stops here, naming what is missing."""
-        if runtime == "v2" and not self.has_v2:
+        self.require_runtime(self.root, runtime)
+
+    @staticmethod
+    def require_runtime(root: Path, runtime: str) -> None:
+        """The same, on the tree alone (no deps/ needed: what wiring asks of it)."""
+        if runtime == "v2" and not (Path(root) / V2_MARKER).is_file():
             raise FileNotFoundError(
-                f"mpk_root={self.root}: runtime=v2 needs Runtime-V2, and this checkout has no "
+                f"mpk_root={root}: runtime=v2 needs Runtime-V2, and this checkout has no "
                 f"{V2_MARKER} (the v2 prototype is "
                 "../shared/mirage/v2)")
 
