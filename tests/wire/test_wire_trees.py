@@ -34,3 +34,27 @@ def test_runtime_v2_on_a_v1_tree_without_deps_says_it_is_a_v1_tree(tmp_path):
     assert run.returncode == 2
     assert "runtime=v2 needs Runtime-V2, and this checkout has no" in run.stderr, run.stderr
     assert "cutlass" not in run.stderr
+
+
+def test_a_kernel_that_reads_no_task_index_wires_into_a_tree_without_task_offset(tmp_path):
+    """A public branch's TaskMetadata may have no task_offset: a tile-indexed kernel (whose
+    body gets its task index from it) is 'not supported' there, naming the field, and writes
+    nothing; one that is not (wiring.tile_indexed: false) gets 0 for its index and wires."""
+    from test_wire_helpers import silu_spec
+    tree = fresh_tree(tmp_path)
+    header = tree / "include/mirage/persistent_kernel/runtime_header.h"
+    header.write_text(header.read_text().replace("  int task_offset = 0;\n", ""))
+    before = snapshot(tree)
+    with pytest.raises(wire.Unsupported, match="task_offset"):
+        wire.apply(wire.plan(tree, [rmsnorm_spec()], WIRING, ["rmsnorm_v2"]))
+    assert snapshot(tree) == before
+    spec = silu_spec()
+    assert spec["wiring"]["tile_indexed"] is False
+    p = wire.plan(tree, [spec], WIRING, ["silu_mul_v1"])
+    wire.apply(p)
+    register = (tree / "src/kernel/task_register.cc").read_text()
+    call = register[register.index('code.e("silu_mul_v1_task<$, $>('):]
+    assert call.index('code.e("    0,");') < call.index("silu_mul_v1_spec::task_smem()")
+    assert not any("task_offset" in text for text in p.fragments["silu_mul_v1"].values())
+    wire.unwire(tree, ["silu_mul_v1"], WIRING)
+    assert snapshot(tree) == before

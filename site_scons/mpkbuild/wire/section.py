@@ -85,7 +85,10 @@ WIRING_SCHEMA: dict = {
                                      "test_value": {"type": "integer", "default": 1}}},
         },
         "tile_indexed": {"type": "boolean", "default": True,
-                         "description": "the runtime sets task_offset = bid.x for this type"},
+                         "description": "the runtime sets task_offset = bid.x for this type and "
+                                        "the body's task index is it; false: the body reads no "
+                                        "task index (the call passes 0), and the kernel wires "
+                                        "into a checkout whose TaskMetadata has no task_offset"},
         "tma_descriptors": {"type": "integer", "minimum": 0, "default": 0,
                             "description": "TMA descriptors the task needs: only 0 can be "
                                            "wired (a TMA-range number gets tma.cuh cases "
@@ -304,7 +307,8 @@ def _resolve(spec: dict, surface: Surface, problems: list, runtime: str = "v1") 
             if tensors[-1]["ctype"] is None or tensors[-1]["pytype"] is None:
                 problems.append((f"codegen.{role}s.{i}.dtype", f"dtype {t.get('dtype')!r} has no "
                                  "C++/Python type (util/config.py DTYPES)"))
-    tail = [surface.text(a, "call.tail_args", kernel=kernel) for a in surface.call.get("tail_args", [])]
+    tail = [surface.text(a, "call.tail_args", kernel=kernel, tile_indexed=bool(w.get("tile_indexed", True)))
+            for a in surface.call.get("tail_args", [])]
     guard = surface.text(surface.call["guard"], "call.guard", kernel=kernel) \
         if surface.call.get("guard") else None
     dims, call_lines = _call(spec, w, tensors, pnames, problems, tail, guard)
