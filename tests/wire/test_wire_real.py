@@ -175,7 +175,7 @@ def test_all_kernels_apply_twice_identically_and_unwire_to_the_snapshot(applied,
     wire.unwire(other, applied["names"], WIRING)
     assert snapshot(other) == applied["pristine"]
     assert snapshot(root) == wired
-    body = root / "include/mirage/persistent_kernel/tasks/hopper/rmsnorm_v2.cuh"
+    body = root / "include/mirage/persistent_kernel/tasks/hopper/mpkbuild_rmsnorm_v2.cuh"
     assert "rmsnorm_v2_task" in body.read_text()
     if applied["branch"] == "main":
         assert any("test_mode" in n and "not supported on this checkout" in n for n in p.notes)
@@ -334,6 +334,6 @@ def test_scons_wires_every_catalog_kernel_into_a_real_checkout(applied, tmp_path
         for arch in ("sm_90a", "sm_100a"):
             for text, site in ((graph, "graph_branch"), (register, "register_fn"), (enum, "enum")):
                 assert f">>> mpk-wire {name}/{arch}/{site} " in text, f"{name}/{arch}/{site}"
-        assert (root / f"include/mirage/persistent_kernel/tasks/hopper/{name}.cuh").is_file()
+        assert (root / f"include/mirage/persistent_kernel/tasks/hopper/mpkbuild_{name}.cuh").is_file()
     # the same result as the library's all-at-once apply in the fixture
     assert snapshot(root) == snapshot(applied["root"])

@@ -107,14 +107,14 @@ def test_a_refusal_in_one_kernel_writes_nothing_for_any(two, checkout):
     run = two.scons("kernel=all", "stage=wire", f"mpk_root={checkout}", "apply=1", "-k", check=False)
     assert run.returncode != 0
     assert "152" in run.stderr and "Nothing was written" in run.stderr
-    assert "rmsnorm_v2:" in run.stderr and "planned together with" in run.stderr
+    assert "wire (rmsnorm_v2, silu_mul_v2): " in run.stderr and "for any kernel of this run" in run.stderr
     assert snapshot(checkout) == before
 
 
 def test_a_read_only_file_during_unwire_changes_nothing(two, checkout):
     two.scons("kernel=all", "stage=wire", f"mpk_root={checkout}", "apply=1")
     wired = snapshot(checkout)
-    body = checkout / "include/mirage/persistent_kernel/tasks/hopper/silu_mul_v2.cuh"
+    body = checkout / "include/mirage/persistent_kernel/tasks/hopper/mpkbuild_silu_mul_v2.cuh"
     body.chmod(0o444)
     try:
         run = two.scons("kernel=all", "stage=wire", f"mpk_root={checkout}", "apply=1", "unwire=1",

@@ -2,9 +2,11 @@
 in a temporary copy: the v2 registration (an entry of the SM100 range, the body and spec
 header under tasks/blackwell_v2/, its include in dispatch_v2.cuh, the register function,
 graph.cc's branch, runtime.cc's name map and task_offset line, the Python layer's v2 branch)
-applied twice identically, unwired byte-exact, compiled (g++ of the C++ files; nvcc of the
-v2 dispatch unit for sm_100a), clang-format clean; a name or file of an upstream v2 task is
-refused naming both; a tree without v2 is refused."""
+of every catalog kernel at once (kernel=all: our installed files are mpkbuild_<kernel>.cuh, so
+none is one of upstream's own <op>_v2.cuh) applied twice identically, unwired byte-exact,
+compiled (g++ of the C++ files; nvcc of the v2 dispatch unit for sm_100a), clang-format clean;
+every clash of a run (a file, a name or a number an upstream v2 task has) is refused, all
+together and each under its kernel; a tree without v2 is refused."""
 from __future__ import annotations
 
 import re
@@ -28,9 +30,9 @@ from test_wire_real import (CLANG_FORMAT, CUDA_INCLUDES, MIRAGE, NVCC, WIRING,
 
 pytestmark = pytest.mark.skipif(not (MIRAGE / "v2").is_dir(), reason=f"{MIRAGE}/v2 is absent "
                                 "(the pinned Runtime-V2 tree is only where ../shared is)")
-# the catalog kernels whose names no upstream v2 task has (rmsnorm_v2, silu_mul_v2 and
-# embedding_v2 share upstream's file names: test_a_kernel_named_like_an_upstream_v2_task...)
-FREE = ("argmax_fp32_v2", "argmax_v2", "linear_v2")
+# every catalog kernel (rmsnorm_v2, silu_mul_v2 and embedding_v2 are also upstream v2 tasks'
+# names: our files are installed under the surface's install_stem)
+FREE = tuple(sorted(p.stem for p in (REPO / "specs").glob("*.yaml")))
 
 
 def _catalog(names=FREE):
@@ -53,17 +55,22 @@ def applied(tmp_path_factory):
 def test_v2_registration_applies_twice_identically_and_unwires_to_the_snapshot(applied, tmp_path):
     root, p = applied["root"], applied["plan"]
     # v2 tasks: the SM100 range above the TMA sub-range, after upstream's 281-286
-    assert sorted(n["v2"] for n in p.numbers.values()) == [287, 288, 289]
+    assert sorted(n["v2"] for n in p.numbers.values()) == list(range(287, 287 + len(FREE)))
     header = (root / "include/mirage/persistent_kernel/runtime_header.h").read_text()
     assert "TASK_ARGMAX_V2_V2 = 288," in header
     pk = root / "include/mirage/persistent_kernel"
-    assert (pk / "tasks/blackwell_v2/argmax_v2.cuh").is_file()
+    assert (pk / "tasks/blackwell_v2/mpkbuild_argmax_v2.cuh").is_file()
+    # upstream's own tasks of the catalog's names are untouched beside ours
+    for name in ("rmsnorm_v2", "silu_mul_v2", "embedding_v2"):
+        assert (pk / f"tasks/blackwell_v2/{name}.cuh").read_bytes() == \
+            (MIRAGE / "v2/include/mirage/persistent_kernel/tasks/blackwell_v2" / f"{name}.cuh").read_bytes()
+        assert (pk / f"tasks/blackwell_v2/mpkbuild_{name}.cuh").is_file()
     dispatch = (pk / "dispatch_v2.cuh").read_text()
-    ours = dispatch.index('#include "mirage/persistent_kernel/tasks/blackwell_v2/argmax_v2.cuh"')
+    ours = dispatch.index('#include "mirage/persistent_kernel/tasks/blackwell_v2/mpkbuild_argmax_v2.cuh"')
     assert dispatch.index("embedding_v2.cuh") < ours < dispatch.index("// Forward decl")
     layer = (root / "python/mirage/mpk/persistent_kernel.py").read_text()
     assert 'assert getattr(self, "use_v2_runtime", False)' in layer
-    assert not (pk / "tasks/hopper/argmax_v2.cuh").exists()       # no v1 registration
+    assert not (pk / "tasks/hopper/mpkbuild_argmax_v2.cuh").exists()       # no v1 registration
     again = wire.plan(root, applied["specs"], WIRING, list(FREE), sources=applied["sources"], runtime="v2")
     assert again.empty
     other = tmp_path / "u"
@@ -145,22 +152,28 @@ def test_the_v2_layer_compiles(applied, tmp_path):
     assert r.returncode == 0, r.stderr
 
 
-def test_a_kernel_named_like_an_upstream_v2_task_is_refused_naming_both(tmp_path):
-    """rmsnorm_v2's body would be tasks/blackwell_v2/rmsnorm_v2.cuh, upstream's rmsnorm_v2
-    task: refused with both names, and nothing written."""
+def test_every_clash_of_a_run_is_refused_together_each_under_its_kernel(tmp_path):
+    """Files of the checkout's own where two kernels' bodies go: one refusal naming both,
+    each under its own kernel, and nothing written."""
     root = copy_tree("v2", tmp_path)
+    folder = root / "include/mirage/persistent_kernel/tasks/blackwell_v2"
+    for name in ("rmsnorm_v2", "embedding_v2"):
+        shutil.copy(folder / f"{name}.cuh", folder / f"mpkbuild_{name}.cuh")
     before = snapshot(root)
-    specs, sources = _catalog(("rmsnorm_v2",))
+    specs, sources = _catalog()
     with pytest.raises(NameClash) as exc:
-        wire.plan(root, specs, WIRING, ["rmsnorm_v2"], sources=sources, runtime="v2")
+        wire.plan(root, specs, WIRING, list(FREE), sources=sources, runtime="v2")
     msg = str(exc.value)
-    assert "include/mirage/persistent_kernel/tasks/blackwell_v2/rmsnorm_v2.cuh: already exists " \
-           "and was not written by mpkbuild: it is the checkout's own file (namespace " \
-           "kernel::rmsnorm_v2), and rmsnorm_v2/v2/body wants that path" in msg
+    assert msg.startswith("2 clashes with the checkout or between kernels, each under its kernel:"), msg
+    for name in ("rmsnorm_v2", "embedding_v2"):
+        assert (f"\n  {name}: include/mirage/persistent_kernel/tasks/blackwell_v2/mpkbuild_{name}.cuh: "
+                "already exists and was not written by mpkbuild: it is the checkout's own file "
+                "(namespace kernel::") in msg, msg
+        assert f"{name}/v2/body wants that path" in msg
     # a task name or a number of an upstream v2 task: refused, naming the line that has it
     specs, sources = _catalog(("argmax_v2",))
     spec = dict(specs[0], wiring={**specs[0]["wiring"], "task_name": {"v2": "silu_mul_v2"}})
-    with pytest.raises(NameClash, match=r"include/mirage/kernel/task_register.h:\d+: task_name "
+    with pytest.raises(NameClash, match=r"argmax_v2: include/mirage/kernel/task_register.h:\d+: task_name "
                                         r"'silu_mul_v2' wanted "
                                         r"by kernel argmax_v2 \(v2\) is already defined there "
                                         r"\(not wired by mpkbuild\)"):

@@ -133,8 +133,10 @@ def run_wire(k: Kernel, run: RunPlan | None, request: WireRequest, wiring_root: 
     others = [n for n in run.kernels if n != k.name]
     together = f" (planned together with {', '.join(others)})" if others else ""
     if run.error is not None:
-        raise WireGateFailed(f"{k.name}: {run.error}\n{'Nothing was written to ' + str(root) if request.apply else 'diff only'}"
-                             f" for any kernel of this run{together}")
+        # the run's error, not this kernel's: each clash in it names its own kernel
+        raise WireGateFailed(f"wire ({', '.join(run.kernels)}): {run.error}\n"
+                             f"{'Nothing was written to ' + str(root) if request.apply else 'diff only'}"
+                             f" for any kernel of this run")
     plan = run.plan
     fragments = plan.fragments.get(k.name, {})
     if not request.unwire:

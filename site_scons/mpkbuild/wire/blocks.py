@@ -34,7 +34,8 @@ class RenderedBlock:
 
 
 def site_file(surface: Surface, site: Site, arch: str | None, kernel: str) -> str:
-    ctx = {"kernel": kernel, "arch": surface.archs[arch].as_dict() if arch else {}}
+    ctx = {"kernel": kernel, "stem": surface.stem(kernel),
+           "arch": surface.archs[arch].as_dict() if arch else {}}
     return surface.text(site.file, f"site {site.id} file", **ctx)
 
 
@@ -48,7 +49,7 @@ def context(w: Wiring, surface: Surface, arch: str | None, numbers: dict,
         "body_source": sources.get("body", "// (body not rendered: no task sources given)\n"),
         "spec_header_source": sources.get("spec_header",
                                           "// (spec header not rendered: no task sources given)\n"),
-        "kernel": w.kernel, "op": w.op, "layer": w.layer,
+        "kernel": w.kernel, "stem": surface.stem(w.kernel), "op": w.op, "layer": w.layer,
         "num_inputs": w.num_inputs, "num_outputs": w.num_outputs,
         "tensors": [dict(t) for t in w.tensors], "params": [dict(p) for p in w.params],
         "dims": list(w.dims), "call_lines": list(w.call_lines),

@@ -23,16 +23,18 @@ def _value(w: Wiring, name: str, arch: str | None) -> str:
     return getattr(w, name)[arch]
 
 
-def check_names(checkout: Checkout, wirings: dict[str, Wiring], planned: list[str]) -> None:
-    """Refuse any name two kernels, or a kernel and the checkout, both claim."""
+def check_names(checkout: Checkout, wirings: dict[str, Wiring], planned: list[str]) -> list[str]:
+    """Every name two kernels, or a kernel and the checkout, both claim: one message each,
+    starting with the kernel that wants it (the plan refuses them all together)."""
+    clashes = []
     seen: dict[tuple, tuple] = {}
     for k in sorted(wirings):
         for kind, value, arch in wirings[k].claims():
             prev = seen.get((kind, value))
             if prev and prev[0] != k:
-                raise NameClash(f"{kind} {value!r} is claimed by two kernels: {prev[0]} "
-                                f"({prev[1] or 'all archs'}) and {k} ({arch or 'all archs'}); "
-                                "rename one in its spec's wiring section")
+                clashes.append(f"{k}: {kind} {value!r} is claimed by two kernels: {prev[0]} "
+                               f"({prev[1] or 'all archs'}) and {k} ({arch or 'all archs'}); "
+                               "rename one in its spec's wiring section")
             seen.setdefault((kind, value), (k, arch))
     for site in checkout.surface.sites:
         if not site.claim:
@@ -48,11 +50,12 @@ def check_names(checkout: Checkout, wirings: dict[str, Wiring], planned: list[st
                     m = rx.search(line)
                     if m and m.group(1) == want:
                         owner = _owner(checkout, rel, lineno)
-                        raise NameClash(
-                            f"{rel}:{lineno}: {value_name} {want!r} wanted by kernel {k} "
+                        clashes.append(
+                            f"{k}: {rel}:{lineno}: {value_name} {want!r} wanted by kernel {k} "
                             f"({arch or 'all archs'}) is already defined there "
                             f"({'by kernel ' + owner if owner else 'not wired by mpkbuild'}); "
                             f"choose another wiring.{value_name} in specs/{k}.yaml")
+    return clashes
 
 
 def _owner(checkout: Checkout, rel: str, lineno: int) -> str | None:

@@ -231,7 +231,8 @@ class _Editor:
         if self.old is None:
             return rb.text if rb else None
         if not self._is_own_file():
-            raise NameClash(f"{self.rel}: already exists and was not written by mpkbuild: it is "
+            raise NameClash(f"{rb.key.split('/')[0]}: {self.rel}: already exists and was not "
+                            "written by mpkbuild: it is "
                             f"the checkout's own{_what_it_holds(self.old)}, and {rb.key} wants "
                             "that path; the file is named after the kernel, so rename the kernel "
                             "(or move the checkout's file away)")
@@ -250,18 +251,29 @@ def _placed(co: Checkout, rb: RenderedBlock, base: int, marker_indent: int,
 
 
 def _build(co: Checkout, kernels: list[str], blocks: list[RenderedBlock],
-           notes: list | None = None) -> dict[str, FileChange]:
+           notes: list | None = None, clashes: list | None = None) -> dict[str, FileChange]:
+    """Every file's new text; refuses (NameClash) with every clash of the run, the names
+    check_names found and the files taken, each under its kernel."""
     by_file: dict[str, list[RenderedBlock]] = {}
     for b in blocks:
         by_file.setdefault(b.file, []).append(b)
     drift: list[str] = []
     notes = [] if notes is None else notes
+    clashes = [] if clashes is None else clashes
     changes = {}
     for rel in sorted(set(by_file) | _candidate_files(co, kernels)):
         ed = _Editor(co, rel, set(kernels), drift, notes)
-        new = ed.edit(by_file.get(rel, []))
+        try:
+            new = ed.edit(by_file.get(rel, []))
+        except NameClash as exc:
+            clashes.append(str(exc))
+            continue
         if new != ed.old:
             changes[rel] = FileChange(rel, ed.old, new)
+    if clashes:
+        raise NameClash(clashes[0] if len(clashes) == 1 else
+                        f"{len(clashes)} clashes with the checkout or between kernels, each under "
+                        "its kernel:\n  " + "\n  ".join(clashes))
     if drift:
         raise DriftError(f"refusing to touch {co.root}: {len(drift)} marked block(s) were "
                          "edited by hand. Move the change into the spec or wiring/templates, or "
@@ -332,7 +344,7 @@ def plan(mpk_root, specs: list[dict], wiring_root, kernels: list[str],
         raise TargetMissing(f"{V2_MARKER}: missing in mpk_root "
                             f"{co.root}: runtime=v2 wires into Runtime-V2, which this checkout "
                             "does not have (wire it without runtime=, for v1)")
-    check_names(co, wirings, kernels)
+    clashes = check_names(co, wirings, kernels)
     numbers = assign_numbers(co, wirings, kernels, renumber)
     blocks, fragments, notes = [], {}, []
     for k in kernels:
@@ -344,7 +356,7 @@ def plan(mpk_root, specs: list[dict], wiring_root, kernels: list[str],
                          "are not installed (the wire stage always gives them)")
         blocks += kb
         fragments[k] = {b.fragment_name: b.body for b in kb}
-    changes = _build(co, kernels, blocks, notes)
+    changes = _build(co, kernels, blocks, notes, clashes)
     return _judge(co, Plan(Path(mpk_root), tuple(kernels), numbers, changes, fragments, notes))
 
 

@@ -100,6 +100,11 @@ class Surface:
     requires: dict = None      # id -> Requirement
     roots: tuple = ()          # every wiring folder, the project's first: templates are
                                # looked up in that order
+    install_stem: str = "{{ kernel }}"   # our installed files' name (jinja2 over kernel)
+
+    def stem(self, kernel: str) -> str:
+        """The name a kernel's installed files take in the checkout (install_stem)."""
+        return self.text(self.install_stem, "install_stem", kernel=kernel)
 
     def env(self) -> jinja2.Environment:
         return _env(tuple(str(r / TEMPLATE_DIR) for r in (self.roots or (self.root,))))
@@ -309,4 +314,4 @@ def load_surface(wiring_root) -> Surface:
                    marker_begin=_need(marker, "begin", "marker"),
                    marker_end=_need(marker, "end", "marker"), sites=tuple(sites), scan=scan,
                    call=_need(data, "call", "top level"), python=_need(data, "python", "top level"),
-                   requires=requires)
+                   requires=requires, install_stem=str(data.get("install_stem", "{{ kernel }}")))
