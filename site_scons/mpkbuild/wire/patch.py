@@ -28,6 +28,7 @@ from .markers import Block, comment_style, indent_body, same_code, split_key
 from .numbering import assign_numbers, check_names
 from .blocks import RenderedBlock, render_blocks, site_file
 from .section import resolve
+from .style import restyle
 from .surface import load_surface
 
 
@@ -357,6 +358,7 @@ def plan(mpk_root, specs: list[dict], wiring_root, kernels: list[str],
         blocks += kb
         fragments[k] = {b.fragment_name: b.body for b in kb}
     changes = _build(co, kernels, blocks, notes, clashes)
+    changes = restyle(co, changes, set(kernels), notes)      # in the tree's own clang-format style
     return _judge(co, Plan(Path(mpk_root), tuple(kernels), numbers, changes, fragments, notes))
 
 
