@@ -82,12 +82,9 @@ def user(wheel, tmp_path_factory) -> dict:
     """docs/plugin.md's quick start, run word for word in a folder outside the repository."""
     if not PINNED.is_dir():
         pytest.skip(f"the pinned Mirage tree is not at {PINNED}")
+    from test_wire_real import copy_tree
     home = tmp_path_factory.mktemp("user")
-    mirage = home / "mirage"
-    shutil.copytree(PINNED, mirage, symlinks=True)
-    for p in [mirage, *mirage.rglob("*")]:
-        if not p.is_symlink():
-            p.chmod(p.stat().st_mode | 0o200)
+    mirage = copy_tree("mpk", home)
     pristine = digest(mirage)
     lines = doc_block(REPO / "docs" / "plugin.md", "## Quick start")
     out = run_block(lines, home, {"path/to/mpkbuild": str(wheel), "path/to/mirage": str(mirage)})

@@ -4,6 +4,10 @@ Read with nvidia-smi (fast: importing torch costs seconds and would tax every sc
 The fingerprint is a dependency of every GPU gate, so moving to another GPU makes the GPU
 gates stale and nothing else; its key names the folder where that GPU's results live, so
 results for two GPUs sit side by side.
+
+At module level this file imports the standard library only: executor=dask ships its source
+to workers that need not have mpkbuild (run/remote/dask.py), so what the profile functions
+need of the package is imported inside them.
 """
 from __future__ import annotations
 

@@ -50,7 +50,8 @@ def test_a_bad_project_file_names_file_line_and_key(tmp_path, text, where):
     with pytest.raises(project_mod.ProjectError) as err:
         project_mod.use_project(tmp_path)
     assert str(err.value).startswith(where), str(err.value)
-    assert config.layout() == config.DEFAULT_LAYOUT            # nothing was put in force
+    in_force = {key: getattr(config, name) for key, name in config.LAYOUT_KEYS.items()}
+    assert in_force == config.DEFAULT_LAYOUT                   # nothing was put in force
 
 
 def test_a_project_builds_in_its_own_folders(tmp_path):

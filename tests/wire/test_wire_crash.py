@@ -18,14 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, copy_project
-from mpkbuild.model.kernel import Kernel, discover
-from mpkbuild.stages.wire import task_sources
+from conftest import copy_project
 from mpkbuild.util import config
 from mpkbuild.wire import fsio, patch
+from test_wire_real import MIRAGE, catalog, copy_tree
 
-PINNED = REPO.parent / "shared" / "mirage" / "mpk"
-pytestmark = pytest.mark.skipif(not PINNED.is_dir(), reason=f"the pinned Mirage tree is not at {PINNED}")
+pytestmark = pytest.mark.skipif(not (MIRAGE / "mpk").is_dir(),
+                                reason=f"the pinned Mirage tree is not at {MIRAGE / 'mpk'}")
 
 
 def digest(tree: Path) -> dict[str, str]:
@@ -33,13 +32,11 @@ def digest(tree: Path) -> dict[str, str]:
             for p in sorted(tree.rglob("*")) if p.is_file()}
 
 
-def writable_copy(src: Path, dst: Path) -> Path:
+def fresh_copy(src: Path, dst: Path) -> Path:
+    """A copy of one of the module's (writable) trees, replacing the last one."""
     if dst.exists():
         shutil.rmtree(dst)
     shutil.copytree(src, dst, symlinks=True)
-    for p in [dst, *dst.rglob("*")]:
-        if not p.is_symlink():
-            p.chmod(p.stat().st_mode | 0o200)
     return dst
 
 
@@ -52,15 +49,12 @@ def ours_left(tree: Path) -> list[str]:
 def trees(tmp_path_factory):
     """The pristine copy, the same copy wired with every catalog kernel, and the two plans."""
     base = tmp_path_factory.mktemp("crash")
-    pristine = writable_copy(PINNED, base / "pristine")
-    kernels = [Kernel.load(REPO, n, write_cache=False) for n in discover(REPO)]
-    kernels = [k for k in kernels if k.has_wiring]
-    names = [k.name for k in kernels]
-    specs = [k.spec.data for k in kernels]
-    sources = {k.name: task_sources(k) for k in kernels}
+    pristine = copy_tree("mpk", base)
+    specs, sources = catalog()
+    names = [s["kernel"] for s in specs]
     wire_plan = patch.plan(pristine, specs, config.SHIPPED_WIRING, names, sources=sources)
     assert not wire_plan.problems
-    applied = writable_copy(pristine, base / "applied")
+    applied = fresh_copy(pristine, base / "applied")
     patch.apply(patch.plan(applied, specs, config.SHIPPED_WIRING, names, sources=sources))
     unwire_plan = patch.plan_unwire(applied, names, config.SHIPPED_WIRING)
     return {"base": base, "pristine": pristine, "applied": applied, "plan": wire_plan,
@@ -126,7 +120,7 @@ def test_a_kill_at_any_instant_ends_byte_exact(trees, run, tmp_path):
     assert run == "unwire" or len(plan.changes) >= 40, len(plan.changes)
     outcomes = {}
     for name, kill in kill_points(writes):
-        tree = writable_copy(trees[start], tmp_path / "tree")
+        tree = fresh_copy(trees[start], tmp_path / "tree")
         killed_run(tree, plan, kill)
         assert ours_left(tree), f"{name}: the kill left no journal behind: it came too late"
         said = fsio.recover(tree)
@@ -144,7 +138,7 @@ def test_a_kill_at_any_instant_ends_byte_exact(trees, run, tmp_path):
 
 def test_the_next_run_names_an_unfinished_run_and_finishes_it(trees, tmp_path):
     """Through scons: `-n` on a checkout a killed apply left says what it found and did."""
-    tree = writable_copy(trees["pristine"], tmp_path / "mpk")
+    tree = fresh_copy(trees["pristine"], tmp_path / "mpk")
     killed_run(tree, trees["plan"], lambda e, c: e == "rename" and c == 5)
     assert any(p.endswith(fsio.TEMP_SUFFIX) for p in ours_left(tree))
     project = copy_project(tmp_path / "proj", kernels=None)
@@ -158,7 +152,7 @@ def test_a_live_run_is_left_alone_and_a_second_writer_is_refused(trees, tmp_path
     apply on that checkout refuses, changing nothing."""
     import json
     import time
-    tree = writable_copy(trees["pristine"], tmp_path / "mpk")
+    tree = fresh_copy(trees["pristine"], tmp_path / "mpk")
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         deadline = time.monotonic() + 10
@@ -183,7 +177,7 @@ def test_a_live_run_is_left_alone_and_a_second_writer_is_refused(trees, tmp_path
 
 def test_a_read_only_folder_is_refused_before_anything_is_written(trees, tmp_path):
     """As root too: a 0555 folder that would get a new file stops the run, nothing written."""
-    tree = writable_copy(trees["pristine"], tmp_path / "mpk")
+    tree = fresh_copy(trees["pristine"], tmp_path / "mpk")
     plan = trees["plan"]
     plan.mpk_root = tree
     new_files = [rel for rel, c in plan.changes.items() if c.old is None]

@@ -8,19 +8,16 @@ gives the tree back byte for byte. Without clang-format the blocks keep the ship
 the plan says so."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import pytest
 
-from conftest import REPO
 from mpkbuild import wire
-from mpkbuild.model.kernel import Kernel, discover
-from mpkbuild.stages.wire import task_sources
 from mpkbuild.wire import style
 from test_wire_helpers import WIRING, snapshot
+from test_wire_real import MIRAGE, catalog, copy_tree
 
-PINNED = REPO.parent / "shared" / "mirage" / "mpk"
+PINNED = MIRAGE / "mpk"
 CLANG_FORMAT = style.clang_format()
 STYLES = {"own": None,
           "llvm-100": "BasedOnStyle: LLVM\nColumnLimit: 100\n",
@@ -31,17 +28,14 @@ pytestmark = [pytest.mark.skipif(not PINNED.is_dir(), reason=f"the pinned Mirage
 
 
 @pytest.fixture(scope="module")
-def catalog():
-    ks = [k for k in (Kernel.load(REPO, n, write_cache=False) for n in discover(REPO)) if k.has_wiring]
-    return [k.name for k in ks], [k.spec.data for k in ks], {k.name: task_sources(k) for k in ks}
+def wired():
+    """(names, specs, sources) of every catalog kernel with a wiring section."""
+    specs, sources = catalog()
+    return [s["kernel"] for s in specs], specs, sources
 
 
 def styled_tree(tmp_path, name: str, names, specs, sources):
-    root = tmp_path / name
-    shutil.copytree(PINNED, root, symlinks=True)
-    for p in [root, *root.rglob("*")]:
-        if not p.is_symlink():
-            p.chmod(p.stat().st_mode | 0o200)
+    root = copy_tree("mpk", tmp_path / name)
     if STYLES[name] is not None:
         (root / ".clang-format").write_text(STYLES[name])
     first = wire.plan(root, specs, WIRING, names, sources=sources)
@@ -51,8 +45,8 @@ def styled_tree(tmp_path, name: str, names, specs, sources):
 
 
 @pytest.mark.parametrize("name", list(STYLES))
-def test_blocks_pass_the_trees_own_format_check_and_unwire_exactly(catalog, tmp_path, name):
-    names, specs, sources = catalog
+def test_blocks_pass_the_trees_own_format_check_and_unwire_exactly(wired, tmp_path, name):
+    names, specs, sources = wired
     root, cpp = styled_tree(tmp_path, name, names, specs, sources)
     pristine = snapshot(root)
     check = subprocess.run([CLANG_FORMAT, "--dry-run", "-Werror", "--style=file", *cpp], cwd=root,
@@ -71,10 +65,9 @@ def test_blocks_pass_the_trees_own_format_check_and_unwire_exactly(catalog, tmp_
     assert snapshot(root) == pristine
 
 
-def test_without_clang_format_the_shipped_style_stays_and_the_plan_says_so(catalog, tmp_path, monkeypatch):
-    names, specs, sources = catalog
-    root = tmp_path / "t"
-    shutil.copytree(PINNED, root, symlinks=True)
+def test_without_clang_format_the_shipped_style_stays_and_the_plan_says_so(wired, tmp_path, monkeypatch):
+    names, specs, sources = wired
+    root = copy_tree("mpk", tmp_path)
     (root / ".clang-format").write_text(STYLES["google-120-4"])
     monkeypatch.setattr(style, "clang_format", lambda: None)
     p = wire.plan(root, specs, WIRING, names, sources=sources)

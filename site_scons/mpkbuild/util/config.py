@@ -39,11 +39,6 @@ def use_layout(folders: dict[str, str]) -> None:
         globals()[name] = folders.get(key, DEFAULT_LAYOUT[key])
 
 
-def layout() -> dict[str, str]:
-    """The folders in force, by mpkbuild.yaml key."""
-    return {key: globals()[name] for key, name in LAYOUT_KEYS.items()}
-
-
 def wiring_roots(root) -> tuple[Path, ...]:
     """The wiring surfaces a project wires with, the project's first: its wiring/ folder (when
     it has one) extends or overrides the shipped one (wire/surface.py merges them)."""

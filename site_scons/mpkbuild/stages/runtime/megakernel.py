@@ -98,10 +98,6 @@ class Checkout:
         return sorted(p for p in (self.root / "include/mirage").rglob("*")
                       if p.is_file() and p.suffix in (".h", ".cuh", ".hpp", ".inl"))
 
-    @property
-    def has_v2(self) -> bool:
-        return (self.root / V2_MARKER).is_file()
-
     def require(self, runtime: str) -> None:
         """A checkout without the runtime asked for stops here, naming what is missing."""
         self.require_runtime(self.root, runtime)
