@@ -80,7 +80,7 @@ def test_the_harness_has_a_worker_mode_guarded_as_the_registered_call(project):
     project.scons("stage=compile")
     harness = project.path(f"build/{K}/gen/harness.cu").read_text()
     guard = yaml.safe_load((config.SHIPPED_WIRING / "surface.yaml").read_text())["call"]["guard"]
-    guard = guard.replace("{{ kernel }}", K)
+    guard = guard.replace("{{ spec }}", config.spec_namespace(K))
     variants = yaml.safe_load((REPO / f"specs/{K}.yaml").read_text())["codegen"]["variants"]
     for v in variants:
         start = harness.index(f"{K}__{v}__worker(")

@@ -37,12 +37,15 @@ def test_harness_has_one_launcher_per_variant_and_task_slices(root):
 
 def test_plain_cuh_body_is_used_verbatim(root):
     body = root / "kernels" / K / "plain.cuh"
-    body.write_text("// plain body {{ not a template }}\n")
+    body.write_text("#pragma once\n// plain body {{ not a template }}\n__device__ void f() {}\n")
     spec = root / "specs" / f"{K}.yaml"
     spec.write_text(spec.read_text().replace(f"body: kernels/{K}/{K}.cuh.j2", f"body: kernels/{K}/plain.cuh"))
     k = Kernel.load(root, K)
     assert not k.body_is_template
-    assert render(k, "body") == "// plain body {{ not a template }}\n"
+    # not rendered by jinja; its code in the body's namespace, its pragma outside
+    assert render(k, "body") == (f"#pragma once\nnamespace kernel::mpkbuild_{K} {{\n"
+                                 "// plain body {{ not a template }}\n__device__ void f() {}\n"
+                                 f"}}  // namespace kernel::mpkbuild_{K}\n")
 
 
 def test_undefined_name_in_body_template_names_file_and_line(root):
@@ -80,12 +83,72 @@ def test_smem_plan_respects_alignment():
     assert plan["total"] == 192
 
 
+NS = "kernel::mpkbuild_x"
+
+
+def test_an_include_guarded_body_closes_its_namespace_inside_the_guard(tmp_path):
+    """The namespace opens after the includes and closes before the guard's #endif, so a
+    second include skips both; a trailing #endif of the code's own stays inside."""
+    import shutil
+    import subprocess
+    body = ("// doc\n#ifndef X_CUH\n#define X_CUH\n#include <cstdint>\n\n"
+            "inline int twice(int a) { return 2 * a; }\n#if 1\ninline int one() { return 1; }\n#endif\n"
+            "\n#endif  // X_CUH\n")
+    text = codegen.in_namespace(body, NS, "x.cuh")
+    assert text.splitlines()[4] == f"namespace {NS} {{"     # the blank line's place: lines kept
+    assert text.splitlines()[5] == "inline int twice(int a) { return 2 * a; }"
+    assert text.endswith(f"#endif\n\n}}  // namespace {NS}\n#endif  // X_CUH\n")
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    (tmp_path / "x.cuh").write_text(text)
+    (tmp_path / "tu.cc").write_text('#include "x.cuh"\n#include "x.cuh"\n'
+                                    "int twice = 0;  // the global name is free\n"
+                                    "int main() { return kernel::mpkbuild_x::twice(twice) + kernel::mpkbuild_x::one(); }\n")
+    proc = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "tu.cc"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_an_include_after_the_bodys_code_is_refused_with_its_line():
+    with pytest.raises(codegen.TemplateError) as exc:
+        codegen.in_namespace("#pragma once\nint a;\n/* x */\n#include <cstdint>\n", NS, "kernels/x/x.cuh")
+    assert "kernels/x/x.cuh: line 4 of the rendered body: #include after the body's first code" in str(exc.value)
+    # block comments and continued directives at the top are still the top
+    text = codegen.in_namespace("/* a\n#include <not code>\n*/\n#define M(a) \\\n  (a)\nint b;\n", NS, "x")
+    assert text.splitlines()[5] == f"namespace {NS} {{" and text.splitlines()[6] == "int b;"
+
+
+def test_every_catalog_body_and_header_leaves_the_global_scope_to_others(tmp_path):
+    """Every name of a catalog kernel's generated header and body is in its namespace: a
+    translation unit that declares the same names at global scope (as upstream's tasks and
+    other kernels could) compiles beside them."""
+    import re
+    import shutil
+    import subprocess
+    from conftest import REPO
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc on PATH")
+    names = sorted(p.stem for p in (REPO / "specs").glob("*.yaml"))
+    tu = []
+    for name in names:
+        k = Kernel.load(REPO, name, write_cache=False)
+        (tmp_path / f"{name}_spec.h").write_text(render(k, "spec_header"))
+        (tmp_path / f"{name}.cuh").write_text(render(k, "body"))
+        assert re.search(rf"^namespace kernel::mpkbuild_{name} {{$", render(k, "body"), re.M)
+        tu += [f'#include "{name}_spec.h"', f'#include "{name}.cuh"',
+               f"int {name}_task, {name}_detail, {name}_spec;"]
+    (tmp_path / "tu.cu").write_text("\n".join(tu) + "\n")
+    proc = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90a", "-c", "tu.cu", "-o", "tu.o"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_launch_bounds_follow_min_blocks_per_sm(root):
     spec = root / "specs" / f"{K}.yaml"
     spec.write_text(spec.read_text().replace("  grid: [rows]", "  min_blocks_per_sm: 1 + rows // 4096\n  grid: [rows]"))
     harness = render(Kernel.load(root, K), "harness")
-    assert "__launch_bounds__(rmsnorm_v2_spec::THREADS, 1)\nrmsnorm_v2__decode_r16_h7168(" in harness
-    assert "__launch_bounds__(rmsnorm_v2_spec::THREADS, 5)\nrmsnorm_v2__large_r16384_h7168(" in harness
+    assert "__launch_bounds__(kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_spec::THREADS, 1)\nrmsnorm_v2__decode_r16_h7168(" in harness
+    assert "__launch_bounds__(kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_spec::THREADS, 5)\nrmsnorm_v2__large_r16384_h7168(" in harness
 
 
 def test_partition_override_moves_the_task_slice(root):
@@ -94,7 +157,7 @@ def test_partition_override_moves_the_task_slice(root):
         "  grid: [rows]", '  grid: [rows]\n  overrides:\n    - {variants: "large_r16384_*", partition: {input: [-1, -1]}}'))
     harness = render(Kernel.load(root, K), "harness")
     large = harness[harness.index("rmsnorm_v2__large_r16384_h7168("):]
-    assert "input + static_cast<size_t>(task)" not in large.split("task, rmsnorm_v2_spec::task_smem()")[0]
+    assert "input + static_cast<size_t>(task)" not in large.split("task, kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_spec::task_smem()")[0]
     assert "input + static_cast<size_t>(task) * 7168ull" in harness      # the other variants
 
 

@@ -123,7 +123,7 @@ def test_call_is_the_wired_one():
     k = Kernel.load(REPO, "linear_v2", write_cache=False)
     p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, {c.name: c.spec.data for c in runtime.companions_for(k, {})})
     call = p["dispatch"][0]["call"]
-    assert call[0] == "if (threadIdx.x < linear_v2_spec::THREADS) {"
+    assert call[0] == "if (threadIdx.x < kernel::mpkbuild_linear_v2::linear_v2_spec::THREADS) {"
     assert "task_desc->task_metadata.task_offset," in " ".join(call)
     assert "$" not in " ".join(call)
 

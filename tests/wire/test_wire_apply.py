@@ -55,17 +55,17 @@ def test_wired_tree_compiles_and_dispatches(tree):
     # the body runs on its spec's threads of the worker block, with MPK's own pointers and
     # the SMEM base by MPK's convention (the stand-in CodeKeeper does not indent)
     assert code[:8] == [
-        "  if (threadIdx.x < rmsnorm_v2_spec::THREADS) {",
-        "  rmsnorm_v2_task<4096>(",
+        "  if (threadIdx.x < kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_spec::THREADS) {",
+        "  kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_task<4096>(",
         "      static_cast<__nv_bfloat16 const *>(task_desc->input_ptrs[0]),",
         "      static_cast<__nv_bfloat16 const *>(task_desc->input_ptrs[1]),",
         "      static_cast<__nv_bfloat16 *>(task_desc->output_ptrs[0]),",
         "      task_desc->task_metadata.task_offset,",
-        "      rmsnorm_v2_spec::task_smem());",
+        "      kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_spec::task_smem());",
         "  }",
     ]
-    assert "  silu_mul_v1_task<2048, 0>(" in code
-    assert "  rmsnorm_v2_task<7168>(" in code
+    assert "  kernel::mpkbuild_silu_mul_v1::silu_mul_v1_task<2048, 0>(" in code
+    assert "  kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_task<7168>(" in code
     # the existing tasks still dispatch
     res = run_driver(exe, "rmsnorm_hopper", *RMS_T)
     assert "TASK_RMS_NORM_HOPPER(152)" in res.stdout

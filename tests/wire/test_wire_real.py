@@ -120,7 +120,8 @@ def wired_calls(root: Path, specs: list[dict], target: str = "sm_90a") -> list[t
                       rf"// <<< mpk-wire {s['kernel']}/{target}/register_fn", text, re.S)
         assert m, f"{s['kernel']}: no {target} register_fn block"
         code = []
-        for fmt, args in re.findall(r'code\.e\("((?:[^"\\]|\\.)*)"((?:,\s*[^;]*)?)\);', m.group(1)):
+        block = re.sub(r'"\s*\n\s*"', "", m.group(1))   # "a"\n "b": one literal (clang-format's split)
+        for fmt, args in re.findall(r'code\.e\(\s*"((?:[^"\\]|\\.)*)"((?:,\s*[^;]*)?)\);', block):
             for a in [x.strip() for x in args.split(",") if x.strip()]:
                 fmt = fmt.replace("$", str(syms[a]), 1)     # KeyError: an arg we cannot value
             code.append(fmt.replace('\\"', '"'))

@@ -44,7 +44,8 @@ def test_a_template_argument_from_the_task_tile_follows_the_layers_grid():
     fn = wire.render(spec, WIRING, {"sm_90a": 170, "sm_100a": 240})["register_fn.sm_90a.cc"]
     assert "assert(params.size() == 0);" in fn
     assert "int const rpt = output_ops[0]->output_tensors[0].dim[0];" in fn
-    assert 'code.e("embedding_v2_task<$, $>(", hidden, rpt);' in fn
+    # the body's function, in the body's namespace (not upstream's kernel::embedding_v2)
+    assert 'code.e("kernel::mpkbuild_embedding_v2::embedding_v2_task<$, $>(",\n         hidden,\n         rpt);' in fn
 
 
 def test_render_is_pure_and_deterministic():
@@ -98,7 +99,7 @@ def test_split_dim_template_arg_reads_the_whole_tensor():
     fn = wire.render(spec, WIRING)["register_fn.sm_90a.cc"]
     assert "int const rows = output_ops[0]->dtensor.dim[0];" in fn
     assert "int const tile_cols = input_ops[1]->output_tensors[0].dim[1];" in fn
-    assert 'code.e("silu_mul_v1_task<$, $, bfloat16>(", rows, tile_cols);' in fn
+    assert 'code.e("kernel::mpkbuild_silu_mul_v1::silu_mul_v1_task<$, $, bfloat16>(",' in fn
 
 
 def test_template_errors_name_template_and_line(tmp_path):

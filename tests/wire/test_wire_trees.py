@@ -53,7 +53,7 @@ def test_a_kernel_that_reads_no_task_index_wires_into_a_tree_without_task_offset
     p = wire.plan(tree, [spec], WIRING, ["silu_mul_v1"])
     wire.apply(p)
     register = (tree / "src/kernel/task_register.cc").read_text()
-    call = register[register.index('code.e("silu_mul_v1_task<$, $>('):]
+    call = register[register.index('silu_mul_v1_task<$, $>('):]
     assert call.index('code.e("    0,");') < call.index("silu_mul_v1_spec::task_smem()")
     assert not any("task_offset" in text for text in p.fragments["silu_mul_v1"].values())
     wire.unwire(tree, ["silu_mul_v1"], WIRING)

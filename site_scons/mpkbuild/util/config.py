@@ -73,6 +73,19 @@ V2_MARKER = "include/mirage/persistent_kernel/runtime_v2.cuh"
 PROFILE_ENTRIES_PER_WORKER = 4096
 # validate's worker mode runs each trial's tasks in blocks of both sizes
 WORKER_MODE_BLOCKS = (MPK_WORKER_THREADS, V2_BLOCK_THREADS)
+# The namespace a kernel's body and spec header live in, in the harness, the runtime gate and
+# the wired checkout alike: upstream's tasks live in namespace kernel (v2's in kernel::v2,
+# kernel::rmsnorm_v2, ...), and the mpkbuild_ prefix is one upstream never uses (as the
+# wiring surface's install_stem), so ours never merges into one of theirs.
+def body_namespace(kernel: str) -> str:
+    return f"kernel::mpkbuild_{kernel}"
+
+
+def spec_namespace(kernel: str) -> str:
+    """Where a kernel's generated spec header puts its constants (spec_header.h.j2)."""
+    return f"{body_namespace(kernel)}::{kernel}_spec"
+
+
 # compute capability (major, minor) -> the arch whose library runs on it
 ARCH_FOR_CC = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
 

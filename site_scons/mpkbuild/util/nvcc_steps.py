@@ -78,7 +78,8 @@ def split_compile(cmd: list[str], work: Path, cache: Path | None = None) -> tupl
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         # the fronts (cicc writes the host stub the host compile includes), then the backs
         ok = all(list(pool.map(run, ("device", "host"), (device, host))))
-        hit, host_back = _host_object(host_back, work, cache)
+        # a front that failed left no host side to look up: its log is the answer
+        hit, host_back = _host_object(host_back, work, cache) if ok else (None, host_back)
         ok = ok and all(list(pool.map(run, ("device back", "host back"), (device_back, host_back))))
         if hit:
             log["host back"] = f"(the host object of an identical host side: {hit})"

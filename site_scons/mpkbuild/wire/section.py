@@ -307,9 +307,10 @@ def _resolve(spec: dict, surface: Surface, problems: list, runtime: str = "v1") 
             if tensors[-1]["ctype"] is None or tensors[-1]["pytype"] is None:
                 problems.append((f"codegen.{role}s.{i}.dtype", f"dtype {t.get('dtype')!r} has no "
                                  "C++/Python type (util/config.py DTYPES)"))
-    tail = [surface.text(a, "call.tail_args", kernel=kernel, tile_indexed=bool(w.get("tile_indexed", True)))
+    names = {"kernel": kernel, "spec": config.spec_namespace(kernel)}
+    tail = [surface.text(a, "call.tail_args", **names, tile_indexed=bool(w.get("tile_indexed", True)))
             for a in surface.call.get("tail_args", [])]
-    guard = surface.text(surface.call["guard"], "call.guard", kernel=kernel) \
+    guard = surface.text(surface.call["guard"], "call.guard", **names) \
         if surface.call.get("guard") else None
     dims, call_lines = _call(spec, w, tensors, pnames, problems, tail, guard)
     if w.get("tma_descriptors", 0):
@@ -372,6 +373,8 @@ def _call(spec, w, tensors, pnames, problems, tail_default, guard=None):
         fmt.append("$")
         args.append(sym)
     function = call.get("function", f"{kernel}_task")
+    if "::" not in function:   # the body's own: in its namespace (util/config.body_namespace)
+        function = f"{config.body_namespace(kernel)}::{function}"
     head = function + (f"<{', '.join(fmt)}>(" if fmt else "(")
     lines = [{"fmt": head, "args": args}]
     items = []

@@ -326,7 +326,7 @@ def _block_graphs(spec: dict, specs: dict, dispatch: list, text: str | None,
                 if key not in ids:
                     ids[key] = len(dispatch)
                     dispatch.append({"id": ids[key], "kernel": layer["kernel"], "variant": variant,
-                                     "spec": f"{layer['kernel']}_spec",
+                                     "spec": config.spec_namespace(layer["kernel"]),
                                      "task_type": "MPKB_TASK_TYPE",
                                      "call": _call_lines(kspec, sym, wiring_root)})
                 layers.append(_layer(kspec, variant, ids[key], index))
@@ -410,7 +410,7 @@ def plan(spec: dict, wiring_root: Path, companions: dict | None = None,
     text = register_text(checkout_root) if checkout_root is not None else None
     dispatch, graphs, rivals, missing = [], [], [], {}
     for i, variant in enumerate(cg["variants"]):
-        dispatch.append({"id": i, "kernel": kernel, "variant": variant, "spec": f"{kernel}_spec",
+        dispatch.append({"id": i, "kernel": kernel, "variant": variant, "spec": config.spec_namespace(kernel),
                          "task_type": "MPKB_TASK_TYPE",
                          "call": _call_lines(spec, variant_symbols(cg, variant), wiring_root)})
         n = len(cg["inputs"]) + len(cg["outputs"])
