@@ -26,6 +26,7 @@ class RenderedBlock:
     text: str            # body wrapped in its marker lines
     raw: str = ""        # the template's output, unindented (placed in a checkout at its indent)
     raw_joined: str | None = None   # the same when the anchor line closes it (site.join)
+    port: str | None = None  # the layer a port site's scope names (wiring.port)
 
     @property
     def fragment_name(self) -> str:
@@ -54,7 +55,7 @@ def context(w: Wiring, surface: Surface, arch: str | None, numbers: dict,
         "tensors": [dict(t) for t in w.tensors], "params": [dict(p) for p in w.params],
         "dims": list(w.dims), "call_lines": list(w.call_lines),
         "tile_indexed": w.tile_indexed, "tma_descriptors": w.tma_descriptors,
-        "test": dict(w.test), "runtime": w.runtime,
+        "test": dict(w.test), "runtime": w.runtime, "port": w.port,
         "archs": [{**surface.archs[a].as_dict(), "task_type": w.task_type[a],
                    "task_name": w.task_name[a], "number": numbers.get(a)} for a in w.archs],
     }
@@ -70,6 +71,10 @@ def _wanted(site: Site, w: Wiring, surface: Surface, arch: str | None, numbers: 
         return False
     if site.when == "tile_indexed":
         return w.tile_indexed
+    if site.when == "own_layer":
+        return not w.ports_layer
+    if site.when == "port":
+        return w.ports_layer
     if site.when == "tma":
         n = numbers.get(arch)
         return isinstance(n, int) and surface.archs[arch].in_tma(n)
@@ -95,7 +100,7 @@ def render_blocks(w: Wiring, surface: Surface, numbers: dict | None = None,
             out.append(RenderedBlock(key=key, site=site, arch=arch,
                                      file=site_file(surface, site, arch, w.kernel), body=body,
                                      text=markers.make(key, body, indent, site.comment),
-                                     raw=raw, raw_joined=joined))
+                                     raw=raw, raw_joined=joined, port=w.port))
     return out
 
 

@@ -133,8 +133,18 @@ class Checkout:
                 raise AnchorNotFound(f"{rel}: site {site.id} is not supported on this checkout: no "
                                      f"line matches its scope {scope!r}. The runtime's layout "
                                      "changed? Update the site in wiring/surface.yaml")
+        end = len(lines)
+        if scope and rel.endswith(".py"):     # a Python scope is its def's indented body
+            depth = len(lines[first]) - len(lines[first].lstrip())
+            head, parens = first, 0
+            for head in range(first, len(lines)):  # the header ends where its brackets close
+                parens += sum(lines[head].count(c) for c in "([{") - sum(lines[head].count(c) for c in ")]}")
+                if parens <= 0 and lines[head].rstrip().endswith(":"):
+                    break
+            end = next((i for i in range(head + 1, len(lines)) if lines[i].strip()
+                        and len(lines[i]) - len(lines[i].lstrip()) <= depth), len(lines))
         rx = re.compile(anchor)
-        hits = [i for i in range(first, len(lines)) if i not in hidden and rx.search(lines[i])]
+        hits = [i for i in range(first, end) if i not in hidden and rx.search(lines[i])]
         if not hits:
             where = f" after the line matching {scope!r}" if scope else ""
             raise AnchorNotFound(f"{rel}: site {site.id} is not supported on this checkout: no "

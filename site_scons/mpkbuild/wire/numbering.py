@@ -43,6 +43,8 @@ def check_names(checkout: Checkout, wirings: dict[str, Wiring], planned: list[st
         rx = checkout.surface.scan[scan_key]
         for k in planned:
             w = wirings[k]
+            if site.when == "own_layer" and w.ports_layer:
+                continue
             for arch in (w.archs if site.per_arch else (None,)):
                 rel = site_file(checkout.surface, site, arch, k)
                 want = _value(w, value_name, arch)

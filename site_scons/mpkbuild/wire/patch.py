@@ -26,6 +26,7 @@ from .errors import (AnchorNotFound, DriftError, Incoherent, NameClash, StalePla
 from .fsio import commit
 from .markers import Block, comment_style, indent_body, same_code, split_key
 from .numbering import assign_numbers, check_names
+from .ports import check_ports
 from .blocks import RenderedBlock, render_blocks, site_file
 from .section import resolve
 from .style import restyle
@@ -142,7 +143,7 @@ class _Editor:
                 continue
             current = {b.key: b for b in find(lines, self.rel)}
             ctx = {"arch": self.co.surface.archs[rb.arch].as_dict() if rb.arch else {},
-                   "kernel": split_key(rb.key)[0]}
+                   "kernel": split_key(rb.key)[0], "port": rb.port}
             anchor = self.co.surface.text(rb.site.anchor, f"site {rb.site.id} anchor", **ctx)
             scope = self.co.surface.text(rb.site.scope, f"site {rb.site.id} scope", **ctx) \
                 if rb.site.scope else None
@@ -346,11 +347,15 @@ def plan(mpk_root, specs: list[dict], wiring_root, kernels: list[str],
                             f"{co.root}: runtime=v2 wires into Runtime-V2, which this checkout "
                             "does not have (wire it without runtime=, for v1)")
     clashes = check_names(co, wirings, kernels)
+    unported = check_ports(co, wirings, kernels)     # their port blocks have no place to go
+    clashes += unported
     numbers = assign_numbers(co, wirings, kernels, renumber)
     blocks, fragments, notes = [], {}, []
     for k in kernels:
         src = (sources or {}).get(k)
         kb = render_blocks(wirings[k], surface, numbers[k], src)
+        if any(x.startswith(f"{k}: ") for x in unported):
+            kb = [b for b in kb if b.site.when != "port"]
         if src is None:
             kb = [b for b in kb if b.site.id not in _SOURCE_SITES]
             notes.append(f"{k}: no task sources given to plan(): its body and spec header "

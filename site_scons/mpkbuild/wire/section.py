@@ -45,6 +45,13 @@ WIRING_SCHEMA: dict = {
         "layer": {"type": "string", "pattern": C_IDENT,
                   "description": "Python method <layer>_layer on PersistentKernel. "
                                  "Default: the spec's op (name it for the op, not a model)."},
+        "port": {"type": "string", "pattern": C_IDENT,
+                 "description": "An existing layer (<port>_layer on PersistentKernel) this "
+                                "kernel takes over on Runtime-V2: with runtime=v2, wire adds a "
+                                "use_v2_runtime branch to that layer registering this kernel, "
+                                "instead of a new layer (its tb_graph must partition the "
+                                "tensors as the spec does, and it must take every wiring "
+                                "param). On v1 the kernel gets its own layer as without it."},
         "task_type": _per_arch({"type": "string", "pattern": TASK_TYPE},
                                "enum TaskType name per arch. Default: TASK_<KERNEL>_<TAG>, "
                                "TAG from wiring/surface.yaml (HOPPER, SM100)."),
@@ -148,6 +155,12 @@ class Wiring:
     tma_descriptors: int
     test: dict               # {variant, grid, threads}
     runtime: str = "v1"      # the runtime these targets are (archs: v1's, or ("v2",))
+    port: str | None = None  # wiring.port: the existing layer it takes over on Runtime-V2
+
+    @property
+    def ports_layer(self) -> bool:
+        """Registered through an existing layer's use_v2_runtime branch, not a layer of its own."""
+        return self.port is not None and self.runtime == "v2"
 
     def register_fn(self, arch: str) -> str:
         return f"register_{self.task_name[arch]}_task"
@@ -157,7 +170,8 @@ class Wiring:
         for a in self.archs:
             yield "task type", self.task_type[a], a
             yield "task name", self.task_name[a], a
-        yield "layer", f"{self.layer}_layer", None
+        if not self.ports_layer:
+            yield "layer", f"{self.layer}_layer", None
 
 
 def check_section(spec: dict, wiring_root=None) -> list[tuple[str, str]]:
@@ -245,6 +259,9 @@ def _resolve(spec: dict, surface: Surface, problems: list, runtime: str = "v1") 
     lpath = "wiring.layer" if "layer" in w else "op"
     if _ident(layer, lpath, problems) and keyword.iskeyword(layer):
         problems.append((lpath, f"{layer!r} is a Python keyword"))
+    port = w.get("port")
+    if port is not None and _ident(port, "wiring.port", problems) and keyword.iskeyword(port):
+        problems.append(("wiring.port", f"{port!r} is a Python keyword"))
 
     # tensors, in task order: inputs then outputs
     ins, outs = list(cg.get("inputs") or []), list(cg.get("outputs") or [])
@@ -325,7 +342,8 @@ def _resolve(spec: dict, surface: Surface, problems: list, runtime: str = "v1") 
                   num_inputs=len(ins), num_outputs=len(outs), tensors=tuple(tensors),
                   params=tuple(params), dims=tuple(dims), call_lines=tuple(call_lines),
                   tile_indexed=bool(w.get("tile_indexed", True)),
-                  tma_descriptors=int(w.get("tma_descriptors", 0)), test=test, runtime=runtime)
+                  tma_descriptors=int(w.get("tma_descriptors", 0)), test=test, runtime=runtime,
+                  port=port)
 
 
 def _call(spec, w, tensors, pnames, problems, tail_default, guard=None):

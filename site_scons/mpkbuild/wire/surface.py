@@ -29,7 +29,7 @@ _SITE_KEYS = {"id", "file", "per_arch", "anchor", "where", "indent", "comment", 
               "when", "scope", "kind", "claim", "optional", "join", "needs", "runtime"}
 _MAPPING_KEYS = ("archs", "scan", "requires", "call", "python", "marker")   # merged by name
 _REQUIRE_KEYS = {"file", "scope", "pattern", "what", "if_used"}
-_WHEN = {None, "tma", "tile_indexed"}
+_WHEN = {None, "tma", "tile_indexed", "own_layer", "port"}
 
 
 @dataclass(frozen=True)
@@ -267,7 +267,8 @@ def load_surface(wiring_root) -> Surface:
         if s.get("runtime") not in (None, *config.RUNTIMES):
             raise SurfaceError(f"{SURFACE_FILE}: {where}: runtime must be one of {', '.join(config.RUNTIMES)}")
         if s.get("when") not in _WHEN:
-            raise SurfaceError(f"{SURFACE_FILE}: {where}: when must be one of tma, tile_indexed")
+            raise SurfaceError(f"{SURFACE_FILE}: {where}: when must be one of "
+                               f"{', '.join(sorted(w for w in _WHEN if w))}")
         sites.append(Site(id=s["id"], file=s["file"], template=s["template"],
                           comment=s["comment"], per_arch=bool(s.get("per_arch", True)),
                           kind=kind, anchor=s.get("anchor"), scope=s.get("scope"),
