@@ -269,3 +269,34 @@ def test_inside_repo_follows_symlinks_exactly_as_realpath(tmp_path):
                 "kernels/k/missing.py", "kernels/missing/dir/x.py", "kernels/k/dangling.py",
                 "kernels/k/", ".", ""):
         assert _realpath_under(base, rel) == os.path.realpath(os.path.join(base, rel)), rel
+
+
+def test_runtime_state_of_another_dtype_is_refused(root):
+    edit(root, "{name: weight, dtype: bf16, shape: [hidden],       partition: [-1]}",
+         "{name: weight, dtype: bf16, shape: [hidden],       partition: [-1], runtime: tokens}")
+    expect_error(root, "runtime: tokens", "codegen.inputs.1.dtype", "its dtype is int64, not bf16")
+
+
+def test_runtime_state_split_over_tasks_is_refused(root):
+    edit(root, "{name: weight, dtype: bf16, shape: [hidden],       partition: [-1]}",
+         "{name: ids, dtype: int64, shape: [rows], partition: [0], runtime: tokens}")
+    expect_error(root, "runtime: tokens", "codegen.inputs.1.partition", "its partition is all -1")
+
+
+def test_runtime_state_as_an_output_is_refused(root):
+    edit(root, "{name: output, dtype: bf16, shape: [rows, hidden], partition: [0, -1]}",
+         "{name: output, dtype: bf16, shape: [rows, hidden], partition: [0, -1], runtime: tokens}")
+    expect_error(root, "runtime: tokens", "codegen.outputs.0.runtime", "only an input")
+
+
+def test_task_metadata_sharing_bytes_is_refused(root):
+    edit(root, "  inputs:\n", "  task_metadata: [request_id, expert_offset]\n  inputs:\n")
+    expect_error(root, "task_metadata:", "codegen.task_metadata.1",
+                 "expert_offset and request_id share TaskMetadata's bytes")
+
+
+def test_more_tasks_than_a_metadata_field_holds_is_the_grids_error(root):
+    edit(root, "  inputs:\n", "  task_metadata: [request_id]\n  inputs:\n")
+    edit(root, "tile_indexed: true", "tile_indexed: false")
+    edit(root, "large_r16384_h7168: {rows: 16384,", "large_r16384_h7168: {rows: 32769,")
+    expect_error(root, "grid: [rows]", "codegen.grid.0", "task_metadata request_id holds task indices up to 32767")

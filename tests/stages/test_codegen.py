@@ -172,3 +172,17 @@ def test_smem_sized_by_variant_symbols_is_planned_per_variant(root):
     assert "rmsnorm_v2_spec::large_r4096_h7168::SMEM_TOTAL" in harness
     plan = codegen.smem_plan(k.spec.data["codegen"])
     assert plan["total"] == 4096 and not plan["uniform"]
+
+
+def test_task_metadata_reaches_the_body_as_the_tasks_index(root):
+    """In the harness a metadata field is the task's index on grid x, as the wired builder
+    sets it in MPK (bid.x); after the tensors, before the task index, in TASK_METADATA's order."""
+    spec = root / "specs" / f"{K}.yaml"
+    spec.write_text(spec.read_text().replace("  inputs:\n", "  task_metadata: [kv_idx, request_id]\n  inputs:\n", 1)
+                    .replace("tile_indexed: true", "tile_indexed: false"))
+    harness = render(Kernel.load(root, K), "harness")
+    start = harness.index("::rmsnorm_v2_task<")
+    call = harness[start:harness.index("task_smem()", start)]
+    assert call.split("\n")[4:7] == ["      task,  // request_id: the task's index on grid x, as MPK's builder sets it",
+                                     "      task,  // kv_idx: the task's index on grid x, as MPK's builder sets it",
+                                     "      task, kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_spec::"]

@@ -547,3 +547,32 @@ def test_no_megakernel_runs_before_validate_passed(project):
     listed = run.stdout.split("\n")
     gate = next(i for i, l in enumerate(listed) if l.startswith("runtime rmsnorm_v2"))
     assert any(l.startswith("validate rmsnorm_v2") for l in listed[:gate]), listed
+
+
+def test_runtime_state_is_fed_to_the_runtime_not_to_the_task():
+    """embedding_tokens_v2 reads the step's tokens from the runtime: its graph's layer hands
+    the task the table and the output only, the tokens tensor is fed as MPK's tokens meta
+    tensor (runtime_state), and the runner still makes (and checks against) every tensor."""
+    k = Kernel.load(REPO, "embedding_tokens_v2", write_cache=False)
+    p = runtime.plan(k.spec.data, config.SHIPPED_WIRING)
+    for g in p["graphs"]:
+        (layer,) = g["layers"]
+        assert g["num_tensors"] == 3 and g["runtime_state"] == [-1, 0]
+        assert layer["num_inputs"] == 1 and layer["tensors"][:2] == [1, 2]
+        assert layer["spec_tensors"] == [0, 1, 2] and layer["metadata"] == 0
+    text = runtime.render(k, config.SHIPPED_WIRING, None)
+    assert "runtime_config.tokens + runtime_config.step[0]" in text
+    assert "meta[m] = tensors[t];" in text
+
+
+def test_task_metadata_is_set_per_task_as_the_wired_builder_sets_it():
+    import copy
+    k = Kernel.load(REPO, "rmsnorm_v2", write_cache=False)
+    spec = copy.deepcopy(k.spec.data)
+    spec["codegen"]["task_metadata"] = ["request_id", "kv_idx"]
+    spec["wiring"]["tile_indexed"] = False
+    p = runtime.plan(spec, config.SHIPPED_WIRING)
+    assert {l["metadata"] for g in p["graphs"] for l in g["layers"]} == {1 | 4}
+    call = " ".join(" ".join(p["dispatch"][0]["call"]).split())
+    assert ("task_desc->task_metadata.request_id, task_desc->task_metadata.kv_idx, 0, "
+            "kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_spec::task_smem());") in call

@@ -142,7 +142,7 @@ def test_spec_edit_replaces_only_marked_blocks(tree):
         if rel not in p.changes:
             assert after[rel] == old, rel
     # outside the marked blocks every changed file is untouched
-    rx = re.compile(rb"^[ \t]*// >>> mpk-wire (\S+).*?^[ \t]*// <<< mpk-wire \1\n", re.M | re.S)
+    rx = re.compile(rb"^[ \t]*// >>>mpk-wire:([^:\s]+).*?^[ \t]*// <<<mpk-wire:\1\n", re.M | re.S)
     for rel in p.changes:
         assert rx.sub(b"", after[rel]) == rx.sub(b"", before[rel]), rel
     assert b"task_offset = bid.x;  // " not in after["src/kernel/runtime.cc"]

@@ -79,7 +79,7 @@ def test_blocks_take_the_indent_of_the_code_around_them(tmp_path):
     wire.apply(plan(root))
     lines = (root / RUNTIME).read_text().splitlines()
     block = [ln for ln in lines if "task_offset = bid.x" in ln and "rmsnorm" not in ln.lower()]
-    begin = next(ln for ln in lines if ">>> mpk-wire rmsnorm_v2/sm_90a/task_offset" in ln)
+    begin = next(ln for ln in lines if ">>>mpk-wire:rmsnorm_v2/sm_90a/task_offset:" in ln)
     anchor = next(ln for ln in lines if "// Initialize input tensors" in ln)
     indent = len(anchor) - len(anchor.lstrip())
     assert indent == 4 and len(begin) - len(begin.lstrip()) == indent
@@ -145,3 +145,25 @@ def test_an_upstream_entry_at_a_wired_number_is_a_clash_never_a_silent_renumber(
     assert snapshot(root) == before
     moved = plan(root, renumber=True)
     assert moved.numbers["rmsnorm_v2"]["sm_90a"] != 153
+
+
+def test_blocks_with_the_older_spaced_markers_are_still_ours(tmp_path):
+    """Markers are one word after the comment leader now (a formatter cannot wrap them); a
+    checkout wired with the older `>>> mpk-wire <key> sha=<sha>` markers still plans
+    nothing to change, and unwires to its pristine bytes."""
+    root = fresh_tree(tmp_path)
+    pristine = snapshot(root)
+    wire.apply(plan(root))
+    wired = snapshot(root)
+    for rel in wired:
+        path = root / rel
+        text = path.read_text()
+        old = re.sub(r">>>mpk-wire:([\w./-]+):sha=([0-9a-f]+)", r">>> mpk-wire \1 sha=\2", text)
+        old = re.sub(r"<<<mpk-wire:([\w./-]+)", r"<<< mpk-wire \1", old)
+        if old != text:
+            path.write_text(old)
+    older = snapshot(root)
+    assert older != wired
+    assert plan(root).empty                                  # kept as they are
+    wire.apply(wire.plan_unwire(root, KERNELS, WIRING))
+    assert snapshot(root) == pristine

@@ -137,8 +137,8 @@ def test_coherence_catches_missing_tma_case_and_branch(tree):
     b = tree.parent / "b" / "mpk"
     g = b / "src" / "kernel" / "graph.cc"
     text = g.read_text()
-    start = text.index("  // >>> mpk-wire rmsnorm_v2/sm_90a/graph_branch")
-    end = text.index("  // <<< mpk-wire rmsnorm_v2/sm_90a/graph_branch")
+    start = text.index("  // >>>mpk-wire:rmsnorm_v2/sm_90a/graph_branch:")
+    end = text.index("  // <<<mpk-wire:rmsnorm_v2/sm_90a/graph_branch")
     g.write_text(text[:start] + text[text.index("\n", end) + 1:])
     problems = wire.check_coherence(b, WIRING)
     assert any("TASK_RMSNORM_V2_HOPPER" in p and "register_task branch" in p for p in problems)

@@ -116,8 +116,8 @@ def wired_calls(root: Path, specs: list[dict], target: str = "sm_90a") -> list[t
     for s in specs:
         cg, w = s["codegen"], s["wiring"]
         syms = {**(cg.get("params") or {}), **cg["variants"][w.get("test_variant", min(cg["variants"]))]}
-        m = re.search(rf"// >>> mpk-wire {s['kernel']}/{target}/register_fn.*?\n(.*?)"
-                      rf"// <<< mpk-wire {s['kernel']}/{target}/register_fn", text, re.S)
+        m = re.search(rf"// >>>mpk-wire:{s['kernel']}/{target}/register_fn.*?\n(.*?)"
+                      rf"// <<<mpk-wire:{s['kernel']}/{target}/register_fn", text, re.S)
         assert m, f"{s['kernel']}: no {target} register_fn block"
         code = []
         block = re.sub(r'"\s*\n\s*"', "", m.group(1))   # "a"\n "b": one literal (clang-format's split)
@@ -160,7 +160,7 @@ def applied(request, tmp_path_factory):
 
 def test_all_kernels_apply_twice_identically_and_unwire_to_the_snapshot(applied, tmp_path):
     root, p = applied["root"], applied["plan"]
-    assert len(p.numbers) == 6
+    assert sorted(p.numbers) == applied["names"] and len(p.numbers) == len(list((REPO / "specs").glob("*.yaml")))
     for nums in p.numbers.values():
         assert 150 < nums["sm_90a"] < 198
         assert 230 < nums["sm_100a"] < 298
@@ -243,7 +243,7 @@ def check_clang_format_and_unwire(applied_root: Path, branch: str, plan, names, 
         lines = (root / m.group(1)).read_text().splitlines()
         n = int(m.group(2)) - 1
         opened = [i for i in range(n, -1, -1) if "mpk-wire" in lines[i]]
-        if opened and ">>> mpk-wire" in lines[opened[0]]:
+        if opened and ">>>mpk-wire:" in lines[opened[0]]:
             ours.append(f"{m.group(1)}:{n + 1}: {lines[n]}")
     assert ours == []
     subprocess.run([CLANG_FORMAT, "-i", *cpp], cwd=root, check=True)
@@ -297,7 +297,7 @@ def test_bad_inputs_leave_the_copy_untouched(applied, tmp_path):
     wired = tmp_path / "w"
     shutil.copytree(applied["root"], wired)
     g = wired / "src/kernel/graph.cc"
-    g.write_text(re.sub(r".*<<< mpk-wire rmsnorm_v2/sm_90a/graph_branch\n", "", g.read_text()))
+    g.write_text(re.sub(r".*<<<mpk-wire:rmsnorm_v2/sm_90a/graph_branch\n", "", g.read_text()))
     mid = snapshot(wired)
     with pytest.raises(wire.MarkerError):
         wire.plan(wired, specs, WIRING, names, sources=sources)
@@ -334,7 +334,7 @@ def test_scons_wires_every_catalog_kernel_into_a_real_checkout(applied, tmp_path
     for name in applied["names"]:
         for arch in ("sm_90a", "sm_100a"):
             for text, site in ((graph, "graph_branch"), (register, "register_fn"), (enum, "enum")):
-                assert f">>> mpk-wire {name}/{arch}/{site} " in text, f"{name}/{arch}/{site}"
+                assert f">>>mpk-wire:{name}/{arch}/{site}:" in text, f"{name}/{arch}/{site}"
         assert (root / f"include/mirage/persistent_kernel/tasks/hopper/mpkbuild_{name}.cuh").is_file()
     # the same result as the library's all-at-once apply in the fixture
     assert snapshot(root) == snapshot(applied["root"])

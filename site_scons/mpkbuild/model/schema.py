@@ -45,6 +45,10 @@ _TENSOR = {
         "shape": {"type": "array", "minItems": 1, "maxItems": 4, "items": INT_OR_EXPR,
                   "description": "extents: integers or expressions over variant symbols"},
         "partition": _PARTITION,
+        "runtime": {"enum": list(config.RUNTIME_INPUTS), "description":
+                    "an input the runtime keeps rather than the layer hands the task "
+                    "(util/config.py RUNTIME_INPUTS): in MPK the wired call passes the runtime's "
+                    "own; elsewhere it is the input tensor it is, whole (partition all -1)"},
         "shared_by_tasks": {"type": "boolean", "description":
                             "every task is given all of this unsplit tensor by design: the body "
                             "finds its own part from task_index (silu_mul_v2's tiles) or "
@@ -303,6 +307,15 @@ SPEC_SCHEMA: dict = {
                 "grid": {"type": "array", "minItems": 1, "maxItems": 1, "items": INT_OR_EXPR,
                          "description": "number of tasks (grid x), an expression over variant symbols"},
                 "inputs": {"type": "array", "minItems": 1, "maxItems": 7, "items": _TENSOR},
+                "task_metadata": {
+                    "type": "array", "minItems": 1, "uniqueItems": True,
+                    "items": {"enum": list(config.TASK_METADATA)},
+                    "description": "task metadata the body takes, as ints after its tensors "
+                                   "(in the order request_id, expert_offset, kv_idx): each "
+                                   "the task's index on grid x, which the wired builder sets "
+                                   "as MPK's sets it for its attention and MoE tasks (bid.x); "
+                                   "they share TaskMetadata's union with task_offset, so "
+                                   "wiring.tile_indexed must be false"},
                 "outputs": {"type": "array", "minItems": 1, "maxItems": 3, "items": _TENSOR},
                 # no default: a spec without levers keeps its codegen signature
                 "levers": {"type": "object", "maxProperties": 16,

@@ -337,6 +337,33 @@ def _cpp_name_problems(cg: dict):
                 yield ("codegen", kind, i, "name"), f"tensor {t['name']!r} is a C++ parameter name and is {why}"
 
 
+def _runtime_input_problems(kind: str, i: int, t: dict):
+    """A runtime input is one the runtime has, of its type, and whole for every task."""
+    rt = config.RUNTIME_INPUTS[t["runtime"]]
+    if kind != "inputs":
+        yield ("codegen", kind, i, "runtime"), "only an input can be runtime state"
+    elif t["dtype"] != rt["dtype"]:
+        yield ("codegen", kind, i, "dtype"), (f"{t['runtime']} is {rt['what']}: its dtype is "
+                                              f"{rt['dtype']}, not {t['dtype']}")
+    elif any(p != -1 for p in t["partition"]):
+        yield ("codegen", kind, i, "partition"), (
+            f"{t['runtime']} is runtime state, which MPK hands every task whole: its partition "
+            f"is all -1 (the body finds its part from task_index), not {t['partition']}")
+
+
+def _task_metadata_problems(cg: dict):
+    """Metadata fields that would share TaskMetadata's bytes (a union)."""
+    meta = cg.get("task_metadata") or []
+    for a, name in enumerate(meta):
+        lo, hi = config.TASK_METADATA[name]["bytes"]
+        for other in meta[a + 1:]:
+            olo, ohi = config.TASK_METADATA[other]["bytes"]
+            if lo < ohi and olo < hi:
+                yield ("codegen", "task_metadata", meta.index(other)), (
+                    f"{other} and {name} share TaskMetadata's bytes (a union): MPK's tasks "
+                    "take one or the other")
+
+
 def _semantic_errors(data: dict, root: Path, stem: str):
     """Checks the schema cannot express. Yields (path, message); the first one is reported."""
     if data["kernel"] != stem:
@@ -388,7 +415,11 @@ def _semantic_errors(data: dict, root: Path, stem: str):
                     f"partition has {len(t['partition'])} entries but shape has {len(t['shape'])} dims")
             if t["partition"].count(0) > 1:
                 yield ("codegen", kind, i, "partition"), "at most one dim can be split across grid x"
+            if "runtime" in t:
+                yield from _runtime_input_problems(kind, i, t)
+    yield from _task_metadata_problems(cg)
     # per-variant partition overrides
+    runtime_inputs = {t["name"]: t["runtime"] for t in cg["inputs"] if "runtime" in t}
     claimed = {}                            # (variant, tensor) -> the override index that set it
     for i, rule in enumerate(cg.get("overrides", [])):
         matched = fnmatch.filter(cg["variants"], rule["variants"])
@@ -398,6 +429,10 @@ def _semantic_errors(data: dict, root: Path, stem: str):
             where = ("codegen", "overrides", i, "partition", tname)
             if tname not in shapes:
                 yield where, f"no tensor named {tname!r} (tensors: {', '.join(shapes)})"
+                continue
+            if tname in runtime_inputs:
+                yield where, (f"{tname} is runtime state ({runtime_inputs[tname]}): every task "
+                              "gets all of it, in every variant")
                 continue
             if len(part) != len(shapes[tname]):
                 yield where, f"partition has {len(part)} entries but {tname}'s shape has {len(shapes[tname])} dims"
@@ -454,6 +489,11 @@ def _semantic_errors(data: dict, root: Path, stem: str):
             yield ("codegen", "grid", 0), (f"variant {vname}: grid = {grid} does not fit the C++ int "
                                            f"GRID (at most {config.INT32_MAX})")
             continue
+        for name in cg.get("task_metadata") or []:
+            if grid - 1 > config.TASK_METADATA[name]["max"]:
+                yield ("codegen", "grid", 0), (
+                    f"variant {vname}: {grid} tasks, but task_metadata {name} holds task "
+                    f"indices up to {config.TASK_METADATA[name]['max']}")
         tensors = variant_tensors(cg, vname)
         for kind in ("inputs", "outputs"):
             for i, t in enumerate(tensors[kind]):

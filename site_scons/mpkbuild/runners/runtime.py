@@ -216,7 +216,8 @@ def _tensors_for(job: dict, graph: dict, gen):
         side = rt["kernels"][layer["kernel"]]
         codegen = side["codegen"]
         ins, outs = tensor_specs(codegen, layer["variant"])
-        idx = layer["tensors"][:layer["num_inputs"] + layer["num_outputs"]]
+        # every tensor of the spec (runtime state too: the runtime reads it, not the task)
+        idx = layer.get("spec_tensors") or layer["tensors"][:layer["num_inputs"] + layer["num_outputs"]]
         for (name, shape, dtype), i in zip(ins, idx[:len(ins)]):
             if i not in table:
                 table[i] = random_tensor(shape, dtype, side["generators"].get(name), gen, device=DEVICE)

@@ -147,7 +147,10 @@ def context(section: dict, spec_file: str) -> dict:
         "v2_task_barrier": V2_TASK_BARRIER,
         "param_list": params, "template_params": cg["template_params"],
         "smem": smem_plan(cg), "variants": _variant_views(cg),
-        "inputs": [{"name": t["name"], "ctype": CTYPES[t["dtype"]]} for t in cg["inputs"]],
+        "inputs": [{"name": t["name"], "ctype": CTYPES[t["dtype"]], "runtime": t.get("runtime")}
+                   for t in cg["inputs"]],
+        # the ints the body takes after its tensors: the task's index, under MPK's names
+        "task_metadata": [m for m in config.TASK_METADATA if m in (cg.get("task_metadata") or [])],
         "outputs": [{"name": t["name"], "ctype": CTYPES[t["dtype"]]} for t in cg["outputs"]],
     }
 

@@ -86,6 +86,26 @@ def spec_namespace(kernel: str) -> str:
     return f"{body_namespace(kernel)}::{kernel}_spec"
 
 
+# Runtime state a body may read (codegen.inputs[].runtime): an input tensor that MPK does
+# not hand the task as a pointer of its layer but that the runtime keeps for the whole batch.
+# The harness, the gates and the reference see it as the input tensor it is (whole: every
+# task gets all of it); the wired call passes the runtime's own (wiring/surface.yaml
+# call.runtime_inputs), and the runtime gate feeds it to the runtime as MPK's meta tensor.
+RUNTIME_INPUTS = {
+    "tokens": {"dtype": "int64", "meta_index": 1,
+               "what": "the step's tokens (RuntimeConfig::tokens from step[0], as MPK's embedding "
+                       "reads them with input_source 0)"},
+}
+# Task metadata a body may take (codegen.task_metadata), in the order the body takes them
+# (ints after its tensors): each the task's index on grid x (bid.x), set by the builder as
+# MPK's own sets request_id and expert_offset for its attention and MoE tasks. They share
+# FullTaskDesc::TaskMetadata's union with task_offset: the bytes each occupies there, and
+# the largest index its type holds.
+TASK_METADATA = {"request_id": {"bytes": (0, 2), "max": 2**15 - 1},      # int16_t
+                 "expert_offset": {"bytes": (0, 4), "max": 2**31 - 1},    # int
+                 "kv_idx": {"bytes": (2, 4), "max": 2**16 - 1}}          # uint16_t
+
+
 # compute capability (major, minor) -> the arch whose library runs on it
 ARCH_FOR_CC = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
 

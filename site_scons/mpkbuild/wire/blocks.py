@@ -56,6 +56,7 @@ def context(w: Wiring, surface: Surface, arch: str | None, numbers: dict,
         "dims": list(w.dims), "call_lines": list(w.call_lines),
         "tile_indexed": w.tile_indexed, "tma_descriptors": w.tma_descriptors,
         "test": dict(w.test), "runtime": w.runtime, "port": w.port,
+        "task_metadata": list(w.task_metadata),
         "archs": [{**surface.archs[a].as_dict(), "task_type": w.task_type[a],
                    "task_name": w.task_name[a], "number": numbers.get(a)} for a in w.archs],
     }
@@ -71,6 +72,10 @@ def _wanted(site: Site, w: Wiring, surface: Surface, arch: str | None, numbers: 
         return False
     if site.when == "tile_indexed":
         return w.tile_indexed
+    if site.when == "task_metadata":
+        return w.tile_indexed or bool(w.task_metadata)
+    if site.when == "no_runtime_state":
+        return not w.runtime_inputs
     if site.when == "own_layer":
         return not w.ports_layer
     if site.when == "port":
@@ -85,7 +90,7 @@ def render_blocks(w: Wiring, surface: Surface, numbers: dict | None = None,
                   sources: dict | None = None) -> list[RenderedBlock]:
     """The kernel's blocks in surface order (sites, then archs in spec order)."""
     numbers = {a: n for a, n in (numbers or {}).items() if isinstance(n, int)}
-    markers = Markers(surface.marker_begin, surface.marker_end)
+    markers = Markers(surface.marker_begin, surface.marker_end, surface.marker_read)
     out = []
     for site in surface.sites:
         for arch in (w.archs if site.per_arch else (None,)):

@@ -36,7 +36,7 @@ class Checkout:
     def __init__(self, root: Path | str, surface: Surface, overlay: dict | None = None):
         self.root = Path(root)
         self.surface = surface
-        self.markers = Markers(surface.marker_begin, surface.marker_end)
+        self.markers = Markers(surface.marker_begin, surface.marker_end, surface.marker_read)
         self._text: dict[str, str | None] = dict(overlay or {})
         if not self.root.is_dir():
             raise NotACheckout(f"mpk_root {self.root}: not a folder; pass the root of a "

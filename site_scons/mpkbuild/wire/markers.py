@@ -100,14 +100,18 @@ class Block:
 class Markers:
     """Marker syntax from surface.yaml (`begin`/`end` with {key} and {sha} fields)."""
 
-    def __init__(self, begin: str, end: str):
+    def __init__(self, begin: str, end: str, read: tuple = ()):
         self.begin_fmt, self.end_fmt = begin, end
-        self._begin = self._regex(begin)
-        self._end = self._regex(end)
+        self._begins = [self._regex(b) for b in (begin, *(r[0] for r in read))]
+        self._ends = [self._regex(e) for e in (end, *(r[1] for r in read))]
+
+    @staticmethod
+    def _match(regexes, text: str):
+        return next((m for m in (rx.match(text) for rx in regexes) if m), None)
 
     @staticmethod
     def _regex(fmt: str):
-        pat = re.escape(fmt).replace(r"\{key\}", r"(?P<key>[\w./-]+)").replace(
+        pat = re.escape(fmt).replace(r"\{key\}", r"(?P<key>[\w./-]+?)").replace(
             r"\{sha\}", r"(?P<sha>[0-9a-f]+)")
         return re.compile(r"^[ \t]*\S+[ \t]*" + pat + r"[ \t]*$")
 
@@ -119,14 +123,14 @@ class Markers:
 
     def is_marker(self, line: str) -> bool:
         text = line.rstrip("\r\n")
-        return bool(self._begin.match(text) or self._end.match(text))
+        return bool(self._match(self._begins, text) or self._match(self._ends, text))
 
     def find(self, lines: list[str], path: str) -> list[Block]:
         """All blocks in a file's lines (keepends); MarkerError for broken ones."""
         blocks, open_ = [], None
         for i, line in enumerate(lines):
             text = line.rstrip("\r\n")
-            b, e = self._begin.match(text), self._end.match(text)
+            b, e = self._match(self._begins, text), self._match(self._ends, text)
             if b:
                 if open_ is not None:
                     raise MarkerError(

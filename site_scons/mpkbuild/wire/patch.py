@@ -241,6 +241,8 @@ class _Editor:
         b = self.co.markers.find(self.old.splitlines(keepends=True), self.rel)[0]
         if self._drifted(b, rb.body if rb else None):
             return self.old
+        if rb and same_code(b.body, rb.body, comment_style(self.rel)):
+            return self.old            # its code is the new code (its markers may be older)
         return rb.text if rb else None
 
 
@@ -356,6 +358,10 @@ def plan(mpk_root, specs: list[dict], wiring_root, kernels: list[str],
         kb = render_blocks(wirings[k], surface, numbers[k], src)
         if any(x.startswith(f"{k}: ") for x in unported):
             kb = [b for b in kb if b.site.when != "port"]
+        if wirings[k].runtime_inputs and runtime == "v1":
+            notes.append(f"{k}: no test-mode test (it reads runtime state, "
+                         f"{', '.join(n for n, _ in wirings[k].runtime_inputs)}, which that "
+                         "test cannot feed; the runtime gate runs it inside the persistent kernel)")
         if src is None:
             kb = [b for b in kb if b.site.id not in _SOURCE_SITES]
             notes.append(f"{k}: no task sources given to plan(): its body and spec header "

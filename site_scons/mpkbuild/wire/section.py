@@ -156,6 +156,8 @@ class Wiring:
     test: dict               # {variant, grid, threads}
     runtime: str = "v1"      # the runtime these targets are (archs: v1's, or ("v2",))
     port: str | None = None  # wiring.port: the existing layer it takes over on Runtime-V2
+    runtime_inputs: tuple = ()   # (name, RUNTIME_INPUTS key): inputs the runtime passes
+    task_metadata: tuple = ()    # TASK_METADATA names the body takes, in its order
 
     @property
     def ports_layer(self) -> bool:
@@ -263,8 +265,18 @@ def _resolve(spec: dict, surface: Surface, problems: list, runtime: str = "v1") 
     if port is not None and _ident(port, "wiring.port", problems) and keyword.iskeyword(port):
         problems.append(("wiring.port", f"{port!r} is a Python keyword"))
 
-    # tensors, in task order: inputs then outputs
-    ins, outs = list(cg.get("inputs") or []), list(cg.get("outputs") or [])
+    # tensors, in task order: inputs then outputs; runtime state is the runtime's, not the
+    # layer's (no tb_graph input, no input_ptrs slot): the call passes the runtime's own
+    every_input = list(cg.get("inputs") or [])
+    ins = [t for t in every_input if not t.get("runtime")]
+    outs = list(cg.get("outputs") or [])
+    runtime_inputs = {t.get("name"): t["runtime"] for t in every_input if t.get("runtime")}
+    metadata = [m for m in config.TASK_METADATA if m in (cg.get("task_metadata") or [])]
+    if metadata and w.get("tile_indexed", True):
+        problems.append(("wiring.tile_indexed", f"codegen.task_metadata ({', '.join(metadata)}) "
+                         "shares TaskMetadata's bytes with task_offset (a union): set "
+                         "wiring.tile_indexed: false (the body's task index is then its "
+                         f"{metadata[0]})"))
     for key, have, limit in (("num_inputs", len(ins), MAX_INPUTS),
                              ("num_outputs", len(outs), MAX_OUTPUTS)):
         given = w.get(key, have)
@@ -278,7 +290,10 @@ def _resolve(spec: dict, surface: Surface, problems: list, runtime: str = "v1") 
     overrides = w.get("tensors") or {}
     names = [t.get("name") for t in ins + outs]
     for n in overrides:
-        if n not in names:
+        if n in runtime_inputs:
+            problems.append((f"wiring.tensors.{n}", f"{n} is runtime state "
+                                                    f"({runtime_inputs[n]}), not a tensor of the layer"))
+        elif n not in names:
             problems.append((f"wiring.tensors.{n}", f"no codegen tensor named {n!r} "
                                                     f"(have: {', '.join(map(str, names))})"))
     params = [{"name": p.get("name"), "test_value": p.get("test_value", 1)}
@@ -325,11 +340,23 @@ def _resolve(spec: dict, surface: Surface, problems: list, runtime: str = "v1") 
                 problems.append((f"codegen.{role}s.{i}.dtype", f"dtype {t.get('dtype')!r} has no "
                                  "C++/Python type (util/config.py DTYPES)"))
     names = {"kernel": kernel, "spec": config.spec_namespace(kernel)}
-    tail = [surface.text(a, "call.tail_args", **names, tile_indexed=bool(w.get("tile_indexed", True)))
-            for a in surface.call.get("tail_args", [])]
+    state = {}
+    for name, what in runtime_inputs.items():
+        source = (surface.call.get("runtime_inputs") or {}).get(what)
+        if source is None:
+            problems.append(("codegen.inputs", f"{name}: the wiring surface has no "
+                             f"call.runtime_inputs.{what} (how this tree's tasks reach it)"))
+            continue
+        state[name] = surface.text(source, f"call.runtime_inputs.{what}", **names,
+                                   ctype=config.CTYPES[config.RUNTIME_INPUTS[what]["dtype"]])
+    tail = [surface.text(surface.call.get("task_metadata", "task_desc->task_metadata.{{ name }}"),
+                         "call.task_metadata", **names, name=m) for m in metadata]
+    tail += [surface.text(a, "call.tail_args", **names, tile_indexed=bool(w.get("tile_indexed", True)))
+             for a in surface.call.get("tail_args", [])]
     guard = surface.text(surface.call["guard"], "call.guard", **names) \
         if surface.call.get("guard") else None
-    dims, call_lines = _call(spec, w, tensors, pnames, problems, tail, guard)
+    dims, call_lines = _call(spec, w, tensors, pnames, problems, tail, guard,
+                             [t.get("name") for t in every_input], state)
     if w.get("tma_descriptors", 0):
         problems.append(("wiring.tma_descriptors", f"{w['tma_descriptors']}: the wire stage "
                          "cannot write TMA descriptor code; a task in a TMA range gets cases "
@@ -343,11 +370,13 @@ def _resolve(spec: dict, surface: Surface, problems: list, runtime: str = "v1") 
                   params=tuple(params), dims=tuple(dims), call_lines=tuple(call_lines),
                   tile_indexed=bool(w.get("tile_indexed", True)),
                   tma_descriptors=int(w.get("tma_descriptors", 0)), test=test, runtime=runtime,
-                  port=port)
+                  port=port, runtime_inputs=tuple(runtime_inputs.items()),
+                  task_metadata=tuple(metadata))
 
 
-def _call(spec, w, tensors, pnames, problems, tail_default, guard=None):
-    """The dims the register function reads and the CodeKeeper lines of the emitted call."""
+def _call(spec, w, tensors, pnames, problems, tail_default, guard=None, input_order=(), state=None):
+    """The dims the register function reads and the CodeKeeper lines of the emitted call:
+    the body's arguments in its order, the inputs (a runtime one as `state` has it) first."""
     kernel, cg, call = spec.get("kernel", ""), spec.get("codegen") or {}, w.get("call") or {}
     targs = call.get("template_args", cg.get("template_params") or [])
     tpath = "wiring.call.template_args" if "template_args" in call else "codegen.template_params"
@@ -395,10 +424,15 @@ def _call(spec, w, tensors, pnames, problems, tail_default, guard=None):
         function = f"{config.body_namespace(kernel)}::{function}"
     head = function + (f"<{', '.join(fmt)}>(" if fmt else "(")
     lines = [{"fmt": head, "args": args}]
-    items = []
+    state = state or {}
+    pointer = {}
     for t in tensors:
         const = " const" if t["role"] == "input" else ""
-        items.append(f"static_cast<{t['ctype']}{const} *>(task_desc->{t['role']}_ptrs[{t['index']}])")
+        pointer[t["role"], t["name"]] = (f"static_cast<{t['ctype']}{const} *>"
+                                         f"(task_desc->{t['role']}_ptrs[{t['index']}])")
+    items = [state[n] if n in state else pointer[("input", n)] for n in input_order
+             if n in state or ("input", n) in pointer]
+    items += [pointer[k] for k in pointer if k[0] == "output"]
     items += list(call.get("tail_args", tail_default))
     for j, item in enumerate(items):
         lines.append({"fmt": f"    {item}{');' if j == len(items) - 1 else ','}", "args": []})

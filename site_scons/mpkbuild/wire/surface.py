@@ -29,7 +29,7 @@ _SITE_KEYS = {"id", "file", "per_arch", "anchor", "where", "indent", "comment", 
               "when", "scope", "kind", "claim", "optional", "join", "needs", "runtime"}
 _MAPPING_KEYS = ("archs", "scan", "requires", "call", "python", "marker")   # merged by name
 _REQUIRE_KEYS = {"file", "scope", "pattern", "what", "if_used"}
-_WHEN = {None, "tma", "tile_indexed", "own_layer", "port"}
+_WHEN = {None, "tma", "tile_indexed", "task_metadata", "no_runtime_state", "own_layer", "port"}
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,7 @@ class Surface:
     roots: tuple = ()          # every wiring folder, the project's first: templates are
                                # looked up in that order
     install_stem: str = "{{ kernel }}"   # our installed files' name (jinja2 over kernel)
+    marker_read: tuple = ()    # (begin, end) of older marker formats, still recognised
 
     def stem(self, kernel: str) -> str:
         """The name a kernel's installed files take in the checkout (install_stem)."""
@@ -313,6 +314,7 @@ def load_surface(wiring_root) -> Surface:
     marker = _need(data, "marker", "top level")
     return Surface(root=root, roots=roots, archs=archs, layout=tuple(_need(data, "layout", "top level")),
                    marker_begin=_need(marker, "begin", "marker"),
-                   marker_end=_need(marker, "end", "marker"), sites=tuple(sites), scan=scan,
+                   marker_end=_need(marker, "end", "marker"),
+                   marker_read=tuple((m["begin"], m["end"]) for m in marker.get("read") or ()), sites=tuple(sites), scan=scan,
                    call=_need(data, "call", "top level"), python=_need(data, "python", "top level"),
                    requires=requires, install_stem=str(data.get("install_stem", "{{ kernel }}")))

@@ -162,12 +162,22 @@ def _call_lines(spec: dict, symbols: dict, wiring_root: Path) -> list[str]:
 
 
 def _layer(spec: dict, variant: str, dispatch_id: int, tensor_index: list[int]) -> dict:
+    """One layer of our kernel over the graph's tensors `tensor_index` (the spec's inputs,
+    then outputs): a runtime input is no tensor of the task (the call passes the runtime's)."""
     from mpkbuild.stages.generate import _variant_views
     view = next(v for v in _variant_views(spec["codegen"]) if v["name"] == variant)
-    ins = [t for t in view["tensors"] if t["kind"] == "inputs"]
+    state = {t["name"] for t in spec["codegen"]["inputs"] if t.get("runtime")}
+    keep = [i for i, t in enumerate(view["tensors"]) if t["name"] not in state]
+    every, tensor_index = list(tensor_index), [tensor_index[i] for i in keep]
+    ins = [t for t in view["tensors"] if t["kind"] == "inputs" and t["name"] not in state]
     outs = [t for t in view["tensors"] if t["kind"] == "outputs"]
     dtypes = {t["name"]: t["dtype"] for t in spec["codegen"]["inputs"] + spec["codegen"]["outputs"]}
+    metadata = spec["codegen"].get("task_metadata") or []
     return {"id": dispatch_id, "kernel": spec["kernel"], "variant": variant,
+            "metadata": sum(1 << i for i, m in enumerate(config.TASK_METADATA) if m in metadata),
+            # the graph tensor of each of the spec's inputs and outputs (the runner makes
+            # them all; `tensors`, the task's, leaves runtime state out)
+            "spec_tensors": every,
             "task_type": "MPKB_TASK_TYPE", "tasks": view["grid"], "grid_x": view["grid"],
             "num_inputs": len(ins), "num_outputs": len(outs), "tensors": tensor_index,
             "strides": [t["task_stride"] * config.DTYPE_BYTES[dtypes[t["name"]]] for t in ins + outs],
@@ -276,6 +286,20 @@ def _block_error(spec: dict, bi: int, where: str, message: str):
                          f"{where}: {message}")
 
 
+# MPK's meta tensors up to the last one a runtime input is fed as (the graph table's width)
+META_SLOTS = 1 + max(r["meta_index"] for r in config.RUNTIME_INPUTS.values())
+
+
+def _runtime_state(cg: dict) -> list[int]:
+    """Per MPK meta tensor the graph feeds (util/config.py RUNTIME_INPUTS meta_index), the
+    graph tensor it is, or -1: the runtime reads our tensor where MPK reads its own."""
+    slots = [-1] * META_SLOTS
+    for i, t in enumerate(cg["inputs"]):
+        if t.get("runtime"):
+            slots[config.RUNTIME_INPUTS[t["runtime"]]["meta_index"]] = i
+    return slots
+
+
 def _block_graphs(spec: dict, specs: dict, dispatch: list, text: str | None,
                   runtime: str, wiring_root: Path, with_incumbents: bool) -> tuple[list, list, dict]:
     """(our graphs, the incumbents' chains, {graph: [{incumbent, why}]}) of every block and
@@ -301,6 +325,10 @@ def _block_graphs(spec: dict, specs: dict, dispatch: list, text: str | None,
                                        f"no kernel {layer['kernel']!r} (specs/{layer['kernel']}.yaml)")
                 variant = layer["variant"].format(batch=m)
                 cg = kspec["codegen"]
+                if any(t.get("runtime") for t in cg["inputs"]):
+                    raise _block_error(spec, bi, where + ".kernel",
+                                       f"{layer['kernel']} reads runtime state, which a block's "
+                                       "graph does not feed (the kernel's own graphs do)")
                 if variant not in cg["variants"]:
                     raise _block_error(spec, bi, where + ".variant",
                                        f"{layer['kernel']} has no variant {variant!r} (batch {m})")
@@ -415,6 +443,7 @@ def plan(spec: dict, wiring_root: Path, companions: dict | None = None,
                          "call": _call_lines(spec, variant_symbols(cg, variant), wiring_root)})
         n = len(cg["inputs"]) + len(cg["outputs"])
         graphs.append({"name": variant, "role": "ours", "num_tensors": n, "active_tokens": 0,
+                       "runtime_state": _runtime_state(cg),
                        "layers": [_layer(spec, variant, i, list(range(n)))]})
     if checkout_root is not None:
         next_id = len(dispatch)
@@ -449,6 +478,8 @@ def plan(spec: dict, wiring_root: Path, companions: dict | None = None,
     return {"kernel": kernel, "task_type": task_type, "snapshot_type": snapshot_type,
             "runtime": runtime, "dispatch": dispatch, "graphs": graphs,
             "includes": includes, "max_tensors": max_tensors, "missing": missing,
+            "meta_slots": META_SLOTS,
+            "task_metadata_names": list(config.TASK_METADATA),
             "max_layers": max(len(g["layers"]) for g in graphs),
             "task_headers": sorted({h for g in rivals + chains for h in g["headers"]})}
 
