@@ -22,6 +22,16 @@ from mpkbuild.run.remote import bundle, bootstrap as remote
 from mpkbuild.run.job import GateInterrupted, GateJob
 
 from conftest import FAKES
+
+
+def run_packed(data: bytes, workdir, should_stop=lambda: False) -> dict:
+    """The far side as the ssh bootstrap and the dask worker run it: unpack, run, clean up."""
+    import shutil
+    folder = bundle.unpack(data, workdir)
+    try:
+        return bundle.run_unpacked(folder, should_stop)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 INPUTS = ("build/k/sm_90a/libk.so", "kernels/k/reference.py")
 
 
@@ -111,7 +121,7 @@ def test_pack_refuses_a_missing_input(tree):
 
 def test_run_packed_runs_the_shipped_files_under_a_lease(tree, far_side):
     work = far_side / "remote"
-    envelope = bundle.run_packed(bundle.pack(make_job(tree)), work)
+    envelope = run_packed(bundle.pack(make_job(tree)), work)
     result = envelope["result"]
     assert result["verdict"] == "pass", result
     fake = result["fake"]
@@ -130,18 +140,18 @@ def test_run_packed_runs_the_shipped_files_under_a_lease(tree, far_side):
 
 def test_run_packed_without_a_gpu_takes_no_lease(tree, far_side, monkeypatch):
     monkeypatch.setenv("FAKE_SMI_GPUS", "0")
-    envelope = bundle.run_packed(bundle.pack(make_job(tree)), far_side / "remote")
+    envelope = run_packed(bundle.pack(make_job(tree)), far_side / "remote")
     assert envelope["gpu_index"] is None and envelope["result"]["verdict"] == "pass"
 
 
 def test_run_packed_reports_a_gpu_pick_it_cannot_meet(tree, far_side):
-    envelope = bundle.run_packed(bundle.pack(make_job(tree), {"gpus": "5"}), far_side / "remote")
+    envelope = run_packed(bundle.pack(make_job(tree), {"gpus": "5"}), far_side / "remote")
     assert "gpus=5" in envelope["error"]
 
 
 def test_apply_envelope_writes_the_log_where_the_local_executor_would(tree, far_side):
     job = make_job(tree)
-    envelope = bundle.run_packed(bundle.pack(job), far_side / "remote")
+    envelope = run_packed(bundle.pack(job), far_side / "remote")
     result = bundle.apply_envelope(job, envelope)
     assert result["verdict"] == "pass" and result["gpu_index"] == 0
     assert "fake validate k" in job.log_file.read_text()
@@ -150,7 +160,7 @@ def test_apply_envelope_writes_the_log_where_the_local_executor_would(tree, far_
 def test_a_remote_hang_is_killed_and_reported(tree, far_side):
     (far_side / "control.json").write_text(json.dumps({"validate": "hang"}))
     started = time.monotonic()
-    envelope = bundle.run_packed(bundle.pack(make_job(tree, timeout=1.5)), far_side / "remote")
+    envelope = run_packed(bundle.pack(make_job(tree, timeout=1.5)), far_side / "remote")
     assert time.monotonic() - started < 20
     assert envelope["result"]["verdict"] == "hang"
     assert "spinning" in envelope["result"]["message"]
@@ -163,7 +173,7 @@ def test_should_stop_kills_the_runner_and_interrupts(tree, far_side):
     stop = threading.Event()
     threading.Timer(2.0, stop.set).start()
     with pytest.raises(GateInterrupted):
-        bundle.run_packed(bundle.pack(make_job(tree)), far_side / "remote", should_stop=stop.is_set)
+        run_packed(bundle.pack(make_job(tree)), far_side / "remote", should_stop=stop.is_set)
     assert_processes_gone(runner_pids(far_side))
     assert list((far_side / "remote").iterdir()) == []
 

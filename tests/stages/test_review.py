@@ -3,7 +3,7 @@ the spec holds it to; every perf figure shows the rules it was judged by."""
 import json
 
 from mpkbuild.stages import review
-from mpkbuild.stages.perf.judge import check_thresholds, limits_by_variant
+from mpkbuild.stages.perf.judge import judge, limits_by_variant
 from mpkbuild.stages.perf.report import bandwidth_marks, dram_figures
 
 
@@ -15,6 +15,12 @@ def figures(hot, base_hot, cold=None, base_cold=None, bw=0.9):
         r.update(cold={"median_us": cold}, baseline_cold={"median_us": base_cold},
                  vs_baseline_cold=cold / base_cold, cold_bandwidth_fraction=bw)
     return r
+
+
+def check_thresholds(variants: dict, rules: list) -> list[str]:
+    """The failures perf's judge finds in these figures under these rules."""
+    import copy
+    return judge({"verdict": "timed", "variants": copy.deepcopy(variants)}, rules, list(variants))["problems"]
 
 
 VARIANTS = {"decode_m16_n7168_k2048": figures(7.48, 6.58, 10.33, 10.21),

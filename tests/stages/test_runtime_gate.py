@@ -96,6 +96,26 @@ def compiled(tmp_path_factory):
         return dict(pool.map(one, KERNELS))
 
 
+def expand(graph: dict) -> tuple[list[dict], list[dict]]:
+    """The tasks and events the C++ builder (megakernel.cu.j2) should make from a plan graph,
+    written out again here in Python: what mpkb_describe reports is held to it."""
+    tasks = [{"type": "terminate", "trigger": None}, {"type": "begin", "trigger": 1}]
+    events = [{"type": "termination", "triggers": 0},
+              {"type": "launch_dependent", "triggers": 1, "first": 2,
+               "last": 2 + graph["layers"][0]["tasks"]}]
+    first = 2
+    for l, layer in enumerate(graph["layers"]):
+        for t in range(layer["tasks"]):
+            tasks.append({"type": "task", "variant": layer["id"], "offset": t, "trigger": 2 + l})
+        first += layer["tasks"]
+        if l + 1 < len(graph["layers"]):
+            events.append({"type": "launch_massive", "triggers": layer["tasks"], "first": first,
+                           "last": first + graph["layers"][l + 1]["tasks"]})
+        else:
+            events.append({"type": "end_of_graph", "triggers": layer["tasks"]})
+    return tasks, events
+
+
 def test_grid_is_mpks():
     assert runtime.grid_for(132) == (128, 16)     # H200 / H100 SXM
     assert runtime.grid_for(148) == (128, 80)
@@ -108,7 +128,7 @@ def test_plan_expands_to_the_documented_graph():
     p = runtime.plan(k.spec.data, config.SHIPPED_WIRING)
     assert [g["name"] for g in p["graphs"]] == list(k.spec.data["codegen"]["variants"])
     for g in p["graphs"]:
-        tasks, events = runtime.expand(g)
+        tasks, events = expand(g)
         n = g["layers"][0]["tasks"]
         assert [t["type"] for t in tasks[:2]] == ["terminate", "begin"]
         assert len(tasks) == n + 2 and len(events) == 3
@@ -142,7 +162,7 @@ def test_block_plan_feeds_each_layer_the_layer_befores_output():
         for before, after in zip(layers, layers[1:]):
             # the layer before's output tensor is this layer's first input
             assert after["tensors"][0] == before["tensors"][before["num_inputs"]]
-        tasks, events = runtime.expand(g)
+        tasks, events = expand(g)
         assert [e["type"] for e in events[2:-1]] == ["launch_massive"] * 3
         assert events[-1] == {"type": "end_of_graph", "triggers": layers[-1]["tasks"]}
     # without a checkout no incumbents' chain; a shape that does not chain is refused
@@ -214,7 +234,7 @@ def test_compiled_builder_makes_the_planned_graph(compiled):
         assert m.graphs == [g["name"] for g in p["graphs"]]
         for gi, g in enumerate(p["graphs"]):
             d = describe(m, gi)
-            tasks, events = runtime.expand(g)
+            tasks, events = expand(g)
             assert len(d["tasks"]) == len(tasks), (name, g["name"])
             assert len(d["events"]) == len(events)
             assert d["tasks"][0]["type"] == 0 and d["tasks"][1]["type"] == 10

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from mpkbuild import wire
-from test_wire_helpers import (WIRING, build_driver, fresh_tree, rmsnorm_spec, run_driver,
+from test_wire_helpers import (coherence, WIRING, build_driver, fresh_tree, rmsnorm_spec, run_driver,
                                run_python, silu_spec, snapshot)
 
 KERNELS = ["rmsnorm_v2", "silu_mul_v1"]
@@ -69,7 +69,7 @@ def test_wired_tree_compiles_and_dispatches(tree):
     # the existing tasks still dispatch
     res = run_driver(exe, "rmsnorm_hopper", *RMS_T)
     assert "TASK_RMS_NORM_HOPPER(152)" in res.stdout
-    assert wire.check_coherence(tree, WIRING) == []
+    assert coherence(tree) == []
 
 
 def test_wired_python_layers_run_with_standins(tree):

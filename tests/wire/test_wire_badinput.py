@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from mpkbuild import wire
-from test_wire_helpers import FIXTURE, WIRING, fresh_tree, rmsnorm_spec, silu_spec, snapshot
+from test_wire_helpers import coherence, FIXTURE, WIRING, fresh_tree, rmsnorm_spec, silu_spec, snapshot
 
 HEADER = "include/mirage/persistent_kernel/tasks/hopper/task_header.cuh"
 
@@ -56,7 +56,7 @@ def test_not_a_checkout(tmp_path):
     with pytest.raises(wire.NotACheckout):
         wire.unwire(tmp_path / "empty", ["rmsnorm_v2"], WIRING)
     with pytest.raises(wire.NotACheckout):
-        wire.check_coherence(tmp_path / "empty", WIRING)
+        coherence(tmp_path / "empty")
 
 
 @pytest.mark.parametrize("which", [">>>", "<<<"])

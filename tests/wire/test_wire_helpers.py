@@ -61,6 +61,14 @@ def fresh_tree(tmp_path: Path) -> Path:
     return dst
 
 
+def coherence(root: Path) -> list[str]:
+    """Every disagreement in the checkout at root, as plan() judges a would-be result."""
+    from mpkbuild.wire.checkout import Checkout
+    from mpkbuild.wire.coherence import problems_of
+    from mpkbuild.wire.surface import load_surface
+    return problems_of(Checkout(Path(root), load_surface(WIRING)))
+
+
 def snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
             if p.is_file() and "__pycache__" not in p.parts}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from mpkbuild import wire
-from test_wire_helpers import WIRING, fresh_tree, rmsnorm_spec, silu_spec
+from test_wire_helpers import coherence, WIRING, fresh_tree, rmsnorm_spec, silu_spec
 
 
 @pytest.fixture
@@ -115,22 +115,22 @@ def test_tma_case_follows_the_number(tree):
 
 def test_coherence_catches_missing_name_map_entry(tree):
     wire.apply(wire.plan(tree, [rmsnorm_spec()], WIRING, ["rmsnorm_v2"]))
-    assert wire.check_coherence(tree, WIRING) == []
+    assert coherence(tree) == []
     rt = tree / "src" / "kernel" / "runtime.cc"
     rt.write_text(rt.read_text().replace(
         '  task_type_to_name[TASK_RMSNORM_V2_SM100] = "TASK_RMSNORM_V2_SM100";\n', ""))
-    problems = wire.check_coherence(tree, WIRING)
+    problems = coherence(tree)
     assert any("TASK_RMSNORM_V2_SM100" in p and "task_type_to_name" in p for p in problems), problems
     # an existing entry losing its name-map line is caught as well
     rt.write_text(rt.read_text().replace(
         '  task_type_to_name[TASK_ARGMAX_HOPPER] = "TASK_ARGMAX_HOPPER";\n', ""))
-    assert any("TASK_ARGMAX_HOPPER" in p for p in wire.check_coherence(tree, WIRING))
+    assert any("TASK_ARGMAX_HOPPER" in p for p in coherence(tree))
 
 
 def test_coherence_catches_missing_tma_case_and_branch(tree):
     tma = tree / "include" / "mirage" / "persistent_kernel" / "tma.cuh"
     tma.write_text(tma.read_text().replace("    case TASK_ARGMAX_HOPPER: {\n      break;\n    }\n", ""))
-    problems = wire.check_coherence(tree, WIRING)
+    problems = coherence(tree)
     assert problems == [p for p in problems if "TASK_ARGMAX_HOPPER" in p] and len(problems) == 1
     assert "TMA range" in problems[0]
     wire.apply(wire.plan(fresh_tree(tree.parent / "b"), [rmsnorm_spec()], WIRING, ["rmsnorm_v2"]))
@@ -140,5 +140,5 @@ def test_coherence_catches_missing_tma_case_and_branch(tree):
     start = text.index("  // >>>mpk-wire:rmsnorm_v2/sm_90a/graph_branch:")
     end = text.index("  // <<<mpk-wire:rmsnorm_v2/sm_90a/graph_branch")
     g.write_text(text[:start] + text[text.index("\n", end) + 1:])
-    problems = wire.check_coherence(b, WIRING)
+    problems = coherence(b)
     assert any("TASK_RMSNORM_V2_HOPPER" in p and "register_task branch" in p for p in problems)

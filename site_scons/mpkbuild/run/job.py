@@ -42,7 +42,7 @@ class GateInterrupted(Exception):
 
 @dataclass(frozen=True)
 class GateJob:
-    gate: str                   # "validate" | "perf" | "bandwidth"
+    gate: str                   # the runner it goes to: a gate's stage name, "bandwidth" or "trial"
     kernel: str
     payload: dict               # what the runner needs (sections, library, references)
     workdir: Path               # where the job file, result and log live

@@ -66,10 +66,6 @@ class Nvml:
         mhz = self._read(lambda nv, h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
         return None if mhz is None else int(mhz)
 
-    def max_sm_clock(self) -> int | None:
-        mhz = self._read(lambda nv, h: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM))
-        return None if mhz is None else int(mhz)
-
     def snapshot(self) -> dict:
         """Clocks (MHz), power (W), temperature (C) and the active throttle reasons now."""
         if self.handle is None:

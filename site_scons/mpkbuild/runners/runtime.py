@@ -34,8 +34,6 @@ from ..util.config import PROFILE_ENTRIES_PER_WORKER
 
 # profiler entries: low 32 bits the tag (bits 0-1 begin/end, 2-10 the task type, 11-18 the
 # worker), high 32 bits %globaltimer_lo
-# the runtime's own hand-off of the warm-up and relaunch knobs (see mpkb_setup)
-FLAG_WARMUP, FLAG_CARVEOUT, FLAG_SINGLE, FLAG_PRELOAD = 1, 2, 4, 8
 LAUNCH_BLOCKED = 4          # mpkb_launch: the launch call itself did not return in time
 # the gate's context as the driver makes it: its default 8 hardware work queues (not the one
 # queue of the other gates: the worker and scheduler kernels must run at once) and its own

@@ -21,10 +21,10 @@ package only interprets it. Public API (everything else is internal):
   (its journal in the checkout), saying which; None when there was none.
 - ``unwire(mpk_root, kernels, wiring_root) -> Plan`` -- removes every block of the kernels;
   ``plan_unwire`` is its dry run.
-- ``check_coherence(mpk_root, wiring_root) -> list[str]`` -- problems, ``[]`` if coherent.
-  ``plan`` runs the same check on the would-be result: ``Plan.problems`` are the ones the
-  plan would add (``apply`` refuses such a plan), ``Plan.notes`` what it skipped and what
-  was incoherent upstream already.
+- ``plan`` checks the would-be result's coherence (coherence.problems_of: the enum, the
+  name map, graph.cc's branches, the register functions and tma.cuh agree):
+  ``Plan.problems`` are the ones the plan would add (``apply`` refuses such a plan),
+  ``Plan.notes`` what it skipped and what was incoherent upstream already.
 
 Nothing here writes outside the build folder except :func:`apply` and :func:`unwire`.
 Every failure is a :class:`WireError` subclass (see :mod:`.errors`).
@@ -37,7 +37,6 @@ import importlib
 # the spec loader needs only section.py, and a module's code input is the closure of what it
 # imports (util/closure.py), so code that uses the wire engine imports its submodules by name.
 _EXPORTS = {
-    "check_coherence": "coherence",
     "write_fragments": "fsio", "recover": "fsio",
     "Plan": "patch", "apply": "patch", "plan": "patch", "plan_unwire": "patch", "unwire": "patch",
     "render": "blocks",

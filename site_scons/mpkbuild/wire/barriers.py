@@ -16,7 +16,6 @@ import re
 from pathlib import Path
 
 CUTLASS_RESERVED = 8          # cutlass/arch/barrier.h ReservedNamedBarrierCount
-HARDWARE_BARRIERS = 16
 # the ids this tool assigns on Runtime-V2 (free in the pinned v2 tree, whose tasks use 1,
 # 2, 14 and 15; CUTLASS's collectives keep 1-7 for themselves)
 V2_TASK_BARRIER = 12          # a body's task_barrier() (the spec header, under USE_RUNTIME_V2)

@@ -1,6 +1,6 @@
 """The coherence check: do the registration files of a checkout agree with each other?
 
-Owns :func:`check_coherence`, which reads the enum, the task_type_to_name map, the graph.cc
+Owns :func:`problems_of`, which reads the enum, the task_type_to_name map, the graph.cc
 name->type chain, the TaskRegister declarations and definitions and the tma.cuh switch
 through the scan regexes in surface.yaml, and lists every disagreement as one line naming
 the file and the entry: a type used by graph.cc or a register function without a name-map
@@ -14,11 +14,8 @@ tree.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from .checkout import Checkout
 from .blocks import site_file
-from .surface import load_surface
 
 
 def _segments(text: str, rx):
@@ -27,11 +24,6 @@ def _segments(text: str, rx):
     for i, m in enumerate(hits):
         end = hits[i + 1].start() if i + 1 < len(hits) else len(text)
         yield m, text[m.end():end]
-
-
-def check_coherence(mpk_root, wiring_root) -> list[str]:
-    """Every disagreement in the checkout at mpk_root ([] when coherent)."""
-    return problems_of(Checkout(Path(mpk_root), load_surface(wiring_root)))
 
 
 def problems_of(co: Checkout) -> list[str]:

@@ -39,10 +39,6 @@ class Incumbent:
     runtime: str = "v1"       # the runtime whose gate runs it (v2: a Runtime-V2 task)
 
 
-def _largest_factor_leq(n: int, limit: int) -> int:
-    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
-
-
 def grid_for_rmsnorm_linear_layer(size: int) -> int:
     """MPK's models/utils.py rule for the gate|up linear's grid (qwen3 builder)."""
     if size / 96 > 400:

@@ -6,12 +6,12 @@ the tree rewritten relative to the bundle root), exactly the files the gate read
 `_mpk/`, so the machine that runs it uses the same runner code as the build and needs
 nothing of ours installed. Nothing else of the tree travels.
 
-`run_packed(data, workdir)` is the far side: unpack into a fresh folder under `workdir`,
-point the job's paths at it, lease a GPU of that machine (leases.py; no lease when it lists
-none), run the gate as the local executor does (cold) and return an envelope
-`{"result", "log", "gpu_index", "lease_wait_s", "host", "files"}`; the folder is removed
-afterwards. The ssh backend streams the archive to a `python -c` bootstrap (bootstrap.py), the
-dask backend hands the bytes to a worker; both end up in `run_unpacked`.
+The far side: `unpack(data, workdir)` into a fresh folder under `workdir`, then
+`run_unpacked(folder)` points the job's paths at it, leases a GPU of that machine
+(leases.py; no lease when it lists none), runs the gate as the local executor does (cold)
+and returns an envelope `{"result", "log", "gpu_index", "lease_wait_s", "host", "files"}`;
+the caller removes the folder. The ssh backend streams the archive to a `python -c`
+bootstrap (bootstrap.py), the dask backend hands the bytes to a worker; both end there.
 """
 from __future__ import annotations
 
@@ -263,17 +263,6 @@ def run_unpacked(folder: Path, should_stop=lambda: False, timeout_s: float | Non
     return {"result": result, "log": _read_tail(job.log_file),
             "gpu_index": result.get("gpu_index"), "lease_wait_s": result.get("lease_wait_s"),
             "host": socket.gethostname(), "files": files}
-
-
-def run_packed(data: bytes, workdir: Path | str | None = None, should_stop=lambda: False,
-               timeout_s: float | None = None) -> dict:
-    """Unpack under workdir, run the gate (timeout_s replaces the job's own when given),
-    return the envelope; the folder is removed however it ends."""
-    folder = unpack(data, workdir)
-    try:
-        return run_unpacked(folder, should_stop, timeout_s)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def apply_envelope(job, envelope: dict) -> dict:

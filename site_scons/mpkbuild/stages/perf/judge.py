@@ -123,15 +123,12 @@ def rule_outcomes(name: str, r: dict, rule: dict) -> list[tuple[str, str]]:
     return out
 
 
-def check_thresholds(variants: dict, thresholds: list) -> list[str]:
-    """Each rule applies to the variants its glob matches. Bandwidth is judged on the cold
-    figure when there is one (DRAM, not L2); time limits on the hot figure, or on the cold
-    one where the rule says `time_figure: cold` (a working set over twice the L2: the hot
-    figure is one buffer set's placement, the cold one the rotation's). The failures."""
-    return _outcomes(variants, limits_by_variant(variants, thresholds))[0]
-
-
 def _outcomes(variants: dict, limits: dict[str, list[dict]]) -> tuple[list[str], list[str]]:
+    """(failures, unsure ones): each rule applies to the variants its glob matches.
+    Bandwidth is judged on the cold figure when there is one (DRAM, not L2); time limits on
+    the hot figure, or on the cold one where the rule says `time_figure: cold` (a working
+    set over twice the L2: the hot figure is one buffer set's placement, the cold one the
+    rotation's)."""
     problems, unsure = [], []
     for name, rules in limits.items():
         for rule in rules:

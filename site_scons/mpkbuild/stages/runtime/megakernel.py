@@ -484,26 +484,6 @@ def plan(spec: dict, wiring_root: Path, companions: dict | None = None,
             "task_headers": sorted({h for g in rivals + chains for h in g["headers"]})}
 
 
-def expand(graph: dict) -> tuple[list[dict], list[dict]]:
-    """The tasks and events the C++ builder makes from a plan graph (the same rules, in
-    Python, for the structural checks and for the runner's expectations)."""
-    tasks = [{"type": "terminate", "trigger": None}, {"type": "begin", "trigger": 1}]
-    events = [{"type": "termination", "triggers": 0},
-              {"type": "launch_dependent", "triggers": 1, "first": 2,
-               "last": 2 + graph["layers"][0]["tasks"]}]
-    first = 2
-    for l, layer in enumerate(graph["layers"]):
-        for t in range(layer["tasks"]):
-            tasks.append({"type": "task", "variant": layer["id"], "offset": t, "trigger": 2 + l})
-        first += layer["tasks"]
-        if l + 1 < len(graph["layers"]):
-            events.append({"type": "launch_massive", "triggers": layer["tasks"], "first": first,
-                           "last": first + graph["layers"][l + 1]["tasks"]})
-        else:
-            events.append({"type": "end_of_graph", "triggers": layer["tasks"]})
-    return tasks, events
-
-
 # the checkout's runtime entry header and the header of every task it includes, which the
 # megakernel's build replaces with one of only the tasks its graphs use (shadow_files)
 ENTRY_HEADER = "persistent_kernel.cuh"
@@ -633,10 +613,12 @@ def compile_megakernel(checkout: Checkout, source: Path, gen_dirs: list[Path], o
 
 
 # ---------------------------------------------------------------- the job
-# launch knobs (runners/runtime.py FLAG_*): 8 loads every kernel and sizes the stack before
-# the first launch, without which the host hangs in it (bench/RESULTS.md §15); 2 stays
-# because every catalog run on the GPU was made with 2|8
-LAUNCH_FLAGS = 2 | 8
+# mpkb_setup's flags (megakernel.cu.j2 says what each does; 1 warm-up and 4 one persistent
+# kernel are there for experiments): PRELOAD loads every kernel and sizes the stack before
+# the first launch, without which the host hangs in it (bench/RESULTS.md §15); CARVEOUT
+# stays because every catalog run on the GPU was made with it
+FLAG_CARVEOUT, FLAG_PRELOAD = 2, 8
+LAUNCH_FLAGS = FLAG_CARVEOUT | FLAG_PRELOAD
 
 
 LAUNCH_TIMEOUT_S = 20.0
