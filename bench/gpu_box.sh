@@ -9,7 +9,7 @@
 #   catalog  pytest -m gpu: every catalog kernel's validate and perf thresholds
 #   runtime  pytest -m gpu: the runtime gate in the real MPK persistent kernel, v1 and v2;
 #            needs the MPK headers carried as .mirage/ (mpk/ and v2/ include and src,
-#            cutlass/include, json/include copied from ../shared/mirage; README "On the GPU box")
+#            cutlass/include, json/include copied from ../shared/mirage; docs/gpu-box.md)
 #   bench    bench/rmsnorm_gates.py (with .mirage/: the runtime gate too) and bench/catalog.py
 #   review   every gate of every catalog kernel through scons (with .mirage/: wire and the
 #            runtime gate too), the reviews in OUTDIR/review.tgz

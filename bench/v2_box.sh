@@ -7,7 +7,7 @@
 #   bash bench/v2_box.sh OUTDIR
 set -uo pipefail
 out=${1:?usage: v2_box.sh OUTDIR}
-[ -d .mirage/v2/include ] || { echo "no .mirage/v2/include: carry the v2 tree (README, On the GPU box)"; exit 1; }
+[ -d .mirage/v2/include ] || { echo "no .mirage/v2/include: carry the v2 tree (docs/gpu-box.md)"; exit 1; }
 mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/site_scons PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1

@@ -228,8 +228,8 @@ def in_namespace(text: str, namespace: str, display: str) -> str:
                    + [f"}}  // namespace {namespace}\n"] + lines[tail:])
 
 
-# The body contract the rendered body is held to before it reaches a GPU (README "The
-# spec", codegen.body): (what it catches, pattern, what to do instead). A line that says
+# The body contract the rendered body is held to before it reaches a GPU (docs/spec.md,
+# codegen.body): (what it catches, pattern, what to do instead). A line that says
 # `mpk-lint: allow` is left alone (the fault fixtures break the contract on purpose).
 BODY_RULES = (
     ("identity from the block", r"\b(blockIdx|gridDim)\b",

@@ -118,7 +118,7 @@ DEFAULT_REL_MAX = 3e-2
 DEFAULT_GATE_TIMEOUT_S = 300
 
 # Spec limits: any input loads (or is refused) in bounded time and memory. Documented in
-# README.md's spec section; the loader's messages name them.
+# docs/spec.md; the loader's messages name them.
 MAX_SPEC_BYTES = 256 * 1024          # a spec file (the catalog's are ~3 KB)
 MAX_SOURCE_BYTES = 1024 * 1024       # a reference/baseline .py the loader parses
 MAX_YAML_NODES = 20_000              # scalars + mappings + sequences in one spec

@@ -25,7 +25,7 @@ that moved between trials, or a first trial slowed while the clocks come up, foo
 that looked at one figure once (bench/RESULTS.md §14). `tune.budget.seconds` bounds a
 variant's trials; a trial past it is `not run`, never cached. A build for the GPU profile
 of tuned/<profile>/<K>.json uses its values (`apply_tuned`); the file's key makes a tune
-from other inputs stale on any clone. README.md (Tune) has the user's account.
+from other inputs stale on any clone. docs/gates.md (Tune) has the user's account.
 """
 from __future__ import annotations
 
