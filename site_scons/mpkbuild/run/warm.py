@@ -137,7 +137,6 @@ class _WarmChild:
 def run(job: ex.GateJob, gpu_uuid: str, env: dict, should_stop) -> dict:
     package = ex.runner_package(job)
     job_file = ex.write_job(job)
-    started = time.monotonic()
     try:
         conn = _ensure_server(socket_path(gpu_uuid, package), package, env, job.preload)
         request = {"gate": job.gate, "job_file": str(job_file), "log_file": str(job.log_file),
@@ -153,7 +152,10 @@ def run(job: ex.GateJob, gpu_uuid: str, env: dict, should_stop) -> dict:
     except OSError as exc:
         raise WarmUnavailable(str(exc)) from None
     pid = json.loads(reply)["pid"]
-    return ex.supervise(_WarmChild(conn, pid), job, should_stop, started)
+    # the watchdog times the gate from its fork on: a server's start (its imports, bounded by
+    # START_TIMEOUT_S) is no part of the job's timeout, which on a loaded machine it could
+    # eat whole before the runner printed a line (tests/run/test_warm.py's hanging gate)
+    return ex.supervise(_WarmChild(conn, pid), job, should_stop, time.monotonic())
 
 
 # ---------------------------------------------------------------- the server
