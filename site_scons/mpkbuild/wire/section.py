@@ -219,6 +219,50 @@ def _resolve(spec: dict, surface: Surface, problems: list, runtime: str = "v1") 
     w = spec.get("wiring") or {}
     cg = spec.get("codegen") or {}
     _ident(kernel, "kernel", problems)
+    archs, task_type, task_name, number = _targets(spec, w, surface, problems, runtime)
+    layer = w.get("layer", spec.get("op", ""))
+    lpath = "wiring.layer" if "layer" in w else "op"
+    if _ident(layer, lpath, problems) and keyword.iskeyword(layer):
+        problems.append((lpath, f"{layer!r} is a Python keyword"))
+    port = w.get("port")
+    if port is not None and _ident(port, "wiring.port", problems) and keyword.iskeyword(port):
+        problems.append(("wiring.port", f"{port!r} is a Python keyword"))
+    # runtime state is the runtime's, not the layer's (no tb_graph input, no input_ptrs
+    # slot): the call passes the runtime's own
+    every_input = list(cg.get("inputs") or [])
+    runtime_inputs = {t.get("name"): t["runtime"] for t in every_input if t.get("runtime")}
+    metadata = [m for m in config.TASK_METADATA if m in (cg.get("task_metadata") or [])]
+    if metadata and w.get("tile_indexed", True):
+        problems.append(("wiring.tile_indexed", f"codegen.task_metadata ({', '.join(metadata)}) "
+                         "shares TaskMetadata's bytes with task_offset (a union): set "
+                         "wiring.tile_indexed: false (the body's task index is then its "
+                         f"{metadata[0]})"))
+    tensors, params = _tensors(cg, w, runtime_inputs, problems)
+    tail, guard, state = _call_arguments(kernel, w, surface, runtime_inputs, metadata, problems)
+    dims, call_lines = _call(spec, w, tensors, [p["name"] for p in params], problems, tail, guard,
+                             [t.get("name") for t in every_input], state)
+    if w.get("tma_descriptors", 0):
+        problems.append(("wiring.tma_descriptors", f"{w['tma_descriptors']}: the wire stage "
+                         "cannot write TMA descriptor code; a task in a TMA range gets cases "
+                         "that build none, so the body must load without TMA (set it to 0)"))
+    test = _test(spec, w, tensors, problems, surface.python.get("block_dim"))
+    if problems:
+        return None
+    return Wiring(kernel=kernel, op=spec.get("op", ""), layer=layer, archs=archs,
+                  task_type=task_type, task_name=task_name, number=number,
+                  num_inputs=sum(t["role"] == "input" for t in tensors),
+                  num_outputs=sum(t["role"] == "output" for t in tensors), tensors=tuple(tensors),
+                  params=tuple(params), dims=tuple(dims), call_lines=tuple(call_lines),
+                  tile_indexed=bool(w.get("tile_indexed", True)),
+                  tma_descriptors=int(w.get("tma_descriptors", 0)), test=test, runtime=runtime,
+                  port=port, runtime_inputs=tuple(runtime_inputs.items()),
+                  task_metadata=tuple(metadata))
+
+
+def _targets(spec: dict, w: dict, surface: Surface, problems: list, runtime: str):
+    """(archs, task_type, task_name, number): the targets of this runtime and the names and
+    numbers each takes, defaults filled (v1: the spec's archs; v2: the Runtime-V2 target)."""
+    kernel = spec.get("kernel", "")
     archs = tuple(spec.get("archs") or ())
     for a in archs:
         if a not in surface.archs or surface.archs[a].runtime != "v1":
@@ -257,26 +301,14 @@ def _resolve(spec: dict, surface: Surface, problems: list, runtime: str = "v1") 
                 problems.append((f"wiring.{key}.{a}", f"{v!r} is also used for {seen[v]}; "
                                                      "each arch needs its own"))
             seen.setdefault(v, a)
-    layer = w.get("layer", spec.get("op", ""))
-    lpath = "wiring.layer" if "layer" in w else "op"
-    if _ident(layer, lpath, problems) and keyword.iskeyword(layer):
-        problems.append((lpath, f"{layer!r} is a Python keyword"))
-    port = w.get("port")
-    if port is not None and _ident(port, "wiring.port", problems) and keyword.iskeyword(port):
-        problems.append(("wiring.port", f"{port!r} is a Python keyword"))
+    return archs, task_type, task_name, number
 
-    # tensors, in task order: inputs then outputs; runtime state is the runtime's, not the
-    # layer's (no tb_graph input, no input_ptrs slot): the call passes the runtime's own
-    every_input = list(cg.get("inputs") or [])
-    ins = [t for t in every_input if not t.get("runtime")]
+
+def _tensors(cg: dict, w: dict, runtime_inputs: dict, problems: list) -> tuple[list, list]:
+    """(the layer's tensors in task order, inputs then outputs, with their MPK partition;
+    the wiring params): every tensor a task of the layer is handed, runtime state not."""
+    ins = [t for t in cg.get("inputs") or [] if not t.get("runtime")]
     outs = list(cg.get("outputs") or [])
-    runtime_inputs = {t.get("name"): t["runtime"] for t in every_input if t.get("runtime")}
-    metadata = [m for m in config.TASK_METADATA if m in (cg.get("task_metadata") or [])]
-    if metadata and w.get("tile_indexed", True):
-        problems.append(("wiring.tile_indexed", f"codegen.task_metadata ({', '.join(metadata)}) "
-                         "shares TaskMetadata's bytes with task_offset (a union): set "
-                         "wiring.tile_indexed: false (the body's task index is then its "
-                         f"{metadata[0]})"))
     for key, have, limit in (("num_inputs", len(ins), MAX_INPUTS),
                              ("num_outputs", len(outs), MAX_OUTPUTS)):
         given = w.get(key, have)
@@ -314,31 +346,45 @@ def _resolve(spec: dict, surface: Surface, problems: list, runtime: str = "v1") 
                 problems.append((path, f"{name!r} is reserved in the generated Python layer"))
             if names.count(name) > 1 and names.index(name) != len(tensors):
                 problems.append((path, f"tensor name {name!r} is used twice"))
-            ndims = len(t.get("shape") or [])
-            ov = overrides.get(name) or {}
-            part = ov.get("partition")
-            if part is None:
-                part = _mpk_partition(t.get("partition") or [], ndims)
-            else:
-                part = tuple(list(part) + [-1] * (3 - len(part)))
-                used = [d for d in part if d != -1]
-                bad = [d for d in used if not 0 <= d < ndims]
-                if bad or len(set(used)) != len(used):
-                    problems.append((f"wiring.tensors.{name}.partition",
-                                     f"{list(part)} must hold distinct dims of {name} "
-                                     f"(0..{ndims - 1}) or -1"))
-            fl = ov.get("forloop_dim", -1)
-            if not -1 <= fl < ndims:
-                problems.append((f"wiring.tensors.{name}.forloop_dim",
-                                 f"{fl} is not -1 or a dim of {name} (0..{ndims - 1})"))
-            tensors.append({"name": name, "role": role, "ops": ops, "index": i,
-                            "dtype": t.get("dtype"), "shape": list(t.get("shape") or []),
-                            "ndims": ndims, "partition": part, "forloop_dim": fl,
-                            "ctype": config.CTYPES.get(t.get("dtype")),
-                            "pytype": (config.DTYPES.get(t.get("dtype")) or {}).get("torch")})
-            if tensors[-1]["ctype"] is None or tensors[-1]["pytype"] is None:
-                problems.append((f"codegen.{role}s.{i}.dtype", f"dtype {t.get('dtype')!r} has no "
-                                 "C++/Python type (util/config.py DTYPES)"))
+            tensors.append(_layer_tensor(t, role, ops, i, overrides.get(name) or {}, problems))
+    return tensors, params
+
+
+def _layer_tensor(t: dict, role: str, ops: str, i: int, ov: dict, problems: list) -> dict:
+    """One tensor of the layer: its MPK partition and forloop dim (wiring.tensors over the
+    codegen partition) and its C++ and torch types."""
+    name = t.get("name", "")
+    ndims = len(t.get("shape") or [])
+    part = ov.get("partition")
+    if part is None:
+        part = _mpk_partition(t.get("partition") or [], ndims)
+    else:
+        part = tuple(list(part) + [-1] * (3 - len(part)))
+        used = [d for d in part if d != -1]
+        bad = [d for d in used if not 0 <= d < ndims]
+        if bad or len(set(used)) != len(used):
+            problems.append((f"wiring.tensors.{name}.partition",
+                             f"{list(part)} must hold distinct dims of {name} "
+                             f"(0..{ndims - 1}) or -1"))
+    fl = ov.get("forloop_dim", -1)
+    if not -1 <= fl < ndims:
+        problems.append((f"wiring.tensors.{name}.forloop_dim",
+                         f"{fl} is not -1 or a dim of {name} (0..{ndims - 1})"))
+    out = {"name": name, "role": role, "ops": ops, "index": i,
+           "dtype": t.get("dtype"), "shape": list(t.get("shape") or []),
+           "ndims": ndims, "partition": part, "forloop_dim": fl,
+           "ctype": config.CTYPES.get(t.get("dtype")),
+           "pytype": (config.DTYPES.get(t.get("dtype")) or {}).get("torch")}
+    if out["ctype"] is None or out["pytype"] is None:
+        problems.append((f"codegen.{role}s.{i}.dtype", f"dtype {t.get('dtype')!r} has no "
+                         "C++/Python type (util/config.py DTYPES)"))
+    return out
+
+
+def _call_arguments(kernel: str, w: dict, surface: Surface, runtime_inputs: dict,
+                    metadata: list, problems: list) -> tuple[list, str | None, dict]:
+    """What the surface says the call passes besides the layer's tensors: (the arguments
+    after them: task metadata, then the tail; the guard line; {input: runtime state})."""
     names = {"kernel": kernel, "spec": config.spec_namespace(kernel)}
     state = {}
     for name, what in runtime_inputs.items():
@@ -355,23 +401,7 @@ def _resolve(spec: dict, surface: Surface, problems: list, runtime: str = "v1") 
              for a in surface.call.get("tail_args", [])]
     guard = surface.text(surface.call["guard"], "call.guard", **names) \
         if surface.call.get("guard") else None
-    dims, call_lines = _call(spec, w, tensors, pnames, problems, tail, guard,
-                             [t.get("name") for t in every_input], state)
-    if w.get("tma_descriptors", 0):
-        problems.append(("wiring.tma_descriptors", f"{w['tma_descriptors']}: the wire stage "
-                         "cannot write TMA descriptor code; a task in a TMA range gets cases "
-                         "that build none, so the body must load without TMA (set it to 0)"))
-    test = _test(spec, w, tensors, problems, surface.python.get("block_dim"))
-    if problems:
-        return None
-    return Wiring(kernel=kernel, op=spec.get("op", ""), layer=layer, archs=archs,
-                  task_type=task_type, task_name=task_name, number=number,
-                  num_inputs=len(ins), num_outputs=len(outs), tensors=tuple(tensors),
-                  params=tuple(params), dims=tuple(dims), call_lines=tuple(call_lines),
-                  tile_indexed=bool(w.get("tile_indexed", True)),
-                  tma_descriptors=int(w.get("tma_descriptors", 0)), test=test, runtime=runtime,
-                  port=port, runtime_inputs=tuple(runtime_inputs.items()),
-                  task_metadata=tuple(metadata))
+    return tail, guard, state
 
 
 def _call(spec, w, tensors, pnames, problems, tail_default, guard=None, input_order=(), state=None):
