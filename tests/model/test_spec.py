@@ -300,3 +300,27 @@ def test_more_tasks_than_a_metadata_field_holds_is_the_grids_error(root):
     edit(root, "tile_indexed: true", "tile_indexed: false")
     edit(root, "large_r16384_h7168: {rows: 16384,", "large_r16384_h7168: {rows: 32769,")
     expect_error(root, "grid: [rows]", "codegen.grid.0", "task_metadata request_id holds task indices up to 32767")
+
+
+def _fifteen_regions(can_pack: str = "") -> str:
+    return "\n".join(f"      - {{name: r{i}, bytes: 1024, align: 1024{can_pack}}}" for i in range(15))
+
+
+def test_a_plan_of_fifteen_pages_is_refused_with_its_page_table(root):
+    """Runtime-V2 plans SMEM in 16 KB pages, at most 14: fifteen 1 KiB regions of their own
+    take fifteen, though their 15 KiB fit the budget many times over."""
+    edit(root, "      - {name: warp_sums, bytes: 16, align: 16}   # one fp32 partial per warp",
+         _fifteen_regions())
+    err = expect_error(root, "name: r14,", "codegen.smem.regions.14", "SMEM needs 15 pages of 16 KB")
+    assert "at most 14: pages by region: r0 1, r1 1," in err.message and "r14 1 (" in err.message
+
+
+def test_packable_regions_share_pages(root):
+    edit(root, "      - {name: warp_sums, bytes: 16, align: 16}   # one fp32 partial per warp",
+         _fifteen_regions(", can_pack: true"))
+    load_spec(spec_path(root), root)                 # 15 KiB packed: one page
+
+
+def test_the_budget_cannot_exceed_what_the_runtime_gives_a_task(root):
+    edit(root, "    budget: 224256", "    budget: 232448")
+    expect_error(root, "budget: 232448", "codegen.smem.budget", "224256")

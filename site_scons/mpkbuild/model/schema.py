@@ -329,9 +329,11 @@ SPEC_SCHEMA: dict = {
                                              "a tensor takes at most one override per variant"},
                 "smem": {
                     "type": "object", "additionalProperties": False,
-                    "default": {"budget": 224256, "regions": []},
+                    "default": {"budget": config.SMEM_MAX_BYTES, "regions": []},
                     "properties": {
-                        "budget": {"type": "integer", "minimum": 0, "maximum": 232448, "default": 224256},
+                        "budget": {"type": "integer", "minimum": 0, "maximum": config.SMEM_MAX_BYTES,
+                                   "default": config.SMEM_MAX_BYTES,
+                                   "description": "at most what MPK's runtime gives a task"},
                         "regions": {"type": "array", "default": [], "maxItems": 16, "items": {
                             "type": "object", "additionalProperties": False,
                             "required": ["name", "bytes"],
@@ -341,7 +343,11 @@ SPEC_SCHEMA: dict = {
                                                      "variant's symbols (the plan may differ per variant)"},
                                            # the harness aligns the SMEM base to 1024 bytes only
                                            "align": {"type": "integer", "minimum": 1, "maximum": 1024,
-                                                     "default": 16}}}},
+                                                     "default": 16},
+                                           # no default: a spec without it keeps its signature
+                                           "can_pack": {"type": "boolean", "description":
+                                                        "the region may share 16 KB pages with the "
+                                                        "other packable ones (default: pages of its own)"}}}},
                     },
                 },
             },

@@ -840,7 +840,30 @@ def smem_layout(smem: dict, symbols: dict) -> tuple[list[dict], int]:
             raise SmemPlanError(i, None, f"SMEM over budget: regions up to {region['name']!r} need "
                                          f"{total} bytes, budget is {smem['budget']}")
         regions.append({"name": region["name"], "offset": offset, "bytes": nbytes, "align": region["align"]})
+    pages = smem_pages(smem, regions)
+    if sum(n for _, n in pages) > config.SMEM_MAX_PAGES:
+        table = ", ".join(f"{name} {n}" for name, n in pages)
+        raise SmemPlanError(len(regions) - 1, None, (
+            f"SMEM needs {sum(n for _, n in pages)} pages of {config.SMEM_PAGE_BYTES // 1024} KB, "
+            f"MPK gives a task at most {config.SMEM_MAX_PAGES}: pages by region: {table} (a region "
+            "takes pages of its own unless it says can_pack: true)"))
     return regions, total
+
+
+def smem_pages(smem: dict, regions: list[dict]) -> list[tuple[str, int]]:
+    """(region, pages) as Runtime-V2 plans them: each region whole pages of its own, the
+    packable ones (can_pack) together in shared pages ("packed: a+b" for that group)."""
+    page = config.SMEM_PAGE_BYTES
+    out, packed, span = [], [], 0
+    for declared, r in zip(smem["regions"], regions):
+        if declared.get("can_pack"):
+            span = -(-span // r["align"]) * r["align"] + r["bytes"]
+            packed.append(r["name"])
+        else:
+            out.append((r["name"], -(-r["bytes"] // page)))
+    if packed:
+        out.append(("packed: " + "+".join(packed), -(-span // page)))
+    return out
 
 
 def variant_tensors(codegen: dict, variant: str) -> dict:

@@ -106,6 +106,14 @@ TASK_METADATA = {"request_id": {"bytes": (0, 2), "max": 2**15 - 1},      # int16
                  "kv_idx": {"bytes": (2, 4), "max": 2**16 - 1}}          # uint16_t
 
 
+# SMEM as MPK's Runtime-V2 plans a task's: whole 16 KB pages, at most 14 of them and at most
+# 224256 bytes in all (what the runtime gives a task; MAX_DYNAMIC_SHARED_MEMORY_SIZE), a
+# region taking pages of its own unless it says it may share them (can_pack)
+SMEM_PAGE_BYTES = 16384
+SMEM_MAX_PAGES = 14
+SMEM_MAX_BYTES = 224256
+
+
 # compute capability (major, minor) -> the arch whose library runs on it
 ARCH_FOR_CC = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
 
