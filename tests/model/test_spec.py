@@ -324,3 +324,15 @@ def test_packable_regions_share_pages(root):
 def test_the_budget_cannot_exceed_what_the_runtime_gives_a_task(root):
     edit(root, "    budget: 224256", "    budget: 232448")
     expect_error(root, "budget: 232448", "codegen.smem.budget", "224256")
+
+
+def test_a_cached_load_is_not_reused_once_the_wiring_surface_changed(root):
+    """The wiring section is checked against the project's surface over the shipped one: a
+    spec cached before the surface changed is loaded (and checked) again."""
+    from mpkbuild.model.kernel import Kernel
+    Kernel.load(root, K)
+    assert Kernel.load(root, K).spec.from_cache
+    (root / "wiring").mkdir()
+    (root / "wiring" / "surface.yaml").write_text("# the project's additions: none yet\n{}\n")
+    assert not Kernel.load(root, K).spec.from_cache
+    assert Kernel.load(root, K).spec.from_cache

@@ -67,11 +67,13 @@ class LoadedSpec:
     source_sha: str = ""            # sha256 of the YAML bytes it was loaded from
     from_cache: bool = False        # True when load_spec_cached reused the last full load
 
-    def cache_record(self) -> dict:
-        """What the spec stage writes to build/K/spec.json (and load_spec_cached reads)."""
+    def cache_record(self, root: Path | None = None) -> dict:
+        """What the spec stage writes to build/K/spec.json (and load_spec_cached reads):
+        with the wiring surfaces it was checked against (root's), when given."""
         return {"file": self.file, "spec": self.data, "sections": self.sections,
                 "signatures": self.signatures, "source_sha": self.source_sha,
-                "loader": loader_version()}
+                "loader": loader_version(),
+                **({"surface": surface_digest(root)} if root is not None else {})}
 
     @functools.cached_property
     def digest(self) -> str:
@@ -659,6 +661,19 @@ def _product(values) -> int | float:
     return out
 
 
+def surface_digest(root) -> str:
+    """The bytes of the wiring surfaces a spec's wiring section is checked against (the
+    project's wiring/surface.yaml over the shipped one): a cached load is fresh only for the
+    surfaces it was checked with."""
+    parts = []
+    for folder in config.wiring_roots(root):
+        try:
+            parts.append(read_bytes(str(folder / "surface.yaml")))
+        except OSError:
+            parts.append(b"(none)")
+    return sha256_bytes(b"\0".join(parts))
+
+
 @functools.lru_cache(maxsize=None)
 def loader_version() -> str:
     """Changes whenever the code that validates and normalises specs changes (the import
@@ -695,7 +710,8 @@ def load_spec_cached(path: Path | str, root: Path | str, cache: Path, write: boo
             raise OSError("not a spec the cache can hold")     # the full load says why
         raw = read_bytes(str(path))
         cached = json.loads(read_bytes(str(cache)).decode("utf-8"))
-        fresh = cached.get("source_sha") == sha256_bytes(raw) and cached.get("loader") == loader_version()
+        fresh = (cached.get("source_sha") == sha256_bytes(raw) and cached.get("loader") == loader_version()
+                 and cached.get("surface") == surface_digest(root))
     except (OSError, ValueError):
         fresh = False
     if fresh:
@@ -736,7 +752,7 @@ def save_spec_cache(spec: LoadedSpec, cache: Path, root: Path) -> None:
         digest, names = _python_defs(root, rel)
         if digest is not None and not isinstance(names, str):
             defs[digest] = sorted(names)
-    record = {**spec.cache_record(), "digest": spec.digest,
+    record = {**spec.cache_record(root), "digest": spec.digest,
               "python_defs": {"python": _python_version(), "defs": defs}}
     try:
         write_json_atomic(cache, record, only_if_changed=True)
