@@ -150,7 +150,7 @@ def context(section: dict, spec_file: str) -> dict:
         "inputs": [{"name": t["name"], "ctype": CTYPES[t["dtype"]], "runtime": t.get("runtime")}
                    for t in cg["inputs"]],
         # the ints the body takes after its tensors: the task's index, under MPK's names
-        "task_metadata": [m for m in config.TASK_METADATA if m in (cg.get("task_metadata") or [])],
+        "task_metadata": config.task_metadata(cg),
         "outputs": [{"name": t["name"], "ctype": CTYPES[t["dtype"]]} for t in cg["outputs"]],
     }
 
@@ -216,9 +216,9 @@ def in_namespace(text: str, namespace: str, display: str) -> str:
             if re.match(r"\s*#\s*include\b", line)]
     if late:
         raise TemplateError(f"{display}: line {late[0]} of the rendered body: #include after the "
-                            "body's first code: the tool "
-                            f"puts the body's code in namespace {namespace}, and an include there "
-                            "would be too; move every #include to the top of the body")
+                            f"body's first code: the tool puts the body's code in namespace "
+                            f"{namespace}, and an include there would be too; move every "
+                            "#include to the top of the body")
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
     # the blank line after the includes, where there is one, takes the opening: the code

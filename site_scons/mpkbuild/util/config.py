@@ -106,6 +106,11 @@ TASK_METADATA = {"request_id": {"bytes": (0, 2), "max": 2**15 - 1},      # int16
                  "kv_idx": {"bytes": (2, 4), "max": 2**16 - 1}}          # uint16_t
 
 
+def task_metadata(codegen: dict) -> list[str]:
+    """The metadata a body takes (codegen.task_metadata), in the order it takes them."""
+    return [m for m in TASK_METADATA if m in (codegen.get("task_metadata") or [])]
+
+
 # SMEM as MPK's Runtime-V2 plans a task's: whole 16 KB pages, at most 14 of them and at most
 # 224256 bytes in all (what the runtime gives a task; MAX_DYNAMIC_SHARED_MEMORY_SIZE), a
 # region taking pages of its own unless it says it may share them (can_pack)

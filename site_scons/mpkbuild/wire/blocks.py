@@ -55,7 +55,7 @@ def context(w: Wiring, surface: Surface, arch: str | None, numbers: dict,
         "tensors": [dict(t) for t in w.tensors], "params": [dict(p) for p in w.params],
         "dims": list(w.dims), "call_lines": list(w.call_lines),
         "tile_indexed": w.tile_indexed, "tma_descriptors": w.tma_descriptors,
-        "test": dict(w.test), "runtime": w.runtime, "port": w.port,
+        "test": dict(w.test), "runtime": w.runtime,
         "task_metadata": list(w.task_metadata),
         "archs": [{**surface.archs[a].as_dict(), "task_type": w.task_type[a],
                    "task_name": w.task_name[a], "number": numbers.get(a)} for a in w.archs],
@@ -67,7 +67,9 @@ def context(w: Wiring, surface: Surface, arch: str | None, numbers: dict,
     return ctx
 
 
-def _wanted(site: Site, w: Wiring, surface: Surface, arch: str | None, numbers: dict) -> bool:
+def applies(site: Site, w: Wiring) -> bool:
+    """Whether the site is one of this kernel's, as far as the wiring alone says (a tma.cuh
+    case also waits for its number: _wanted)."""
     if site.runtime is not None and site.runtime != w.runtime:
         return False
     if site.when == "tile_indexed":
@@ -80,6 +82,12 @@ def _wanted(site: Site, w: Wiring, surface: Surface, arch: str | None, numbers: 
         return not w.ports_layer
     if site.when == "port":
         return w.ports_layer
+    return True
+
+
+def _wanted(site: Site, w: Wiring, surface: Surface, arch: str | None, numbers: dict) -> bool:
+    if not applies(site, w):
+        return False
     if site.when == "tma":
         n = numbers.get(arch)
         return isinstance(n, int) and surface.archs[arch].in_tma(n)

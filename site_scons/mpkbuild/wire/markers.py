@@ -111,7 +111,7 @@ class Markers:
 
     @staticmethod
     def _regex(fmt: str):
-        pat = re.escape(fmt).replace(r"\{key\}", r"(?P<key>[\w./-]+?)").replace(
+        pat = re.escape(fmt).replace(r"\{key\}", r"(?P<key>[\w./-]+)").replace(
             r"\{sha\}", r"(?P<sha>[0-9a-f]+)")
         return re.compile(r"^[ \t]*\S+[ \t]*" + pat + r"[ \t]*$")
 

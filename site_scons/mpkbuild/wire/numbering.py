@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .checkout import Checkout, EnumEntry
 from .errors import AnchorNotFound, NameClash, NoFreeNumber, NumberClash, NumberOutOfRange
-from .blocks import site_file
+from .blocks import applies, site_file
 from .section import Wiring
 
 
@@ -43,7 +43,7 @@ def check_names(checkout: Checkout, wirings: dict[str, Wiring], planned: list[st
         rx = checkout.surface.scan[scan_key]
         for k in planned:
             w = wirings[k]
-            if site.when == "own_layer" and w.ports_layer:
+            if not applies(site, w):        # a name it never writes is not its claim
                 continue
             for arch in (w.archs if site.per_arch else (None,)):
                 rel = site_file(checkout.surface, site, arch, k)

@@ -350,15 +350,17 @@ def plan(mpk_root, specs: list[dict], wiring_root, kernels: list[str],
                             "does not have (wire it without runtime=, for v1)")
     clashes = check_names(co, wirings, kernels)
     unported = check_ports(co, wirings, kernels)     # their port blocks have no place to go
-    clashes += unported
+    clashes += [m for k in sorted(unported) for m in unported[k]]
+    # the surface has a site (the test-mode test) a kernel reading runtime state goes without
+    stateless = any(s.when == "no_runtime_state" and s.runtime in (None, runtime) for s in surface.sites)
     numbers = assign_numbers(co, wirings, kernels, renumber)
     blocks, fragments, notes = [], {}, []
     for k in kernels:
         src = (sources or {}).get(k)
         kb = render_blocks(wirings[k], surface, numbers[k], src)
-        if any(x.startswith(f"{k}: ") for x in unported):
+        if k in unported:
             kb = [b for b in kb if b.site.when != "port"]
-        if wirings[k].runtime_inputs and runtime == "v1":
+        if wirings[k].runtime_inputs and stateless:
             notes.append(f"{k}: no test-mode test (it reads runtime state, "
                          f"{', '.join(n for n, _ in wirings[k].runtime_inputs)}, which that "
                          "test cannot feed; the runtime gate runs it inside the persistent kernel)")

@@ -45,58 +45,66 @@ def _graph_of(fn: ast.FunctionDef) -> tuple[list[str], dict[str, tuple]] | str:
     return names, parts
 
 
-def check_ports(co: Checkout, wirings: dict[str, Wiring], planned: list[str]) -> list[str]:
-    """One message per problem of the planned ports (empty: every port fits its layer)."""
+def check_ports(co: Checkout, wirings: dict[str, Wiring], planned: list[str]) -> dict[str, list[str]]:
+    """{kernel: its messages, each starting with its name} for every planned port that does
+    not fit its layer (empty: every port fits)."""
     site = next((s for s in co.surface.sites if s.when == "port"), None)
-    ports = {k: wirings[k] for k in planned if wirings[k].ports_layer}
+    ports = {k: wirings[k] for k in sorted(planned) if wirings[k].ports_layer}
     if not ports:
-        return []
+        return {}
     if site is None:
-        return [f"{k}: wiring.port: the wiring surface has no port site" for k in sorted(ports)]
+        return {k: [f"{k}: wiring.port: the wiring surface has no port site"] for k in ports}
     rel = site.file
     text = co.text(rel)
     if text is None:
-        return [f"{k}: wiring.port {w.port!r}: {rel} is missing in mpk_root {co.root}"
-                for k, w in sorted(ports.items())]
+        return {k: [f"{k}: wiring.port {w.port!r}: {rel} is missing in mpk_root {co.root}"]
+                for k, w in ports.items()}
     try:
         tree = ast.parse(text)
     except SyntaxError as exc:
-        return [f"{k}: wiring.port: {rel}:{exc.lineno}: not Python this tool can read ({exc.msg})"
-                for k in sorted(ports)]
-    problems, taken = [], {}
-    for k, w in sorted(ports.items()):
+        return {k: [f"{k}: wiring.port: {rel}:{exc.lineno}: not Python this tool can read ({exc.msg})"]
+                for k in ports}
+    problems, taken = {}, {}
+    for k, w in ports.items():
         layer = f"{w.port}_layer"
         if layer in taken:
-            problems.append(f"{k}: wiring.port {w.port!r}: {layer} is ported by {taken[layer]} "
-                            "too; a layer takes one kernel on Runtime-V2")
-            continue
-        taken[layer] = k
-        fn = _layer_def(tree, layer)
-        if fn is None:
-            problems.append(f"{k}: wiring.port {w.port!r}: {rel} has no def {layer}( to port "
-                            "(name an existing layer, or drop wiring.port for a layer of its own)")
-            continue
-        where = f"{k}: wiring.port {w.port!r}: {rel}:{fn.lineno} {layer}"
-        args = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
-        missing = [p["name"] for p in w.params if p["name"] not in args]
-        if missing:
-            problems.append(f"{where} takes no {', '.join(missing)} (wiring.params), which the "
-                            "port passes to the register function")
-        graph = _graph_of(fn)
-        if isinstance(graph, str):
-            problems.append(f"{where}: {graph}")
-            continue
-        names, parts = graph
-        ours = [t["name"] for t in w.tensors]
-        if len(names) != len(ours):
-            problems.append(f"{where} hands its task {len(names)} tensors, the spec {len(ours)} "
-                            f"({', '.join(ours)})")
-            continue
-        for i, (theirs, t) in enumerate(zip(names, w.tensors)):
-            want = tuple(t["partition"])
-            got = parts.get(theirs) if theirs else None
-            if got != want:
-                shown = "cannot be read" if got is None else f"is partitioned {got}"
-                problems.append(f"{where}: its tensor {i} ({theirs or '?'}) {shown}, the spec's "
-                                f"{t['name']} {want} (codegen partition, wiring.tensors)")
+            found = [f"{k}: wiring.port {w.port!r}: {layer} is ported by {taken[layer]} "
+                     "too; a layer takes one kernel on Runtime-V2"]
+        else:
+            taken[layer] = k
+            found = _misfits(k, w, tree, rel, layer)
+        if found:
+            problems[k] = found
+    return problems
+
+
+def _misfits(k: str, w: Wiring, tree: ast.AST, rel: str, layer: str) -> list[str]:
+    """What keeps one kernel from taking over `layer`: its absence, a wiring param it does not
+    take, the tensors its task is handed."""
+    fn = _layer_def(tree, layer)
+    if fn is None:
+        return [f"{k}: wiring.port {w.port!r}: {rel} has no def {layer}( to port "
+                "(name an existing layer, or drop wiring.port for a layer of its own)"]
+    where = f"{k}: wiring.port {w.port!r}: {rel}:{fn.lineno} {layer}"
+    problems = []
+    args = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+    missing = [p["name"] for p in w.params if p["name"] not in args]
+    if missing:
+        problems.append(f"{where} takes no {', '.join(missing)} (wiring.params), which the "
+                        "port passes to the register function")
+    graph = _graph_of(fn)
+    if isinstance(graph, str):
+        return problems + [f"{where}: {graph}"]
+    names, parts = graph
+    ours = [t["name"] for t in w.tensors]
+    if len(names) != len(ours):
+        return problems + [f"{where} hands its task {len(names)} tensors, the spec {len(ours)} "
+                           f"({', '.join(ours)})"]
+    for i, (theirs, t) in enumerate(zip(names, w.tensors)):
+        want = tuple(t["partition"])
+        got = parts.get(theirs) if theirs else None
+        if got != want:
+            shown = "cannot be read" if got is None else f"is partitioned {got}"
+            problems.append(f"{where}: its tensor {i} ({theirs or '?'}) {shown}, the spec's "
+                            f"{t['name']} {want} (codegen partition, wiring.tensors)")
     return problems

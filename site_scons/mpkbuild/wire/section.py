@@ -231,7 +231,7 @@ def _resolve(spec: dict, surface: Surface, problems: list, runtime: str = "v1") 
     # slot): the call passes the runtime's own
     every_input = list(cg.get("inputs") or [])
     runtime_inputs = {t.get("name"): t["runtime"] for t in every_input if t.get("runtime")}
-    metadata = [m for m in config.TASK_METADATA if m in (cg.get("task_metadata") or [])]
+    metadata = config.task_metadata(cg)
     if metadata and w.get("tile_indexed", True):
         problems.append(("wiring.tile_indexed", f"codegen.task_metadata ({', '.join(metadata)}) "
                          "shares TaskMetadata's bytes with task_offset (a union): set "

@@ -167,19 +167,18 @@ def _layer(spec: dict, variant: str, dispatch_id: int, tensor_index: list[int]) 
     from mpkbuild.stages.generate import _variant_views
     view = next(v for v in _variant_views(spec["codegen"]) if v["name"] == variant)
     state = {t["name"] for t in spec["codegen"]["inputs"] if t.get("runtime")}
-    keep = [i for i, t in enumerate(view["tensors"]) if t["name"] not in state]
-    every, tensor_index = list(tensor_index), [tensor_index[i] for i in keep]
-    ins = [t for t in view["tensors"] if t["kind"] == "inputs" and t["name"] not in state]
-    outs = [t for t in view["tensors"] if t["kind"] == "outputs"]
+    kept = [(t, at) for t, at in zip(view["tensors"], tensor_index) if t["name"] not in state]
+    ins = [t for t, _ in kept if t["kind"] == "inputs"]
+    outs = [t for t, _ in kept if t["kind"] == "outputs"]
     dtypes = {t["name"]: t["dtype"] for t in spec["codegen"]["inputs"] + spec["codegen"]["outputs"]}
-    metadata = spec["codegen"].get("task_metadata") or []
+    metadata = config.task_metadata(spec["codegen"])
     return {"id": dispatch_id, "kernel": spec["kernel"], "variant": variant,
             "metadata": sum(1 << i for i, m in enumerate(config.TASK_METADATA) if m in metadata),
             # the graph tensor of each of the spec's inputs and outputs (the runner makes
             # them all; `tensors`, the task's, leaves runtime state out)
-            "spec_tensors": every,
+            "spec_tensors": list(tensor_index),
             "task_type": "MPKB_TASK_TYPE", "tasks": view["grid"], "grid_x": view["grid"],
-            "num_inputs": len(ins), "num_outputs": len(outs), "tensors": tensor_index,
+            "num_inputs": len(ins), "num_outputs": len(outs), "tensors": [at for _, at in kept],
             "strides": [t["task_stride"] * config.DTYPE_BYTES[dtypes[t["name"]]] for t in ins + outs],
             "strides_y": [0] * (len(ins) + len(outs)), "tma": False,
             "tma_dims": [[0, 0]] * (len(ins) + len(outs)), "row_strides": [0] * (len(ins) + len(outs)),
