@@ -5,7 +5,7 @@ import pytest
 
 from conftest import copy_project
 from mpkbuild import scaffold
-from mpkbuild.model.spec import load_spec
+from mpkbuild.stages import load_spec
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_the_scaffold_has_a_wiring_section_and_a_compiled_baseline(tmp_path):
     """A new kernel can be wired and is measured against torch.compile from the start."""
     import yaml
     from mpkbuild import scaffold
-    from mpkbuild.model.spec import load_spec
+    from mpkbuild.stages import load_spec
     root = copy_project(tmp_path / "proj").root
     scaffold.create(root, "gelu_v2", "D")
     spec = load_spec(root / "specs" / "gelu_v2.yaml", root)

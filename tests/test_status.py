@@ -77,7 +77,7 @@ def run_node_no_op(p):
 
 
 def docstring_edit(p):
-    p.edit(f"{PKG}/stages/generate.py", '"""The generate stage:', '"""The generate stage (reworded):')
+    p.edit(f"{PKG}/stages/generate/__init__.py", '"""The generate stage:', '"""The generate stage (reworded):')
 
 
 CORPUS = {

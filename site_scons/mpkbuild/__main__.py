@@ -94,14 +94,22 @@ def main(argv=None) -> int:
     p_init.add_argument("--family", default="D", choices=sorted(FAMILIES),
                         help="its scaffold family (D: elementwise; `scons -h` in the project)")
     sub.add_parser("toolpath", help="print the folder of the SCons tool `mpk`")
-    sub.add_parser("schema", help="print the path of the spec JSON schema (for editors)")
+    p_schema = sub.add_parser("schema", help="print the path of the spec JSON schema (for editors)")
+    p_schema.add_argument("--json", action="store_true",
+                          help="print the schema itself, composed from the stages' sections")
     args = ap.parse_args(argv)
     if args.command == "toolpath":
         from mpkbuild import toolpath
         print(toolpath())
         return 0
     if args.command == "schema":
-        print(config.SPEC_SCHEMA_FILE)
+        if args.json:
+            import json
+            from mpkbuild import stages
+            json.dump(stages.spec_loader().schema, sys.stdout, indent=2, sort_keys=True)
+            sys.stdout.write("\n")
+        else:
+            print(config.SPEC_SCHEMA_FILE)
         return 0
     folder = Path(args.dir)
     try:

@@ -65,6 +65,10 @@ class Build:
     wire_run: object = None                 # the run's one wire plan (stages/wire.run_plan)
     info: dict[str, dict] = field(default_factory=dict)   # first target -> node parameters
 
+    def load_kernel(self, name: str) -> Kernel:
+        """A kernel of the project the build has not loaded (its spec cache refreshed)."""
+        return stages.load_kernel(self.root, name)
+
     @staticmethod
     def fail(message: str) -> int:
         sys.stderr.write(f"mpk: error: {message}\n")
@@ -254,7 +258,7 @@ def help_text(root: Path) -> str:
              "", "stages (stage= builds the stage and everything it needs; default: review "
              "with a GPU, compile without):"]
     for s in stages.STAGES:
-        tags = [f"per {s.per}"] + (["gate"] if s.is_gate else []) + (["GPU"] if s.needs_gpu else [])
+        tags = [f"per {s.per}"] + (["gate"] if s.judges else []) + (["GPU"] if s.needs_gpu else [])
         lines.append(f"  {s.name:<9} {s.doc}  [{', '.join(tags)}]")
     lines += ["", "kernels: " + (", ".join(discover(root)) or "none"), ""]
     return "\n".join(lines)
@@ -519,7 +523,7 @@ def load_companions(build: Build, root: Path, kernels: list) -> list:
                 fail_early(f"{k.spec.file}: {where}: no kernel {name!r} "
                            f"({config.SPEC_DIRNAME}/{name}.yaml does not exist)")
             try:
-                build.kernels[name] = apply_tuned(Kernel.load(root, name, write_cache=False),
+                build.kernels[name] = apply_tuned(stages.load_kernel(root, name, write_cache=False),
                                                   build.fingerprint)
             except spec_mod.SpecError as exc:
                 fail_early(str(exc))
@@ -574,7 +578,7 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
     for name in names:
         try:
             # the build for a GPU profile uses its committed tuned file (tuned/<profile>/K.json)
-            build.kernels[name] = apply_tuned(Kernel.load(root, name, write_cache=False),
+            build.kernels[name] = apply_tuned(stages.load_kernel(root, name, write_cache=False),
                                               build.fingerprint)
         except spec_mod.SpecError as exc:
             fail_early(str(exc))

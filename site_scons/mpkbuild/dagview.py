@@ -16,7 +16,7 @@ import networkx as nx
 
 from mpkbuild.util.fsutil import write_atomic
 from mpkbuild.model.graph import Graph
-from mpkbuild.model.spec import OPTIONAL_SECTIONS, SECTIONS
+from mpkbuild import stages
 
 COLOURS = {"fresh": "#b7e1a1", "stale": "#ffd28a", "failed": "#f4a4a4", "never run": "#d9d9d9",
            "pending": "#a9c8f0"}
@@ -162,10 +162,12 @@ def inputs_for(query: str, g: Graph, kernels: list[str], specs: dict | None = No
         raise WhyError(f"why={query!r}: not a file in the graph nor a spec field like "
                        "`validate.rel_max` or `rmsnorm_v2:perf.repeats`")
     top = m.group("path").split(".")[0].split("[")[0]
-    section = next((s for s, keys in {**SECTIONS, **OPTIONAL_SECTIONS}.items() if top in keys), None)
+    sections = stages.spec_loader().sections
+    section = next((s.key for s in sections if s.key == top), None) or \
+        next((s.key for s in sections if top in s.keys), None)
     if section is None:
         raise WhyError(f"why={query!r}: {top!r} is not a spec section "
-                       f"(sections: {', '.join(sorted({k for ks in SECTIONS.values() for k in ks}))}, wiring)")
+                       f"(sections: {', '.join(sorted({k for s in sections for k in s.keys}))})")
     which = [m.group("kernel")] if m.group("kernel") else kernels
     from mpkbuild.util import config
     section_file = lambda k: f"{config.BUILD_DIRNAME}/{k}/spec/{section}.json"

@@ -23,7 +23,9 @@ import pytest
 
 from conftest import FAKES, copy_project
 from mpkbuild.util import config
-from mpkbuild.model.spec import SpecError, load_spec
+from mpkbuild.model.spec import SpecError
+from mpkbuild.stages import load_spec
+from mpkbuild.stages import load_kernel
 
 K = "rmsnorm_v2"
 SPEC = f"specs/{K}.yaml"
@@ -384,7 +386,7 @@ def test_a_spec_that_is_no_regular_file_is_refused_without_reading_it(tmp_path, 
 
 def test_a_huge_spec_is_refused_by_its_size_before_it_is_read(tmp_path):
     """The size is checked before anything reads the file (the cache hash read it whole)."""
-    from mpkbuild.model.kernel import Kernel
+    from mpkbuild.stages import load_kernel
     proj = copy_project(tmp_path / "proj")
     path = proj.root / SPEC
     with open(path, "ab") as fh:
@@ -392,7 +394,7 @@ def test_a_huge_spec_is_refused_by_its_size_before_it_is_read(tmp_path):
     tracemalloc.start()
     try:
         with pytest.raises(SpecError) as info:
-            Kernel.load(proj.root, K, write_cache=False)
+            load_kernel(proj.root, K, write_cache=False)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -401,17 +403,17 @@ def test_a_huge_spec_is_refused_by_its_size_before_it_is_read(tmp_path):
 
 
 def test_body_symlinked_out_of_the_repository_is_refused_with_a_fresh_cache(tmp_path):
-    from mpkbuild.model.kernel import Kernel
+    from mpkbuild.stages import load_kernel
     proj = copy_project(tmp_path / "proj")
     proj.scons("stage=spec")                         # a full load: the spec cache is written
-    assert Kernel.load(proj.root, K, write_cache=False).spec.from_cache
+    assert load_kernel(proj.root, K, write_cache=False).spec.from_cache
     body = proj.root / "kernels" / K / f"{K}.cuh.j2"
     outside = tmp_path / "outside.cuh.j2"
     outside.write_bytes(body.read_bytes())
     body.unlink()
     body.symlink_to(outside)
     with pytest.raises(SpecError) as info:
-        Kernel.load(proj.root, K, write_cache=False)
+        load_kernel(proj.root, K, write_cache=False)
     assert info.value.path == ("codegen", "body") and "escapes the repository" in info.value.message
     before = {p: p.stat().st_mtime_ns for p in (proj.root / "build").rglob("*") if p.is_file()}
     run = proj.scons("stage=spec", check=False)
@@ -425,16 +427,16 @@ def test_cached_load_knows_the_reference_by_its_bytes_never_its_mtime(tmp_path, 
     """A fresh spec cache keeps the reference's function names by the sha256 of its bytes:
     the same bytes are not parsed again; a same-size edit with its mtime put back is
     parsed and refused, as a full load refuses it."""
-    from mpkbuild.model import spec as spec_mod
-    from mpkbuild.model.kernel import Kernel
+    from mpkbuild.model import section as spec_mod
+    from mpkbuild.stages import load_kernel
     proj = copy_project(tmp_path / "proj")
     proj.scons("stage=spec")                         # a full load: the spec cache is written
 
     def parsed(raw, rel):
         raise AssertionError(f"{rel} parsed again")
     with monkeypatch.context() as m:
-        m.setattr(spec_mod, "_top_level_functions", parsed)
-        assert Kernel.load(proj.root, K, write_cache=False).spec.from_cache
+        m.setattr(spec_mod, "top_level_functions", parsed)
+        assert load_kernel(proj.root, K, write_cache=False).spec.from_cache
     ref = proj.root / REF
     st = ref.stat()
     raw = ref.read_bytes()
@@ -442,7 +444,7 @@ def test_cached_load_knows_the_reference_by_its_bytes_never_its_mtime(tmp_path, 
     os.utime(ref, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert ref.stat().st_size == st.st_size
     with pytest.raises(SpecError) as info:
-        Kernel.load(proj.root, K, write_cache=False)
+        load_kernel(proj.root, K, write_cache=False)
     assert info.value.path == ("validate", "reference") and "rmsnorm_reference" in info.value.message
 
 

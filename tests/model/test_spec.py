@@ -5,11 +5,13 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from mpkbuild.model import schema
-from mpkbuild.model.spec import SpecError, load_spec
+from mpkbuild import stages
+from mpkbuild.model.spec import SpecError
+from mpkbuild.stages import load_spec
 
 from conftest import REPO
 from mpkbuild.util import config
+from mpkbuild.stages import load_kernel
 K = "rmsnorm_v2"
 
 
@@ -158,7 +160,8 @@ def test_yaml_syntax_error(root):
 
 def test_exported_schema_is_current_and_accepts_the_spec():
     exported = json.loads(config.SPEC_SCHEMA_FILE.read_text())
-    assert exported == schema.full_schema(), "run: python -m mpkbuild.model.schema > site_scons/mpkbuild/data/spec.schema.json"
+    assert exported == stages.spec_loader().schema, \
+        "run: (cd site_scons && python -m mpkbuild schema --json) > site_scons/mpkbuild/data/spec.schema.json"
     import yaml
     data = yaml.safe_load((REPO / "specs" / f"{K}.yaml").read_text())
     jsonschema.Draft202012Validator(exported).validate(data)
@@ -169,7 +172,7 @@ OVERRIDE = "  grid: [rows]"
 
 
 def test_partition_override_applies_to_matching_variants_only(root):
-    from mpkbuild.model.spec import variant_tensors
+    from mpkbuild.stages.generate.plan import variant_tensors
     edit(root, OVERRIDE, OVERRIDE + '\n  overrides:\n    - {variants: "large_*", partition: {input: [-1, -1]}}')
     cg = load_spec(spec_path(root), root).data["codegen"]
     assert variant_tensors(cg, "large_r4096_h7168")["inputs"][0]["partition"] == [-1, -1]
@@ -253,7 +256,7 @@ def test_inside_repo_follows_symlinks_exactly_as_realpath(tmp_path):
     """The loader's symlink check walks only the path's components below the resolved
     root; it must give os.path.realpath's answer for every shape of path."""
     import os
-    from mpkbuild.model.spec import _realpath_under
+    from mpkbuild.model.section import realpath_under as _realpath_under
     base = tmp_path / "repo"
     (base / "kernels" / "k").mkdir(parents=True)
     (base / "kernels" / "k" / "ref.py").write_text("")
@@ -329,10 +332,10 @@ def test_the_budget_cannot_exceed_what_the_runtime_gives_a_task(root):
 def test_a_cached_load_is_not_reused_once_the_wiring_surface_changed(root):
     """The wiring section is checked against the project's surface over the shipped one: a
     spec cached before the surface changed is loaded (and checked) again."""
-    from mpkbuild.model.kernel import Kernel
-    Kernel.load(root, K)
-    assert Kernel.load(root, K).spec.from_cache
+    from mpkbuild.stages import load_kernel
+    load_kernel(root, K)
+    assert load_kernel(root, K).spec.from_cache
     (root / "wiring").mkdir()
     (root / "wiring" / "surface.yaml").write_text("# the project's additions: none yet\n{}\n")
-    assert not Kernel.load(root, K).spec.from_cache
-    assert Kernel.load(root, K).spec.from_cache
+    assert not load_kernel(root, K).spec.from_cache
+    assert load_kernel(root, K).spec.from_cache

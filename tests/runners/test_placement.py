@@ -6,7 +6,7 @@ import pytest
 
 from conftest import REPO
 from fakes.cpu_perf import cpu_perf
-from mpkbuild.model.spec import load_spec
+from mpkbuild.stages import load_spec
 from mpkbuild.runners import placement
 from mpkbuild.stages.perf import judge, report
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from conftest import REPO, copy_project
 from mpkbuild import scaffold
 from mpkbuild.model.kernel import discover
-from mpkbuild.model.spec import load_spec
+from mpkbuild.stages import load_spec
 
 CATALOG = ("silu_mul_v2", "embedding_v2", "argmax_v2", "argmax_fp32_v2", "linear_v2")
 STARTERS = {f"starter_{f.lower()}": f for f in "ABCDE"}

@@ -4,6 +4,7 @@ import pytest
 
 from mpkbuild.stages import generate as codegen
 from mpkbuild.model.kernel import Kernel
+from mpkbuild.stages import load_kernel
 
 K = "rmsnorm_v2"
 
@@ -14,7 +15,7 @@ def render(kernel, role):
 
 
 def test_spec_header_pins_constants(root):
-    k = Kernel.load(root, K)
+    k = load_kernel(root, K)
     header = render(k, "spec_header")
     assert "constexpr int THREADS = 128;" in header
     assert "constexpr float EPS = 1e-06f;" in header
@@ -25,7 +26,7 @@ def test_spec_header_pins_constants(root):
 
 
 def test_harness_has_one_launcher_per_variant_and_task_slices(root):
-    k = Kernel.load(root, K)
+    k = load_kernel(root, K)
     harness = render(k, "harness")
     for v in k.variants:
         assert f'extern "C" int {K}_launch_{v}(' in harness
@@ -40,7 +41,7 @@ def test_plain_cuh_body_is_used_verbatim(root):
     body.write_text("#pragma once\n// plain body {{ not a template }}\n__device__ void f() {}\n")
     spec = root / "specs" / f"{K}.yaml"
     spec.write_text(spec.read_text().replace(f"body: kernels/{K}/{K}.cuh.j2", f"body: kernels/{K}/plain.cuh"))
-    k = Kernel.load(root, K)
+    k = load_kernel(root, K)
     assert not k.body_is_template
     # not rendered by jinja; its code in the body's namespace, its pragma outside
     assert render(k, "body") == (f"#pragma once\nnamespace kernel::mpkbuild_{K} {{\n"
@@ -54,7 +55,7 @@ def test_undefined_name_in_body_template_names_file_and_line(root):
     lines.insert(4, "// {{ params.no_such_param }}")
     tpl.write_text("\n".join(lines) + "\n")
     with pytest.raises(codegen.TemplateError) as info:
-        render(Kernel.load(root, K), "body")
+        render(load_kernel(root, K), "body")
     assert str(info.value).startswith(f"kernels/{K}/{K}.cuh.j2:5: ")
     assert "no_such_param" in str(info.value)
 
@@ -63,12 +64,12 @@ def test_template_syntax_error_names_file_and_line(root):
     tpl = root / "kernels" / K / f"{K}.cuh.j2"
     tpl.write_text("line one\n{% if %}\n")
     with pytest.raises(codegen.TemplateError) as info:
-        render(Kernel.load(root, K), "body")
+        render(load_kernel(root, K), "body")
     assert str(info.value).startswith(f"kernels/{K}/{K}.cuh.j2:2: template syntax error")
 
 
 def test_unchanged_render_does_not_rewrite(root, tmp_path):
-    k = Kernel.load(root, K)
+    k = load_kernel(root, K)
     target = tmp_path / "out.h"
     args = ("spec_header", k.spec.sections["codegen"], k.spec.file, k.body_source, k.root, target)
     assert codegen.generate_file(*args) is True
@@ -131,7 +132,7 @@ def test_every_catalog_body_and_header_leaves_the_global_scope_to_others(tmp_pat
     names = sorted(p.stem for p in (REPO / "specs").glob("*.yaml"))
     tu = []
     for name in names:
-        k = Kernel.load(REPO, name, write_cache=False)
+        k = load_kernel(REPO, name, write_cache=False)
         (tmp_path / f"{name}_spec.h").write_text(render(k, "spec_header"))
         (tmp_path / f"{name}.cuh").write_text(render(k, "body"))
         assert re.search(rf"^namespace kernel::mpkbuild_{name} {{$", render(k, "body"), re.M)
@@ -146,7 +147,7 @@ def test_every_catalog_body_and_header_leaves_the_global_scope_to_others(tmp_pat
 def test_launch_bounds_follow_min_blocks_per_sm(root):
     spec = root / "specs" / f"{K}.yaml"
     spec.write_text(spec.read_text().replace("  grid: [rows]", "  min_blocks_per_sm: 1 + rows // 4096\n  grid: [rows]"))
-    harness = render(Kernel.load(root, K), "harness")
+    harness = render(load_kernel(root, K), "harness")
     assert "__launch_bounds__(kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_spec::THREADS, 1)\nrmsnorm_v2__decode_r16_h7168(" in harness
     assert "__launch_bounds__(kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_spec::THREADS, 5)\nrmsnorm_v2__large_r16384_h7168(" in harness
 
@@ -155,7 +156,7 @@ def test_partition_override_moves_the_task_slice(root):
     spec = root / "specs" / f"{K}.yaml"
     spec.write_text(spec.read_text().replace(
         "  grid: [rows]", '  grid: [rows]\n  overrides:\n    - {variants: "large_r16384_*", partition: {input: [-1, -1]}}'))
-    harness = render(Kernel.load(root, K), "harness")
+    harness = render(load_kernel(root, K), "harness")
     large = harness[harness.index("rmsnorm_v2__large_r16384_h7168("):]
     assert "input + static_cast<size_t>(task)" not in large.split("task, kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_spec::task_smem()")[0]
     assert "input + static_cast<size_t>(task) * 7168ull" in harness      # the other variants
@@ -164,7 +165,7 @@ def test_partition_override_moves_the_task_slice(root):
 def test_smem_sized_by_variant_symbols_is_planned_per_variant(root):
     spec = root / "specs" / f"{K}.yaml"
     spec.write_text(spec.read_text().replace("bytes: 16, align: 16", "bytes: \"max(16, rows // 4)\", align: 16"))
-    k = Kernel.load(root, K)
+    k = load_kernel(root, K)
     header, harness = render(k, "spec_header"), render(k, "harness")
     assert "constexpr size_t SMEM_TOTAL_MAX = 4096;" in header            # 16384 // 4
     block = header[header.index("namespace large_r4096_h7168 {"):]
@@ -180,7 +181,7 @@ def test_task_metadata_reaches_the_body_as_the_tasks_index(root):
     spec = root / "specs" / f"{K}.yaml"
     spec.write_text(spec.read_text().replace("  inputs:\n", "  task_metadata: [kv_idx, request_id]\n  inputs:\n", 1)
                     .replace("tile_indexed: true", "tile_indexed: false"))
-    harness = render(Kernel.load(root, K), "harness")
+    harness = render(load_kernel(root, K), "harness")
     start = harness.index("::rmsnorm_v2_task<")
     call = harness[start:harness.index("task_smem()", start)]
     assert call.split("\n")[4:7] == ["      task,  // request_id: the task's index on grid x, as MPK's builder sets it",

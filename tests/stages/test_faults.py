@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from mpkbuild.run import sanitizer
-from mpkbuild.model.spec import load_spec
+from mpkbuild.stages import load_spec
 
 FAULTS_DIR = __import__("conftest").REPO / "tests" / "fixtures" / "faults"
 sys.path.insert(0, str(FAULTS_DIR))

@@ -256,7 +256,8 @@ def test_the_schema_takes_several_baselines_and_read_write_bytes(project):
     spec = project.path("specs/rmsnorm_v2.yaml")
     text = spec.read_text()
     assert "compile: true" in text and "bytes: {read:" in text
-    from mpkbuild.model.spec import SpecError, load_spec
+    from mpkbuild.model.spec import SpecError
+    from mpkbuild.stages import load_spec
     loaded = load_spec(spec, project.root)
     got = perfspec.baselines(loaded.data["perf"])
     assert [b["name"] for b in got] == ["torch", "compile", "autotune"]

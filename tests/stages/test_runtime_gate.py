@@ -26,10 +26,11 @@ from mpkbuild.model.kernel import Kernel, discover  # noqa: E402
 from mpkbuild.stages import generate  # noqa: E402
 from mpkbuild.stages.runtime import megakernel as runtime  # noqa: E402  (what the gate takes from MPK)
 from mpkbuild.util import config
+from mpkbuild.stages import load_kernel
 
 needs_tree = pytest.mark.skipif(not (PINNED / "include").is_dir(),
                                 reason="../shared/mirage (the pinned MPK tree) is absent")
-KERNELS = [k for k in discover(REPO) if "wiring" in Kernel.load(REPO, k, write_cache=False).spec.data]
+KERNELS = [k for k in discover(REPO) if "wiring" in load_kernel(REPO, k, write_cache=False).spec.data]
 
 
 FAULTS = REPO / "tests" / "fixtures" / "faults"
@@ -39,7 +40,7 @@ STALE = "fault_stale_state"
 def _materialise(name: str, out: Path, root: Path = REPO, checkout: Path = PINNED,
                  runtime_: str = "v1") -> Path:
     """The generated headers and the megakernel source (with its shadow/) of one kernel."""
-    k = Kernel.load(root, name, write_cache=False)
+    k = load_kernel(root, name, write_cache=False)
     companions = runtime.companions_for(k, {})
     for x in [k, *companions]:
         sec = x.spec.sections["codegen"]
@@ -54,7 +55,7 @@ def _materialise(name: str, out: Path, root: Path = REPO, checkout: Path = PINNE
 def _run_runtime(root: Path, name: str, lib: Path, tmp_path: Path, checkout: Path = PINNED,
                  runtime_: str = "v1") -> tuple[dict, str]:
     """The runtime gate's runner on one compiled megakernel, as the gate runs it."""
-    k = Kernel.load(root, name, write_cache=False)
+    k = load_kernel(root, name, write_cache=False)
     job = {"root": str(root), "library": str(lib), "kernel": name,
            "runtime": runtime.job_payload(k, checkout_root=checkout, runtime=runtime_),
            "result_file": str(tmp_path / f"{name}.json")}
@@ -124,7 +125,7 @@ def test_grid_is_mpks():
 
 
 def test_plan_expands_to_the_documented_graph():
-    k = Kernel.load(REPO, "rmsnorm_v2", write_cache=False)
+    k = load_kernel(REPO, "rmsnorm_v2", write_cache=False)
     p = runtime.plan(k.spec.data, config.SHIPPED_WIRING)
     assert [g["name"] for g in p["graphs"]] == list(k.spec.data["codegen"]["variants"])
     for g in p["graphs"]:
@@ -140,7 +141,7 @@ def test_plan_expands_to_the_documented_graph():
 
 
 def test_call_is_the_wired_one():
-    k = Kernel.load(REPO, "linear_v2", write_cache=False)
+    k = load_kernel(REPO, "linear_v2", write_cache=False)
     p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, {c.name: c.spec.data for c in runtime.companions_for(k, {})})
     call = p["dispatch"][0]["call"]
     assert call[0] == "if (threadIdx.x < kernel::mpkbuild_linear_v2::linear_v2_spec::THREADS) {"
@@ -149,7 +150,7 @@ def test_call_is_the_wired_one():
 
 
 def test_block_plan_feeds_each_layer_the_layer_befores_output():
-    k = Kernel.load(REPO, "linear_v2", write_cache=False)
+    k = load_kernel(REPO, "linear_v2", write_cache=False)
     specs = {c.name: c.spec.data for c in runtime.companions_for(k, {})}
     assert sorted(specs) == ["rmsnorm_v2", "silu_mul_v2"]
     p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, specs)
@@ -180,7 +181,7 @@ def test_the_incumbents_chain_lays_the_gate_up_weight_in_silu_muls_tiles():
     """MPK's builder shuffles the gate|up weight rows into silu_mul's tiles; the chain's
     linear reads our weight so re-laid, silu_mul reads the linear's output as it is, and
     only the block's last output is compared with ours."""
-    k = Kernel.load(REPO, "linear_v2", write_cache=False)
+    k = load_kernel(REPO, "linear_v2", write_cache=False)
     specs = {c.name: c.spec.data for c in runtime.companions_for(k, {})}
     p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, specs, PINNED)
     ours = next(g for g in p["graphs"] if g["name"] == "block:llama8b_mlp:b8")
@@ -227,7 +228,7 @@ def test_compiled_builder_makes_the_planned_graph(compiled):
     pytest.importorskip("torch")
     from mpkbuild.runners.runtime import Megakernel, describe
     for name, (ok, log, took, lib) in compiled.items():
-        k = Kernel.load(REPO, name, write_cache=False)
+        k = load_kernel(REPO, name, write_cache=False)
         specs = {c.name: c.spec.data for c in runtime.companions_for(k, {})}
         p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, specs, PINNED)
         m = Megakernel(str(lib))
@@ -261,7 +262,7 @@ def test_the_stale_state_fixture_is_planned_as_one_layer_of_1024_tasks(tmp_path)
     """The fault fixture (tests/fixtures/faults/kernels/fault_stale_state) is wired for the
     runtime gate: more tasks than any production grid has workers, so workers run several."""
     root = _fault_project(tmp_path / "p")
-    k = Kernel.load(root, STALE, write_cache=False)
+    k = load_kernel(root, STALE, write_cache=False)
     (g,) = runtime.job_payload(k)["graphs"]
     assert g["layers"][0]["tasks"] == 1024 > 2 * max(w for _, w in runtime.WORKER_TABLE)
     assert runtime.job_payload(k)["iterations"] == 3
@@ -330,7 +331,7 @@ def _stand_in(monkeypatch, checkout=None, names=("decode_r1_h4096", "decode_r8_h
 
     monkeypatch.setattr(side, "_tensors_for", tensors_for)
     monkeypatch.setattr(side, "rival_tensors", rivals)
-    k = Kernel.load(REPO, "rmsnorm_v2", write_cache=False)
+    k = load_kernel(REPO, "rmsnorm_v2", write_cache=False)
     payload = runtime.job_payload(k, checkout_root=checkout)
     # the smallest graphs (and their incumbents): the stand-in copies references, the CPU
     # computes them
@@ -573,7 +574,7 @@ def test_runtime_state_is_fed_to_the_runtime_not_to_the_task():
     """embedding_tokens_v2 reads the step's tokens from the runtime: its graph's layer hands
     the task the table and the output only, the tokens tensor is fed as MPK's tokens meta
     tensor (runtime_state), and the runner still makes (and checks against) every tensor."""
-    k = Kernel.load(REPO, "embedding_tokens_v2", write_cache=False)
+    k = load_kernel(REPO, "embedding_tokens_v2", write_cache=False)
     p = runtime.plan(k.spec.data, config.SHIPPED_WIRING)
     for g in p["graphs"]:
         (layer,) = g["layers"]
@@ -587,7 +588,7 @@ def test_runtime_state_is_fed_to_the_runtime_not_to_the_task():
 
 def test_task_metadata_is_set_per_task_as_the_wired_builder_sets_it():
     import copy
-    k = Kernel.load(REPO, "rmsnorm_v2", write_cache=False)
+    k = load_kernel(REPO, "rmsnorm_v2", write_cache=False)
     spec = copy.deepcopy(k.spec.data)
     spec["codegen"]["task_metadata"] = ["request_id", "kv_idx"]
     spec["wiring"]["tile_indexed"] = False

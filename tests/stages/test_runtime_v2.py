@@ -31,6 +31,7 @@ from mpkbuild.stages.runtime import megakernel as runtime  # noqa: E402
 from mpkbuild.wire import barriers, incumbents  # noqa: E402
 from test_runtime_gate import _fault_project, _materialise, _run_runtime  # noqa: E402
 from mpkbuild.util import config
+from mpkbuild.stages import load_kernel
 
 needs_tree = pytest.mark.skipif(not (V2 / "include").is_dir(),
                                 reason="../shared/mirage/v2 (the pinned Runtime-V2 tree) is absent")
@@ -95,11 +96,11 @@ def test_the_v2_incumbents_calls_are_the_trees_register_text():
 
 
 def test_each_runtime_gets_its_own_incumbents():
-    k = Kernel.load(REPO, "rmsnorm_v2", write_cache=False)
+    k = load_kernel(REPO, "rmsnorm_v2", write_cache=False)
     v1 = [r["task"] for r in incumbents.rules_for(k.spec.data, "decode_r8_h4096", "v1")[0]]
     v2 = [r["task"] for r in incumbents.rules_for(k.spec.data, "decode_r8_h4096", "v2")[0]]
     assert v1 == ["rmsnorm_hopper"] and v2 == ["rmsnorm_hopper_v2"]
-    k = Kernel.load(REPO, "linear_v2", write_cache=False)      # only linear_swapAB_hopper (v1)
+    k = load_kernel(REPO, "linear_v2", write_cache=False)      # only linear_swapAB_hopper (v1)
     rules, why = incumbents.rules_for(k.spec.data, next(iter(k.spec.data["codegen"]["variants"])), "v2")
     assert rules == [] and why == "the spec names no v2 incumbent (runtime.incumbent)"
 
@@ -130,7 +131,7 @@ def test_a_checkout_whose_v2_task_takes_the_tools_barrier_is_refused(tmp_path):
     extra = tree / "include/mirage/persistent_kernel/tasks/blackwell_v2/theirs.cuh"
     extra.write_text(f'__device__ void f() {{ asm volatile("bar.sync {barriers.V2_TASK_BARRIER}, 128;"); }}\n')
     (tmp_path / "deps").symlink_to(V2.parent / "deps")
-    k = Kernel.load(REPO, "rmsnorm_v2", write_cache=False)
+    k = load_kernel(REPO, "rmsnorm_v2", write_cache=False)
     with pytest.raises(TemplateError) as exc:
         runtime.render_all(k, config.SHIPPED_WIRING, tree, (), "v2")
     assert f"named barrier {barriers.V2_TASK_BARRIER} is rmsnorm_v2_spec::task_barrier() on Runtime-V2 " \
@@ -159,7 +160,7 @@ def test_a_tree_without_v2_is_refused_for_runtime_v2():
 
 @needs_tree
 def test_the_v2_dispatch_shadow_keeps_only_the_v2_tasks_the_graphs_use():
-    k = Kernel.load(REPO, "rmsnorm_v2", write_cache=False)
+    k = load_kernel(REPO, "rmsnorm_v2", write_cache=False)
     files = runtime.render_all(k, config.SHIPPED_WIRING, V2, (), "v2")
     shadow = files[f"shadow/{runtime.DISPATCH_V2}"].decode()
     original = (V2 / "include/mirage/persistent_kernel/dispatch_v2.cuh").read_text()
@@ -191,7 +192,7 @@ def test_the_compiled_v2_builder_chains_the_layers_by_their_events(compiled_v2):
     pytest.importorskip("torch")
     from mpkbuild.runners.runtime import Megakernel, describe
     for name, (ok, log, took, lib) in compiled_v2.items():
-        k = Kernel.load(REPO, name, write_cache=False)
+        k = load_kernel(REPO, name, write_cache=False)
         specs = {c.name: c.spec.data for c in runtime.companions_for(k, {})}
         p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, specs, V2, "v2")
         m = Megakernel(str(lib))
@@ -255,7 +256,7 @@ def test_a_threshold_on_the_other_runtimes_incumbent_is_not_this_runs_to_judge()
     the argmax_sm100_v2 rules only, and a rule naming a v2 incumbent does not fail a v1 run
     for lack of its figure."""
     from mpkbuild.stages.runtime import judge
-    k = Kernel.load(REPO, "argmax_v2", write_cache=False)
+    k = load_kernel(REPO, "argmax_v2", write_cache=False)
     rules = k.spec.data["runtime"]["thresholds"]
     samples = lambda us: {"makespan_us": [us] * 20, "slowcta_us": [us] * 20}
 

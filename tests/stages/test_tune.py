@@ -8,11 +8,13 @@ import pytest
 
 from conftest import FAKES, copy_project
 from fakes.cpu_perf import cpu_perf as _cpu_perf
-from mpkbuild.model.spec import SpecError, load_spec
+from mpkbuild.model.spec import SpecError
+from mpkbuild.stages import load_spec
 from mpkbuild.stages import tune
 from mpkbuild.util import stats
 from mpkbuild.util.fsutil import sha256_file
 from mpkbuild.util import expr
+from mpkbuild.stages import load_kernel
 
 K = "silu_mul_v2"
 SPEC = f"specs/{K}.yaml"
@@ -411,7 +413,7 @@ def test_trials_and_the_key_follow_exactly_the_baseline_files_trials_read(tmp_pa
     baseline's file is both, and the key says which file changed."""
     import yaml
     from mpkbuild.gpu import GpuFingerprint
-    from mpkbuild.model.kernel import Kernel
+    from mpkbuild.stages import load_kernel
     p = tune_project(tmp_path / "p")
     p.edit(SPEC, *NARROW)
     ref = p.path(f"kernels/{K}/reference.py").read_text()
@@ -432,7 +434,7 @@ def test_trials_and_the_key_follow_exactly_the_baseline_files_trials_read(tmp_pa
     fp = GpuFingerprint(name="Fake GPU", compute_capability="9.0", driver="1.0", torch="0.0", count=1)
 
     def key():
-        return tune.tune_key(Kernel.load(p.root, K, write_cache=False), fp)
+        return tune.tune_key(load_kernel(p.root, K, write_cache=False), fp)
 
     first = key()
     assert first["baseline"] == {f"kernels/{K}/primary.py": sha256_file(p.path(f"kernels/{K}/primary.py"))}

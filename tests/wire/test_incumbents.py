@@ -14,6 +14,7 @@ from mpkbuild.model.kernel import Kernel
 from mpkbuild.stages.runtime import megakernel
 from mpkbuild.wire import incumbents as inc
 from mpkbuild.util import config
+from mpkbuild.stages import load_kernel
 
 PINNED = REPO.parent / "shared" / "mirage" / "mpk"
 pytestmark = pytest.mark.skipif(not (PINNED / inc.REGISTER_FILE).is_file(),
@@ -94,7 +95,7 @@ def test_a_checkout_without_the_register_function_has_no_incumbent_and_says_why(
     (tree / "src" / "kernel").mkdir(parents=True)
     text = _text().replace("TaskRegister::register_rmsnorm_hopper_task(", "TaskRegister::register_rmsnorm_h_task(")
     (tree / inc.REGISTER_FILE).write_text(text)
-    k = Kernel.load(REPO, "rmsnorm_v2", write_cache=False)
+    k = load_kernel(REPO, "rmsnorm_v2", write_cache=False)
     p = megakernel.plan(k.spec.data, config.SHIPPED_WIRING, None, tree)
     assert not [g for g in p["graphs"] if g["role"] == "incumbent"]
     (why,) = p["missing"]["decode_r1_h4096"]
@@ -115,7 +116,7 @@ def test_every_catalog_variant_has_an_incumbent_graph_or_a_reason():
     spec's `none`); linear_swapAB_hopper runs at every linear_v2 variant."""
     from mpkbuild.model.kernel import discover
     for name in discover(REPO):
-        k = Kernel.load(REPO, name, write_cache=False)
+        k = load_kernel(REPO, name, write_cache=False)
         if "wiring" not in k.spec.data:
             continue
         specs = {c.name: c.spec.data for c in megakernel.companions_for(k, {})}
@@ -132,7 +133,7 @@ def test_block_rules_are_checked_where_the_spec_says_them():
     graphs only, an unknown incumbent or a glob that matches no block graph is refused at
     its field, and a v2 run judges no v1 block."""
     import copy
-    k = Kernel.load(REPO, "linear_v2", write_cache=False)
+    k = load_kernel(REPO, "linear_v2", write_cache=False)
     data = k.spec.data
     assert inc.block_graph_names(data) == ["block:llama8b_mlp:b1", "block:llama8b_mlp:b8",
                                            "block:llama8b_mlp:b16"]

@@ -18,6 +18,7 @@ from mpkbuild.stages.wire import task_sources
 
 from conftest import REPO
 from mpkbuild.util import config
+from mpkbuild.stages import load_kernel
 MIRAGE = REPO.parent / "shared" / "mirage"
 WIRING = config.SHIPPED_WIRING
 # clang-format from the environment the tests run in (the venv's, pip install -e .[test])
@@ -60,7 +61,7 @@ def copy_tree(branch: str, dst: Path) -> Path:
 
 
 def catalog():
-    ks = [Kernel.load(REPO, n, write_cache=False) for n in discover(REPO)]
+    ks = [load_kernel(REPO, n, write_cache=False) for n in discover(REPO)]
     ks = [k for k in ks if k.has_wiring]
     return [k.spec.data for k in ks], {k.name: task_sources(k) for k in ks}
 

@@ -22,6 +22,7 @@ from mpkbuild import wire
 from mpkbuild.model.kernel import Kernel
 from mpkbuild.stages.wire import task_sources
 from mpkbuild.wire.errors import NameClash, NumberClash, TargetMissing
+from mpkbuild.stages import load_kernel
 
 from conftest import REPO
 from test_wire_real import (CLANG_FORMAT, CUDA_INCLUDES, MIRAGE, NVCC, WIRING,
@@ -36,7 +37,7 @@ FREE = tuple(sorted(p.stem for p in (REPO / "specs").glob("*.yaml")))
 
 
 def _catalog(names=FREE):
-    ks = [Kernel.load(REPO, n, write_cache=False) for n in names]
+    ks = [load_kernel(REPO, n, write_cache=False) for n in names]
     return [k.spec.data for k in ks], {k.name: task_sources(k) for k in ks}
 
 

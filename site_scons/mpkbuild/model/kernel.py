@@ -6,13 +6,13 @@ The paths are model/paths.Layout's repo-relative strings (k.rel, what the graph 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 from mpkbuild.util import config
 from mpkbuild.model.paths import Layout
-from mpkbuild.model.spec import LoadedSpec, load_spec_cached, save_spec_cache
+from mpkbuild.model.spec import LoadedSpec, SpecLoader
 
 
 @dataclass(frozen=True)
@@ -24,10 +24,11 @@ class Kernel:
     spec: LoadedSpec                       # what the build uses (tuned values applied, if any)
     base_spec: LoadedSpec | None = None    # the spec as written, when `spec` has tuned values
     tuned: dict | None = None              # the tuned file applied: path, sha256, applied, skipped
+    loader: SpecLoader | None = field(default=None, repr=False, compare=False)  # what loaded it
 
     def __getattr__(self, name: str):
         # only for the layout's names (never for fields: an unpickling instance has none yet)
-        if name.startswith("_") or name in ("root", "spec", "base_spec", "tuned", "rel"):
+        if name.startswith("_") or name in ("root", "spec", "base_spec", "tuned", "rel", "loader"):
             raise AttributeError(name)
         value = getattr(self.rel, name)
         if callable(value):
@@ -42,19 +43,24 @@ class Kernel:
         return self.base_spec or self.spec
 
     @classmethod
-    def load(cls, root: Path | str, name: str, write_cache: bool = True) -> "Kernel":
+    def load(cls, root: Path | str, name: str, loader: SpecLoader, write_cache: bool = True) -> "Kernel":
         root = Path(root)
-        return cls(root=root, spec=load_spec_cached(root / config.SPEC_DIRNAME / f"{name}.yaml", root,
-                                                    cls.cache_path(root, name), write=write_cache))
+        return cls(root=root, loader=loader,
+                   spec=loader.load_cached(root / config.SPEC_DIRNAME / f"{name}.yaml", root,
+                                           cls.cache_path(root, name), write=write_cache))
+
+    def sibling(self, name: str) -> "Kernel":
+        """Another kernel of this project, loaded as this one was (its cache not written)."""
+        return Kernel.load(self.root, name, self.loader, write_cache=False)
 
     @staticmethod
     def cache_path(root: Path, name: str) -> Path:
-        """The last full load of the spec (see spec.load_spec_cached)."""
+        """The last full load of the spec (see SpecLoader.load_cached)."""
         return Path(root) / config.BUILD_DIRNAME / name / ".spec-cache.json"
 
     def save_spec_cache(self) -> None:
         if not self.base.from_cache:
-            save_spec_cache(self.base, self.cache_path(self.root, self.name), self.root)
+            self.loader.save_cache(self.base, self.cache_path(self.root, self.name), self.root)
 
     @property
     def name(self) -> str:

@@ -1,7 +1,7 @@
 """The GPU gates (validate, perf, and the runtime gate's run) and the copy-bandwidth node,
 as the build runs them.
 
-What one gate is lives in its stage's row (stages.STAGES, `gate=`): the runner it runs, the
+What one gate is lives in its stage's row (stages/table.py, `gate=`): the runner it runs, the
 Python file of the kernel it loads, the build-side judge of its figures, what it needs
 first, whether it can run under compute-sanitizer or share a GPU. Its code input is the
 `code:` fact of its stage (the import closure of this module, its runner and its judge).
@@ -18,7 +18,8 @@ import importlib
 import os
 from pathlib import Path
 
-from mpkbuild import stages
+from mpkbuild.stages import table as stages
+from mpkbuild.stages.table import BANDWIDTH  # noqa: F401 (perf's bandwidth node runs it here)
 from mpkbuild.gpu import NO_GPU_HELP, GpuFingerprint
 from mpkbuild.model.graph import CHANGED, Node
 from mpkbuild.model.paths import bandwidth_file, bandwidth_rel
@@ -27,9 +28,6 @@ from mpkbuild.util import config
 from mpkbuild.util.console import say
 from mpkbuild.util.fsutil import (dump_json, read_json, repo_rel, sha256_bytes, sha256_or_missing,
                                   write_atomic, written_mark)
-
-# the GPU's copy bandwidth: a node per GPU profile that perf reads, not a stage of its own
-BANDWIDTH = stages.Gate("bandwidth", timeout_s=300)
 
 
 class GateCannotRun(Exception):
@@ -219,8 +217,9 @@ def run_gate(build, info, target, source) -> int:
     # a stage whose gate loads something else than the harness library says what, and adds
     # to the job (the runtime gate: its megakernel, the graphs, the other kernels' Python)
     more = []
-    if hasattr(row.impl, "gate_job"):
-        library, more = row.impl.gate_job(k, build, arch, payload)
+    if kind.job:
+        module, function = kind.job.split(":")
+        library, more = getattr(importlib.import_module(module), function)(k, build, arch, payload)
     workdir = Path(target[0].abspath).parent
     blocked = [g for g in kind.needs_pass
                if (workdir / f"{g}.verdict").read_text().strip() != "pass"]
@@ -255,8 +254,7 @@ def run_gate(build, info, target, source) -> int:
             rules = (read_json(k.section_file(kind.thresholds))[kind.thresholds] if kind.thresholds
                      else section)["thresholds"]
             judge = importlib.import_module(kind.judge)
-            names = (judge.expected(k.spec.data, payload) if hasattr(judge, "expected")
-                     else list(payload["codegen"]["codegen"]["variants"]))
+            names = judge.expected(k.spec.data, payload)
             result = judge.judge(result, rules, names, **extra)
     full = record(result, gate=gate, kernel=k.name, fingerprint=fp,
                   lock=lock_for(source, k.root, fp), result_path=Path(target[0].abspath),

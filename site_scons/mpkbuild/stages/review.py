@@ -116,7 +116,7 @@ def write_summary(review_jsons: list[Path], md_path: Path, junit_path: Path | No
     reviews = [json.loads(p.read_text()) for p in review_jsons]
     if junit_path is not None:
         write_atomic(junit_path, junit_xml(reviews))
-    from mpkbuild.stages import GPU_GATES
+    from mpkbuild.stages.table import GPU_GATES
     # a column per gate of the table the reviews have (wire, and the runtime gate only where
     # some review ran it: a gate no kernel had is no column of "not run")
     columns = ["wire"] * any(r.get("wire") for r in reviews) + [
@@ -136,7 +136,7 @@ def write_summary(review_jsons: list[Path], md_path: Path, junit_path: Path | No
 
 # ---------------------------------------------------------------- the stage's nodes
 def nodes(g, k, stage: str) -> None:
-    from mpkbuild.stages import GPU_GATES
+    from mpkbuild.stages.table import GPU_GATES
     sources = [k.rel.resources(a) for a in k.archs]
     if k.has_wiring:
         sources.append(k.rel.wire_result)
@@ -167,7 +167,7 @@ def shared_nodes(g, kernels, with_summary: bool) -> None:
 
 
 def run_review(build, info, target, source) -> int:
-    from mpkbuild.stages import GPU_GATES
+    from mpkbuild.stages.table import GPU_GATES
     from mpkbuild.stages.gates import lock_for
     from mpkbuild.stages.generate import TemplateError
     k = build.kernels[info["MPK_KERNEL"]]

@@ -177,7 +177,7 @@ def nodes(g, k, stage: str) -> None:
     if not k.has_wiring:
         g.requested[(k.name, stage)] = []
         return
-    from mpkbuild import stages
+    from mpkbuild.stages import table as stages
     request = g.wire_request
     node = g.add(Node(f"wire {k.name}", "wire", stage, k.name, (k.rel.wire_result,),
                       (*(k.rel.section_file(s) for s in stages.BY_NAME[stage].reads),
@@ -207,7 +207,7 @@ def all_wired_kernels(build) -> list[Kernel]:
     from mpkbuild.model.kernel import discover
     out = []
     for name in discover(build.root):
-        k = build.kernels.get(name) or Kernel.load(build.root, name)
+        k = build.kernels.get(name) or build.load_kernel(name)
         if k.has_wiring:
             out.append(k)
     return out

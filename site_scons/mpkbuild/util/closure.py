@@ -31,8 +31,8 @@ PACKAGE = "mpkbuild"
 # Bump when a change to the plumbing (or to how every action is called) changes what the
 # actions produce: it is the action signature SCons records for every node (site_tools/mpk.py)
 ACTION_VERSION = "mpkbuild action 2"
-PLUMBING = frozenset({"mpkbuild.stages", "mpkbuild.model.graph", "mpkbuild.cli", "mpkbuild.sconsign",
-                      "mpkbuild.status", "mpkbuild.dagview", "mpkbuild.util.console"})
+PLUMBING = frozenset({"mpkbuild.stages", "mpkbuild.stages.table", "mpkbuild.model.graph", "mpkbuild.cli",
+                      "mpkbuild.sconsign", "mpkbuild.status", "mpkbuild.dagview", "mpkbuild.util.console"})
 
 
 @functools.lru_cache(maxsize=None)

@@ -18,6 +18,7 @@ from pathlib import Path
 from ..util import config, expr
 from .errors import SectionError
 from .surface import Surface, load_surface
+from ..model.section import Section as ModelSection
 
 MAX_INPUTS, MAX_OUTPUTS = 7, 3          # task_desc->input_ptrs / output_ptrs capacity
 ARCH_NAMES = ("sm_90a", "sm_100a")
@@ -503,3 +504,24 @@ def _test(spec, w, tensors, problems, surface_block_dim=None) -> dict:
             "reference": v.get("reference", ""), "compare": v.get("compare", "tolerance"),
             "cos_min": v.get("cos_min", 0.999), "rel_max": v.get("rel_max", 3e-2),
             "codegen_params": dict(cg.get("params") or {})}
+
+
+def _check(data: dict, root) -> list:
+    return [(tuple(str(path).split(".")), message)
+            for path, message in check_section(data, config.wiring_roots(root))]
+
+
+def _surfaces(root) -> bytes:
+    """The wiring surfaces a wiring section is checked against (the project's
+    wiring/surface.yaml over the shipped one)."""
+    parts = []
+    for folder in config.wiring_roots(root):
+        try:
+            parts.append((folder / "surface.yaml").read_bytes())
+        except OSError:
+            parts.append(b"(none)")
+    return b"\0".join(parts)
+
+
+# archs ride along: the wire stage renders per arch
+SECTION = ModelSection("wiring", WIRING_SCHEMA, _check, carries=("archs",), outside=_surfaces)

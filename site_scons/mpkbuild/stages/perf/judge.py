@@ -199,6 +199,11 @@ def history_delta(variants: dict, entry: dict | None, max_regression: float) -> 
     return deltas, regressions, unsure
 
 
+def expected(spec: dict, payload: dict) -> list[str]:
+    """What the thresholds are judged over: every variant."""
+    return list(spec["codegen"]["variants"])
+
+
 def judge(result: dict, thresholds: list, expected: list[str], history: dict | None = None,
           max_regression: float = DEFAULT_MAX_REGRESSION) -> dict:
     """A runner's "timed" result (every expected variant's figures) into pass, fail or

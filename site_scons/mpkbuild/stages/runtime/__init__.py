@@ -68,8 +68,8 @@ def source_files(k, runtime: str = "v1") -> dict[str, Path]:
 # ---------------------------------------------------------------- the stage's nodes
 def nodes(g, k, stage: str) -> None:
     """The megakernel source, its compile and the gate (with mpk_root= and a Hopper arch)."""
-    from mpkbuild import stages
     from mpkbuild.stages import gates
+    from mpkbuild.stages import table as stages
     request = g.wire_request
     mpk_root = request.mpk_root if request is not None else None
     if mpk_root is None or "sm_90a" not in k.archs or not k.has_wiring:
@@ -183,7 +183,7 @@ def gate_job(k, build, arch: str, payload: dict) -> tuple[Path, list[Path]]:
     graphs (stages/gates.run_gate asks the stage): returns the library it loads and the
     Python files of the kernels k's blocks run (their references), which the job carries."""
     from mpkbuild.stages import gates
-    from mpkbuild import stages
+    from mpkbuild.stages import table as stages
     library = library_path(k, arch)
     payload.update(library=str(library), runtime=job_payload(k, build))
     kind = stages.BY_NAME["runtime"].gate

@@ -582,13 +582,12 @@ def render_all(k, wiring_root: Path, mpk_root: Path | None, companions=(),
 def companions_for(k, kernels: dict) -> list:
     """The other kernels k's blocks run (block_kernels), from `kernels` where the build has
     them, else loaded from their specs (a missing one is left out: plan() names it)."""
-    from mpkbuild.model.kernel import Kernel
     out = []
     for name in block_kernels(k.spec.data):
         if name in kernels:
             out.append(kernels[name])
         elif (k.root / config.SPEC_DIRNAME / f"{name}.yaml").is_file():
-            out.append(Kernel.load(k.root, name, write_cache=False))
+            out.append(k.sibling(name))
     return out
 
 

@@ -25,7 +25,7 @@ def tuned_file(root: Path | str, gpu_key: str, kernel: str) -> Path:
 def tune_key(k, fingerprint) -> dict:
     """What a tune was made from: any change makes it stale (and says which)."""
     from mpkbuild.util.toolchain import toolchain_fact
-    from mpkbuild import stages
+    from mpkbuild.stages import table as stages
     from mpkbuild.stages.gates import python_file
     base = k.base
     sp = space(base.data)
@@ -102,10 +102,10 @@ def apply_tuned(k, fingerprint):
              "levers": levers}
     if not applied and not any(levers.values()):
         return replace(k, tuned=tuned)
-    from mpkbuild.model.spec import SECTIONS
+    from mpkbuild.stages.generate.section import SECTION as CODEGEN
     data = json.loads(dump_json(data))
     sections = dict(k.base.sections)
-    sections["codegen"] = {key: data[key] for key in SECTIONS["codegen"]}
+    sections["codegen"] = {key: data[key] for key in CODEGEN.keys}
     signatures = {**k.base.signatures, "codegen": sha256_json(sections["codegen"])}
     spec = replace(k.base, data=data, sections=sections, signatures=signatures)
     return replace(k, spec=spec, base_spec=k.base, tuned=tuned)

@@ -49,7 +49,7 @@ def _split(cg: dict, values: dict) -> tuple[dict, dict]:
 def candidate_problem(data: dict, variant: str, values: dict, constraints: bool = True) -> str | None:
     """Why a configuration of one variant is not a candidate (None: it is one): a
     constraint it breaks, or a rule of the loader's it breaks for that variant."""
-    from mpkbuild.model.spec import SmemPlanError, smem_layout, variant_tensors
+    from mpkbuild.stages.generate.plan import SmemPlanError, smem_layout, variant_tensors
     cg = data["codegen"]
     symbols_set, lever_set = _split(cg, values)
     binding = {**cg["variants"][variant], **symbols_set}
@@ -98,7 +98,7 @@ def space(data: dict) -> dict:
 def _space(data: dict) -> dict:
     """{variant: {"candidates": [Candidate], "excluded": {reason kind: count},
     "static_rejected": [(values, why)]}} for the tuned variants."""
-    from mpkbuild.model.spec import tuned_variants
+    from mpkbuild.stages.tune.section import tuned_variants
     t, cg = data["tune"], data["codegen"]
     levers = cg.get("levers", {})
     names = list(t["space"])

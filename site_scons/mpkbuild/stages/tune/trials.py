@@ -7,8 +7,8 @@ import threading
 import time
 from pathlib import Path
 
-from mpkbuild import stages
-from mpkbuild.stages import Gate
+from mpkbuild.stages import table as stages
+from mpkbuild.stages.table import TRIAL  # noqa: F401 (one candidate validated, then timed)
 from mpkbuild.util.console import say
 from mpkbuild.util.fsutil import (dump_json, read_json, sha256_bytes, write_atomic, write_json_atomic)
 from mpkbuild.stages.tune.space import Candidate, candidate_section, space
@@ -18,10 +18,6 @@ MIN_TRIAL_TIMEOUT_S = 20.0
 
 
 NOT_RUN = "not run"          # a trial's verdict when its variant's time budget was spent
-
-
-# one candidate validated, then timed: a GPU gate job of the tune stage's own
-TRIAL = Gate("trial", "validate.reference", uses_bandwidth=True)
 
 
 # ---------------------------------------------------------------- what a trial reads
@@ -41,7 +37,6 @@ def trial_perf(data: dict) -> dict:
 def trial_baseline_files(k) -> list[Path]:
     """The baseline files a trial loads: the primary baseline's alone (perf.baselines are
     the perf gate's, never timed by a trial: runners/perf.py `only_figure`)."""
-    from mpkbuild import stages
     from mpkbuild.stages.gates import python_file
     return [python_file(k, stages.BY_NAME["perf"].gate)]
 

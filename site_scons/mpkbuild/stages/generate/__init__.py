@@ -17,7 +17,9 @@ from mpkbuild.util.config import CTYPES
 from mpkbuild.model.graph import Node
 from mpkbuild.util.fsutil import write_atomic
 from mpkbuild.wire.barriers import V2_TASK_BARRIER
-from mpkbuild.model.spec import grid_size, smem_layout, tensor_shape, variant_symbols, variant_tensors
+from mpkbuild.util.expr import grid_size, tensor_shape, variant_symbols
+from mpkbuild.stages.generate.plan import smem_layout, variant_tensors
+
 
 class TemplateError(Exception):
     """A template that does not render: names template file and line."""
