@@ -21,6 +21,7 @@ EXPECTED = {
     "runners/__init__.py": ALL,          # imported before any runner: starts the lifeline
     "runners/lifeline.py": ALL,
     "runners/common.py": ALL,
+    "runners/facts.py": ALL,             # the resolved facts of the job (common reads them)
     "runners/gpuwait.py": ALL,           # sets the context flags timing depends on
     "runners/validate.py": {VALIDATE},
     "runners/perf.py": {PERF},
@@ -67,8 +68,9 @@ def test_every_runner_module_is_in_the_table_below():
 def test_the_closure_follows_relative_lazy_and_package_imports():
     files = {p.relative_to(PACKAGE_DIR).as_posix() for p in module_files("mpkbuild.runners.bandwidth")}
     assert {"__init__.py", "runners/__init__.py", "runners/lifeline.py", "runners/timing.py",
-            "runners/gpuwait.py", "runners/common.py", "util/expr.py"} <= files
+            "runners/gpuwait.py", "runners/common.py", "runners/facts.py"} <= files
     assert "runners/validate.py" not in files and "model/spec.py" not in files
+    assert "util/expr.py" not in files             # the build resolves the spec's expressions
 
 
 def stale_gpu_nodes(p) -> set[str]:

@@ -60,6 +60,7 @@ class Build:
     real_gpu: object = None
     sanitize: str | None = None
     wire_request: WireRequest | None = None
+    runtime_request: object = None          # stages/runtime/megakernel.RuntimeRequest: resolved once
     keep_going: bool = False
     failed_gate: str | None = None          # the first gate of this run that did not pass
     wire_run: object = None                 # the run's one wire plan (stages/wire.run_plan)
@@ -82,7 +83,7 @@ class Build:
                 f"{self.fingerprint.signature()}, and this machine has "
                 f"{real.signature() if real else 'no GPU'}: run it on that GPU (or take it from a "
                 "shared cache). Nothing was marked passed.")
-        root = self.wire_request.mpk_root if self.wire_request else None
+        root = self.runtime_request.root if self.runtime_request else None
         args = f" mpk_root={root}" if stage == "runtime" and root is not None else ""
         return require_gpu(self.fingerprint, self.executor.absence(), kernel_name, stage, args)
 
@@ -191,18 +192,17 @@ def wire_request() -> WireRequest:
     return WireRequest(path, apply, unwire, renumber, runtime)
 
 
-def runtime_request(request: WireRequest) -> None:
-    """stage=runtime runs the kernels inside an MPK checkout's persistent kernel: without
-    mpk_root= (or with a folder that is no MPK checkout) there is nothing it could run, so
-    say so before anything is written rather than build nothing."""
-    if request.mpk_root is None:
-        fail_early("stage=runtime needs mpk_root=PATH (an MPK checkout: the runtime gate "
-                   "compiles each kernel into its persistent kernel; e.g. mpk_root=../shared/mirage/mpk)")
-    from mpkbuild.stages.runtime.megakernel import Checkout
-    try:
-        Checkout.find(request.mpk_root)
-    except FileNotFoundError as exc:
-        fail_early(str(exc))
+def runtime_request(request: WireRequest, stage: str):
+    """The checkout the runtime gate runs in, resolved once. stage=runtime runs the kernels
+    inside an MPK checkout's persistent kernel: without mpk_root= (or with a folder that is
+    no MPK checkout) there is nothing it could run, so say so before anything is written
+    rather than build nothing."""
+    from mpkbuild.stages.runtime.megakernel import RuntimeRequest
+    resolved = RuntimeRequest.resolve(request.mpk_root, request.runtime)
+    if stage == "runtime" and resolved.checkout is None:
+        fail_early(resolved.why_none or "stage=runtime needs mpk_root=PATH (an MPK checkout: the runtime "
+                   "gate compiles each kernel into its persistent kernel; e.g. mpk_root=../shared/mirage/mpk)")
+    return resolved
 
 
 def sanitize_request() -> str | None:
@@ -269,7 +269,8 @@ def report(build: Build, command: str, g: graph_mod.Graph, sconsign, names: list
            with_summary: bool) -> int:
     """status / check / dag / why= / the exact dry run: computed, printed, no build."""
     root = build.root
-    predictor = status_mod.Predictor(root, build.kernels, build.wire_request, config.wiring_roots(root))
+    predictor = status_mod.Predictor(root, build.kernels, build.wire_request, config.wiring_roots(root),
+                                     build.runtime_request, g.gpu_key)
     targets = g.request(names, stage, with_summary)
     if command in ("why", "dag"):
         from mpkbuild import dagview       # networkx: only the commands that draw or walk it
@@ -415,9 +416,9 @@ def verdict_table(requested: dict, interrupted=lambda: False) -> None:
             verdict = "FAILED (see the error above)"
         elif state in (SCons.Node.executed, SCons.Node.up_to_date):
             res = read_json(result_path) if result_path else {"verdict": "pass"}
-            if gate == "compile" and res:
-                from mpkbuild.stages.compile import summary
-                verdict = summary(res)
+            row = stages.BY_NAME[gate]
+            if row.summary and res:
+                verdict = getattr(row.impl, row.summary)(res)
             else:
                 verdict = verdict_line(res) if res else "pass"
         else:
@@ -531,25 +532,28 @@ def load_companions(build: Build, root: Path, kernels: list) -> list:
     return out
 
 
-def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
-    """Everything up to declaring nodes: parse, load, answer the commands that do not build
-    (they exit here), lock. Returns the build, its graph, the default targets (gates first)
-    and the nodes the verdict table reports."""
-    root = Path(env.Dir("#").abspath)
+def arguments(root: Path) -> tuple[str, ...]:
+    """Read the project (mpkbuild.yaml) and put the remembered options and the project's
+    default checkout in force; the names that came from the project (never remembered)."""
     from mpkbuild.model.project import ProjectError, use_project
     try:
         project = use_project(root)        # mpkbuild.yaml: the folders, the default checkout
     except ProjectError as exc:
         fail_early(str(exc))
     SCons.Script.Help(help_text(root), append=False)
-    from_project = ()
-    if not GetOption("help"):
-        none_asked = ARGUMENTS.get("mpk_root") == ""      # `mpk_root=`: no checkout, this run
-        for name, value in apply_remembered(root).items():
-            note(f"{name}={value} (remembered in {config.BUILD_DIRNAME}/{OPTIONS_FILE}; give {name}= to forget it)")
-        if project.mpk_root is not None and "mpk_root" not in ARGUMENTS and not none_asked:
-            ARGUMENTS["mpk_root"] = str(project.mpk_root)   # the project's default checkout
-            from_project = ("mpk_root",)                     # ... which is not remembered
+    if GetOption("help"):
+        return ()
+    none_asked = ARGUMENTS.get("mpk_root") == ""      # `mpk_root=`: no checkout, this run
+    for name, value in apply_remembered(root).items():
+        note(f"{name}={value} (remembered in {config.BUILD_DIRNAME}/{OPTIONS_FILE}; give {name}= to forget it)")
+    if project.mpk_root is not None and "mpk_root" not in ARGUMENTS and not none_asked:
+        ARGUMENTS["mpk_root"] = str(project.mpk_root)   # the project's default checkout
+        return ("mpk_root",)                             # ... which is not remembered
+    return ()
+
+
+def executor_request():
+    """The executor= asked for (local by default), its options checked."""
     try:
         executor = run_mod.load(ARGUMENTS.get("executor"), dict(ARGUMENTS))
     except ExecutorError as exc:
@@ -557,7 +561,38 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
     except (ValueError, ImportError, AttributeError) as exc:
         fail_early(f"executor: {exc}")
     check_command_line(getattr(type(executor), "OPTIONS", ()))
-    build = Build(root=root, executor=executor, should_stop=should_stop,
+    return executor
+
+
+def load_kernels(build: Build, names: list[str]) -> None:
+    """The requested kernels, each with the committed tuned file of the build's GPU profile
+    applied (tuned/<profile>/K.json); a bad spec stops here."""
+    from mpkbuild.stages.tune import apply_tuned
+    for name in names:
+        try:
+            build.kernels[name] = apply_tuned(stages.load_kernel(build.root, name, write_cache=False),
+                                              build.fingerprint)
+        except spec_mod.SpecError as exc:
+            fail_early(str(exc))
+
+
+def verdict_rows(g: graph_mod.Graph, kernels: list, closure, targets: list[str]) -> dict:
+    """(kernel, stage, column) -> verdict file of each node the verdict table reports: the
+    requested kernels' nodes this stage builds (a gate's own node: its check is not built
+    when a later gate is asked for)."""
+    needed = g.needed_labels(targets)
+    asked = {k.name for k in kernels}
+    return {(n.kernel, n.stage, n.column): g.root / n.verdict_file for n in g.nodes
+            if n.reported and n.kernel in asked and n.stage in closure and n.label in needed}
+
+
+def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
+    """Everything up to declaring nodes: parse, load, answer the commands that do not build
+    (they exit here), lock. Returns the build, its graph, the default targets (gates first)
+    and the nodes the verdict table reports."""
+    root = Path(env.Dir("#").abspath)
+    from_project = arguments(root)
+    build = Build(root=root, executor=executor_request(), should_stop=should_stop,
                   keep_going=bool(GetOption("keep_going")))
     build.sanitize = sanitize_request()
     if "new" in ARGUMENTS:
@@ -570,18 +605,10 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
         ARGUMENTS["stage"] = "review"      # status and friends look at everything by default
     names, stage, defaulted = parse_request(build)
     build.wire_request = wire_request()
-    if stage == "runtime" and not GetOption("help"):
-        runtime_request(build.wire_request)
     if GetOption("help"):
         return build, None, [], {}
-    from mpkbuild.stages.tune import apply_tuned
-    for name in names:
-        try:
-            # the build for a GPU profile uses its committed tuned file (tuned/<profile>/K.json)
-            build.kernels[name] = apply_tuned(stages.load_kernel(root, name, write_cache=False),
-                                              build.fingerprint)
-        except spec_mod.SpecError as exc:
-            fail_early(str(exc))
+    build.runtime_request = runtime_request(build.wire_request, stage)
+    load_kernels(build, names)
     with_summary = stage == "review" and ARGUMENTS.get("kernel", "all") == "all"
     kernels = [build.kernels[n] for n in names]
     members = kernels + load_companions(build, root, kernels)
@@ -590,11 +617,11 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
     files = ReadOnce(root)                 # planning's reads: each file once (status too)
     g = stages.build_graph(root, members, build.fingerprint, build.wire_request, with_summary,
                            tampered=lambda rel: sconsign_mod.tampered(files, sconsign, rel),
-                           sanitize=build.sanitize, files=files)
+                           sanitize=build.sanitize, files=files, runtime_request=build.runtime_request)
     for message in g.untrusted:            # outputs edited since their build wrote them
         note(message)
-    if "runtime" in stages.closure(stage) or command is not None:
-        for message in g.notes:
+    for where, message in g.notes:         # a stage's word on the run (the runtime gate's checkout)
+        if where in stages.closure(stage) or command is not None:
             note(message)
     if command is None and GetOption("no_exec") and not GetOption("clean"):
         command = "dry-run"                # plain `scons -n` under-reports; ours is exact
@@ -612,20 +639,7 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
         remember_options(root, skip=from_project)
     closure = stages.closure(stage)
     targets = g.request(names, stage, with_summary)
-    needed = g.needed_labels(targets)      # the verdict table lists only what this stage builds
-    requested = {}
-    for k in kernels:
-        if "compile" in closure:
-            for arch in k.archs:
-                if f"compile {k.name} {arch}" in needed:
-                    requested[(k.name, "compile", f"compile {arch}")] = k.resources(arch)
-        for gate in stages.GPU_GATES:
-            if gate in closure and f"{gate} {k.name} {g.gpu_key}" in needed:
-                # the gate's own node: its check is not built when a later gate is asked for
-                requested[(k.name, gate, gate)] = k.gate_result(gate, g.gpu_key)
-        if "tune" in closure and f"tune {k.name} {g.gpu_key}" in needed:
-            from mpkbuild.stages.tune import tuned_file
-            requested[(k.name, "tune", "tune")] = tuned_file(root, g.gpu_key, k.name)
+    requested = verdict_rows(g, kernels, closure, targets)
     if not targets:
         print(f"mpk: nothing to build for stage={stage} (no requested kernel has a "
               f"{'wiring section' if stage == 'wire' else 'node for it'})")

@@ -20,8 +20,8 @@ from mpkbuild import stages
 from mpkbuild.model.graph import CHANGED, Graph, Node
 from mpkbuild.sconsign import Sconsign, action_signature
 from mpkbuild.util.fsutil import ReadOnce, scons_signature
-
-GPU_KINDS = ("gate", "bandwidth", "trial", "tune")   # nodes that run on a GPU of the profile
+# how a reason about the tuned file a spec applies begins: said first, before its fields
+TUNED_REASON = "tuned config"
 
 
 @dataclass
@@ -36,6 +36,7 @@ class NodeStatus:
     verdict: str | None = None      # a gate's stored verdict, when it has one
     delta: str | None = None        # perf: the last result against the last accepted one
     gate: bool = False              # it makes a verdict (what `check` requires fresh)
+    column: str = ""                # its column in the table (model.graph.Node.column)
 
 
 def _flatten(obj, prefix=""):
@@ -95,7 +96,7 @@ def _fact_change(old: str, new: str, code=None) -> str:
     if kind == "spec":
         return "the normalised spec changed"
     if kind == "tuned":
-        return f"tuned config {strip(old)} -> {strip(new)}"
+        return f"{TUNED_REASON} {strip(old)} -> {strip(new)}"
     return f"{kind} {strip(old)} -> {strip(new)}"
 
 
@@ -117,9 +118,11 @@ class Predictor:
     stage module's `predict` says what its node writes, or None when that cannot be known
     without running it."""
 
-    def __init__(self, root: Path, kernels: dict, wire_request, wiring_root: Path):
+    def __init__(self, root: Path, kernels: dict, wire_request, wiring_root: Path, runtime_request=None,
+                 gpu_key: str | None = None):
         self.root, self.kernels = root, kernels
         self.wire_request, self.wiring_root = wire_request, wiring_root
+        self.runtime_request, self.gpu_key = runtime_request, gpu_key
 
     def outputs(self, node: Node) -> dict[str, object]:
         predicted = stages.BY_NAME[node.stage].impl.predict(node, self.kernels.get(node.kernel), self)
@@ -146,9 +149,9 @@ def compute(g: Graph, sconsign: Sconsign, predictor: Predictor, gpu_here: bool,
                 reasons.append(f"would fail: {exc}")
                 for t in node.targets:
                     predicted[t] = CHANGED
-        if will_run and node.kind == "spec":
+        if will_run and node.fields:
             # the tuned file it applies is named, then the fields that changed
-            tuned = [r for r in reasons if "tuned" in r]
+            tuned = [r for r in reasons if r.startswith(TUNED_REASON)]
             reasons = tuned + (_spec_field_changes(node, g.root, predicted) or
                                [r for r in reasons if r not in tuned])
         if only is not None and node.label not in only:
@@ -156,10 +159,10 @@ def compute(g: Graph, sconsign: Sconsign, predictor: Predictor, gpu_here: bool,
         verdict = _stored_verdict(g, node, files)
         if not will_run:
             state = "fresh"
-        elif node.kind in GPU_KINDS and not gpu_here:
+        elif node.on_gpu and not gpu_here:
             state = "pending"
             reasons.insert(0, "no GPU of this profile here")
-        elif verdict not in (None, "pass") and not (node.kind == "trial" and verdict in ("timed", "rejected", "not run")):
+        elif verdict not in (None, "pass", *node.outcomes):
             state = "failed"
         elif never:
             state = "never run"
@@ -167,7 +170,7 @@ def compute(g: Graph, sconsign: Sconsign, predictor: Predictor, gpu_here: bool,
             state = "stale"
         delta = _note(g, node, files)
         out.append(NodeStatus(node.label, node.kind, node.stage, node.kernel, state, reasons,
-                              will_run, verdict, delta, node.verdict_file is not None))
+                              will_run, verdict, delta, node.verdict_file is not None, node.column))
     return out
 
 
@@ -227,7 +230,7 @@ def _judge(node: Node, root: Path, sconsign: Sconsign, producers, predicted,
         if fact not in recorded:
             old = next((r for r in recorded if _fact_kind(r) == _fact_kind(fact) and r not in wanted), None)
             reasons.append(_fact_change(old, fact, code) if old else
-                           f"tuned config now applied: {fact.split(':', 1)[1].strip()}"
+                           f"{TUNED_REASON} now applied: {fact.split(':', 1)[1].strip()}"
                            if _fact_kind(fact) == "tuned" else f"new input {_fact_kind(fact)}")
     for src in node.sources:
         rec = recorded.get(src)
@@ -242,7 +245,7 @@ def _judge(node: Node, root: Path, sconsign: Sconsign, producers, predicted,
                 continue
             if scons_signature(new) == getattr(rec, "csig", None):
                 continue
-            if producer.kind == "spec" and "/spec/" in src:
+            if producer.fields and "/spec/" in src:
                 reasons.extend(section_changes(_read(root / src), json.loads(new)))
             else:
                 reasons.append(f"upstream {producer.label} changes {src}")
@@ -284,7 +287,7 @@ def table(statuses: list[NodeStatus], gpu_key: str, details: bool = False) -> st
     for st in statuses:
         if st.kernel is None or st.kind == "check":
             continue
-        col = st.label.split()[0] if st.kind != "compile" else f"compile {st.label.split()[-1]}"
+        col = st.column
         if col not in cols:
             cols.append(col)
         row = cells.setdefault(st.kernel, {})

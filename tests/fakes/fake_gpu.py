@@ -64,6 +64,10 @@ class FakeGpuExecutor:
         if job.gate == "bandwidth":
             return {"verdict": "pass", "copy_bandwidth_Bps": 4.0e12, "message": "fake copy 4.00 TB/s",
                     "ceilings_Bps": {"1:1": 4.0e12, "2:1": 4.2e12, "read": 4.4e12}}
+        if job.gate in ("validate", "perf"):
+            missing = _unresolved(job.payload)
+            if missing:                  # what the real runner would fail on (runners/facts.py)
+                return {"verdict": "crash", "message": missing}
         verdicts = json.loads(os.environ.get("FAKE_GPU_VERDICT", "{}"))   # {"gate[:kernel]": verdict}
         wanted = verdicts.get(f"{job.gate}:{job.kernel}", verdicts.get(job.gate, "pass"))
         if job.gate == "perf" and wanted == "timed":
@@ -72,6 +76,20 @@ class FakeGpuExecutor:
                     "variants": {v: _figures(ratios.get(v, 0.5), job.payload["perf"]["perf"])
                                  for v in job.payload["codegen"]["codegen"]["variants"]}}
         return {"verdict": wanted, "message": f"stand-in {job.gate} said {wanted}", "variants": {}}
+
+
+def _unresolved(payload: dict) -> str | None:
+    """Why the job lacks what a runner reads of each variant (its resolved facts), or None."""
+    from mpkbuild.runners import facts
+    variants = payload["codegen"]["codegen"]["variants"]
+    got = payload.get(facts.KEY) or {}
+    for v in variants:
+        f = got.get(v)
+        if f is None or not f["inputs"] or not f["outputs"] or f["grid"] < 1:
+            return f"the job has no resolved facts for variant {v!r}"
+        if "perf" in payload and (f["bytes"] is None or f["bytes"]["total"] <= 0):
+            return f"the perf job has no bytes for variant {v!r}"
+    return None
 
 
 def _samples(us: float, phase: float) -> list[float]:
@@ -140,6 +158,9 @@ def _holds(pattern: str, variant: str, config: dict) -> bool:
 
 
 def _trial(job) -> dict:
+    missing = _unresolved(job.payload)
+    if missing:
+        return {"verdict": "crash", "message": missing}
     cand = job.payload["candidate"]
     variant, config = cand["variant"], cand["config"]
     for pattern in json.loads(os.environ.get("FAKE_GPU_TRIAL_FAIL", "[]")):

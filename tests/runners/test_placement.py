@@ -20,8 +20,11 @@ def _job(placements=None):
     perf = dict(data["perf"], cold=False)
     if placements is not None:
         perf["placements"] = placements
+    from mpkbuild.runners import facts
+    from mpkbuild.util.expr import variant_facts
     return {"root": str(REPO), "codegen": {"codegen": data["codegen"]},
-            "generators": {"generators": data["generators"]}, "perf": {"perf": perf}}
+            "generators": {"generators": data["generators"]}, "perf": {"perf": perf},
+            facts.KEY: variant_facts(data["codegen"], perf)}
 
 
 def _placement_sensitive_timer():

@@ -248,8 +248,15 @@ def test_the_ceiling_follows_the_read_write_mix():
     assert 4.3e12 < mid["Bps"] < 4.6e12 and mid["mix"] == "2:1..read"
     old = {"copy_bandwidth_Bps": 4.0e12}                              # a node from before the mixes
     assert perfspec.ceiling(old, 2.0, 1.0)["Bps"] == 4.0e12
-    assert perfspec.byte_counts({"read": "rows * 4", "write": "rows * 2"}, {"rows": 8}) == (48.0, 32.0, 16.0)
-    assert perfspec.byte_counts("rows * 6", {"rows": 8}) == (48.0, None, None)
+    from mpkbuild.util.expr import variant_facts
+    cg = {"threads": 128, "params": {}, "grid": ["rows // 2"], "variants": {"r8": {"rows": 8}},
+          "inputs": [{"name": "x", "dtype": "bf16", "shape": ["rows", 64], "partition": [0, -1]}],
+          "outputs": [{"name": "y", "dtype": "bf16", "shape": ["rows", 64], "partition": [0, -1]}]}
+    mixed = variant_facts(cg, {"bytes": {"read": "rows * 4", "write": "rows * 2"}})["r8"]
+    assert mixed["bytes"] == {"total": 48.0, "read": 32.0, "write": 16.0}
+    assert mixed["grid"] == 4 and mixed["inputs"] == [{"name": "x", "shape": [8, 64], "dtype": "bf16"}]
+    assert variant_facts(cg, {"bytes": "rows * 6"})["r8"]["bytes"] == {"total": 48.0, "read": None, "write": None}
+    assert variant_facts(cg)["r8"]["bytes"] is None         # a job that reads no perf section
 
 
 def test_the_schema_takes_several_baselines_and_read_write_bytes(project):

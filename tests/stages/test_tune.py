@@ -295,7 +295,9 @@ def test_a_trial_times_its_figure_against_the_primary_baseline_only(tmp_path, mo
     assert data["perf"]["baselines"] and data["perf"]["cold"], "the spec this test relies on changed"
     cand = tune.space(data)["decode_r8_i2048"]["candidates"][0]
     # the perf gate's section, extra baselines and all: the option alone keeps them out
-    job = {"root": str(root), "codegen": tune.candidate_section(data, cand),
+    from mpkbuild.util.expr import variant_facts
+    codegen = tune.candidate_section(data, cand)
+    job = {"root": str(root), "codegen": codegen, "variants": variant_facts(codegen["codegen"], data["perf"]),
            "generators": {"generators": data["generators"]}, "perf": {"perf": data["perf"]}}
     bandwidth = {"copy_bandwidth_Bps": 4.0e12}
 

@@ -36,6 +36,12 @@ class Node:
     silent: bool = False             # bookkeeping (gate checks): prints no action line
     verdict_at: int | None = None    # which target is the JSON with its verdict (a gate's), if any
     precious: bool = False           # a failed run keeps the old output (SCons deletes it first)
+    column: str = ""                 # its column in status's table ("validate", "compile sm_90a")
+    on_gpu: bool = False             # runs on a GPU of the profile (pending where there is none)
+    outcomes: tuple[str, ...] = ()   # stored verdicts besides pass that are no failure (a trial's)
+    reported: bool = False           # a row of the build's verdict table (its verdict file)
+    committed: bool = False          # its targets are committed files: `scons -c` keeps them
+    fields: bool = False             # its targets are spec sections: a change is said field by field
 
     @property
     def verdict_file(self) -> str | None:
@@ -47,7 +53,8 @@ class Graph:
     root: Path
     gpu_key: str
     fingerprint: object = None       # the GPU profile gates are judged for (None: no GPU)
-    wire_request: object = None
+    wire_request: object = None      # what the wire stage writes (stages/wire.WireRequest)
+    runtime_request: object = None   # the checkout the runtime gate runs in (stages/runtime/megakernel)
     sanitize: str | None = None      # compute-sanitizer tool for validate, or None
     # tampered(rel) -> None, or why a stored result is not trusted ("tampered": edited by
     # hand; "unrecorded": its build was killed before SCons recorded it; status.tampered)
@@ -64,7 +71,7 @@ class Graph:
     code: CodeDigests | None = None          # the package files' normalised digests
     stage_modules: dict = field(default_factory=dict)   # stage -> its code modules (the table's)
     untrusted: list[str] = field(default_factory=list)  # why outputs on disk are not trusted
-    notes: list[str] = field(default_factory=list)      # what planning left out, and why
+    notes: list[tuple[str, str]] = field(default_factory=list)   # (stage, what planning left out and why)
     kernels: dict = field(default_factory=dict)         # name -> the loaded kernels the graph is of
     _rels: dict = field(default_factory=dict, repr=False, compare=False)   # str(path) -> rel (memo)
     _producers: tuple | None = field(default=None, repr=False, compare=False)  # (node count, producers())
@@ -89,10 +96,11 @@ class Graph:
                                      "written by a build killed before it was recorded): it is made again")
         return None
 
-    def note(self, message: str) -> None:
-        """Say why planning left something out (printed once by the build, status and -n)."""
-        if message not in self.notes:
-            self.notes.append(message)
+    def note(self, stage: str, message: str) -> None:
+        """A stage says why planning left something out (printed once by a build that
+        needs the stage, and by status and -n)."""
+        if (stage, message) not in self.notes:
+            self.notes.append((stage, message))
 
     def distrust(self, message: str) -> str:
         """Note why an output on disk is not trusted (the build says so); returns it."""

@@ -18,8 +18,8 @@ import torch
 
 from ..util import config
 from ..util.fsutil import write_json_atomic
-from ..util.expr import tensor_shape, variant_symbols
 from . import gpuwait
+from .facts import variant as variant_facts
 
 DTYPES = {name: getattr(torch, d["torch"]) for name, d in config.DTYPES.items()}
 # Unwritten outputs keep these exact bit patterns (NaN payloads a kernel will not produce).
@@ -144,10 +144,12 @@ def pointer_table(stacked: list[torch.Tensor], count: int):
         *[base + j * step for j in range(count) for base, step in bases])
 
 
-def tensor_specs(codegen: dict, variant: str) -> tuple[list, list]:
-    sym = variant_symbols(codegen, variant)
-    ins = [(t["name"], tensor_shape(t, sym), DTYPES[t["dtype"]]) for t in codegen["inputs"]]
-    outs = [(t["name"], tensor_shape(t, sym), DTYPES[t["dtype"]]) for t in codegen["outputs"]]
+def tensor_specs(side: dict, variant: str) -> tuple[list, list]:
+    """(name, shape, torch dtype) of the variant's inputs and outputs, from the facts the
+    build resolved (runners/facts.py) in `side` (the job, or one kernel of a runtime job)."""
+    facts = variant_facts(side, variant)
+    ins = [(t["name"], list(t["shape"]), DTYPES[t["dtype"]]) for t in facts["inputs"]]
+    outs = [(t["name"], list(t["shape"]), DTYPES[t["dtype"]]) for t in facts["outputs"]]
     return ins, outs
 
 

@@ -30,8 +30,8 @@ import time
 
 import torch
 
-from ..util import expr, perfspec
-from ..util.expr import variant_symbols
+from ..util import perfspec
+from .facts import variant as variant_facts
 from . import placement
 from .common import (Harness, bind_params, device_facts, load_function, pointer_table,
                      random_tensor, run_main, tensor_specs)
@@ -97,6 +97,18 @@ def prepared_baselines(job: dict, codegen: dict, inputs: list, primary_only: boo
     return out
 
 
+class _Phases:
+    """Where the gate's own time goes (not the kernel's): seconds per phase."""
+
+    def __init__(self):
+        self.seconds, self._at = {}, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._at, 4)
+        self._at = now
+
+
 def perf_variant(harness, job, variant, bandwidth, l2_bytes, nvml=None, only_figure: str | None = None) -> dict:
     """The variant's figures. `only_figure` ("hot" or "cold", a tune trial's): that figure
     alone, against the primary baseline alone, and no slowCTA (see the module docstring)."""
@@ -106,92 +118,97 @@ def perf_variant(harness, job, variant, bandwidth, l2_bytes, nvml=None, only_fig
     figures = (only_figure,) if only_figure else ("hot", "cold") if pcfg["cold"] else ("hot",)
     gens = timed_generators(job)
     launch = harness.launcher(variant)
-    ins, outs = tensor_specs(codegen, variant)
-    sym = variant_symbols(codegen, variant)
-    nbytes, nread, nwrite = perfspec.byte_counts(pcfg["bytes"], sym)
-    roof = perfspec.ceiling(bandwidth, nread, nwrite)
+    ins, outs = tensor_specs(job, variant)
+    facts = variant_facts(job, variant)
+    nbytes, nread, nwrite = facts["bytes"]["total"], facts["bytes"]["read"], facts["bytes"]["write"]
     gen = torch.Generator(device="cuda").manual_seed(1234)
-    L = pcfg["launches_per_graph"]
-    sampling = pcfg.get("sampling")
-    phases = {}
-    clock = time.perf_counter()
-
-    def lap(name):
-        nonlocal clock
-        now = time.perf_counter()
-        phases[name] = round(phases.get(name, 0.0) + now - clock, 4)
-        clock = now
+    phases = _Phases()
 
     def timed(kernel, others, launches: int, warmup: int, prime: bool) -> list[dict]:
         graphs = [capture(kernel, launches)] + [capture(o, launches) for o in others]
-        lap("capture")
-        figures = time_graphs(graphs, launches, pcfg["repeats"], warmup, prime, sampling, nvml)
-        lap("replay")
-        return figures
+        phases.lap("capture")
+        out = time_graphs(graphs, launches, pcfg["repeats"], warmup, prime, pcfg.get("sampling"), nvml)
+        phases.lap("replay")
+        return out
 
     # hot: one buffer set (the baselines are compiled on it)
     inputs = [t[0] for t in _sets(ins, gens, 1, gen)]
     outputs = [torch.empty(shape, dtype=dtype, device="cuda") for _, shape, dtype in outs]
-    lap("inputs")
+    phases.lap("inputs")
     prepared = prepared_baselines(job, codegen, inputs, primary_only=only_figure is not None)
     bases = [b for b in prepared if "fn" in b]
-    lap("compile")
-    result = {"bytes": nbytes, "bytes_read": nread, "bytes_written": nwrite, "ceiling": roof,
+    phases.lap("compile")
+    result = {"bytes": nbytes, "bytes_read": nread, "bytes_written": nwrite,
+              "ceiling": perfspec.ceiling(bandwidth, nread, nwrite),
               "baselines": {b["name"]: {k: v for k, v in b.items() if k != "fn"} for b in prepared}}
     if "hot" in figures:
         # once per placement (runners/placement.py), on copies of the same inputs; a tune
         # trial compares candidates on the fresh placement alone
-        per = []
-        for pl in placement.schedule(1 if only_figure else pcfg.get("placements", 3)):
-            with placement.arranged(pl, l2_bytes, torch):
-                p_in = inputs if pl.name == "fresh" else [t.clone() for t in inputs]
-                p_out = outputs if pl.name == "fresh" else [torch.empty_like(o) for o in outputs]
-                figs = timed(each(lambda i, s, a=p_in, o=p_out: launch(a, o, stream=s)),
-                             [each(lambda i, s, f=b["fn"], a=p_in: f(*a)) for b in bases], L,
-                             pcfg["warmup"], prime=True)
-                del p_in, p_out
-            per.append({"placement": pl.name, "kernel": figs[0],
-                        "baselines": {b["name"]: f for b, f in zip(bases, figs[1:])}})
-        judged = max(per, key=lambda e: e["kernel"]["median_us"])      # the worst placement
-        result["hot"] = {**judged["kernel"], "placement": judged["placement"]}
-        for b in bases:
-            name = b["name"]
-            pick = max(per, key=lambda e: paired_ratio(e["kernel"], e["baselines"][name]))
-            result["baselines"][name]["hot"] = {**pick["baselines"][name], "placement": pick["placement"]}
-        result["hot_placements"] = {
-            # what one launch touches (perf.bytes): an embedding's table is not its working set
-            "statistic": placement.STATISTIC, "working_set_bytes": nbytes, "l2_bytes": l2_bytes,
-            "sensitive": placement.sensitive(nbytes, l2_bytes),
-            "placements": [{"placement": e["placement"], "kernel": e["kernel"],
-                            "baselines": {n: {"median_us": f["median_us"],
-                                              "ratio": paired_ratio(e["kernel"], f)}
-                                          for n, f in e["baselines"].items()}} for e in per]}
-        lap("placements")
+        count = 1 if only_figure else pcfg.get("placements", 3)
+        _hot(result, timed, launch, inputs, outputs, bases, pcfg, count, l2_bytes)
+        phases.lap("placements")
     if only_figure is None:
-        result["slowcta"] = slow_cta(launch, inputs, outputs, _grid(codegen, sym), pcfg["repeats"])
-        lap("slowcta")
-
+        result["slowcta"] = slow_cta(launch, inputs, outputs, facts["grid"], pcfg["repeats"])
+        phases.lap("slowcta")
     if "cold" in figures:
-        set_bytes = sum(math.prod(s) * torch.empty((), dtype=d).element_size() for _, s, d in ins + outs)
-        nsets = max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
-        n_launch = min(MAX_COLD_LAUNCHES, max(L, nsets))
-        nsets = min(nsets, n_launch)
-        in_sets = _sets(ins, gens, nsets, gen)
-        out_sets = [torch.empty((nsets, *shape), dtype=dtype, device="cuda") for _, shape, dtype in outs]
-        table = pointer_table(in_sets + out_sets, nsets)
-        set_inputs = [[t[j] for t in in_sets] for j in range(nsets)]     # the baselines' views
-        lap("inputs")
-        figs = timed(lambda count, s: launch.sets(table, nsets, count, s),
-                     [each(lambda i, s, f=b["fn"]: f(*set_inputs[i % nsets])) for b in bases], n_launch, 0,
-                     prime=False)     # 2x the L2 per replay: what ran before weighs little
-        result.update(cold=figs[0], cold_sets=nsets, cold_launches=n_launch)
-        for b, f in zip(bases, figs[1:]):
-            result["baselines"][b["name"]]["cold"] = f
-        del in_sets, out_sets, set_inputs
+        _cold(result, timed, launch, ins, outs, gens, gen, bases, pcfg, l2_bytes, phases)
     del bases
     complete_variant(result, figures)
-    result["timings_s"] = phases          # where the gate's own time goes (not the kernel's)
+    result["timings_s"] = phases.seconds
     return result
+
+
+def _hot(result: dict, timed, launch, inputs, outputs, bases, pcfg: dict, count: int, l2_bytes: int) -> None:
+    """The hot figure, one buffer set replayed, once per buffer placement: ours judged on
+    its worst placement, each baseline's ratio on the placement where it is highest."""
+    per = []
+    for pl in placement.schedule(count):
+        with placement.arranged(pl, l2_bytes, torch):
+            p_in = inputs if pl.name == "fresh" else [t.clone() for t in inputs]
+            p_out = outputs if pl.name == "fresh" else [torch.empty_like(o) for o in outputs]
+            figs = timed(each(lambda i, s, a=p_in, o=p_out: launch(a, o, stream=s)),
+                         [each(lambda i, s, f=b["fn"], a=p_in: f(*a)) for b in bases],
+                         pcfg["launches_per_graph"], pcfg["warmup"], prime=True)
+            del p_in, p_out
+        per.append({"placement": pl.name, "kernel": figs[0],
+                    "baselines": {b["name"]: f for b, f in zip(bases, figs[1:])}})
+    judged = max(per, key=lambda e: e["kernel"]["median_us"])      # the worst placement
+    result["hot"] = {**judged["kernel"], "placement": judged["placement"]}
+    for b in bases:
+        name = b["name"]
+        pick = max(per, key=lambda e: paired_ratio(e["kernel"], e["baselines"][name]))
+        result["baselines"][name]["hot"] = {**pick["baselines"][name], "placement": pick["placement"]}
+    nbytes = result["bytes"]
+    result["hot_placements"] = {
+        # what one launch touches (perf.bytes): an embedding's table is not its working set
+        "statistic": placement.STATISTIC, "working_set_bytes": nbytes, "l2_bytes": l2_bytes,
+        "sensitive": placement.sensitive(nbytes, l2_bytes),
+        "placements": [{"placement": e["placement"], "kernel": e["kernel"],
+                        "baselines": {n: {"median_us": f["median_us"],
+                                          "ratio": paired_ratio(e["kernel"], f)}
+                                      for n, f in e["baselines"].items()}} for e in per]}
+
+
+def _cold(result: dict, timed, launch, ins, outs, gens, gen, bases, pcfg: dict, l2_bytes: int,
+          phases: _Phases) -> None:
+    """The cold figure: a new buffer set per launch, enough sets for twice the L2 per replay."""
+    L = pcfg["launches_per_graph"]
+    set_bytes = sum(math.prod(s) * torch.empty((), dtype=d).element_size() for _, s, d in ins + outs)
+    nsets = max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
+    n_launch = min(MAX_COLD_LAUNCHES, max(L, nsets))
+    nsets = min(nsets, n_launch)
+    in_sets = _sets(ins, gens, nsets, gen)
+    out_sets = [torch.empty((nsets, *shape), dtype=dtype, device="cuda") for _, shape, dtype in outs]
+    table = pointer_table(in_sets + out_sets, nsets)
+    set_inputs = [[t[j] for t in in_sets] for j in range(nsets)]     # the baselines' views
+    phases.lap("inputs")
+    figs = timed(lambda count, s: launch.sets(table, nsets, count, s),
+                 [each(lambda i, s, f=b["fn"]: f(*set_inputs[i % nsets])) for b in bases], n_launch, 0,
+                 prime=False)     # 2x the L2 per replay: what ran before weighs little
+    result.update(cold=figs[0], cold_sets=nsets, cold_launches=n_launch)
+    for b, f in zip(bases, figs[1:]):
+        result["baselines"][b["name"]]["cold"] = f
+    del in_sets, out_sets, set_inputs
 
 
 def complete_variant(result: dict, figures) -> dict:
@@ -211,10 +228,6 @@ def complete_variant(result: dict, figures) -> dict:
         result[f"baseline_{key}"] = primary[key]
         result[f"vs_baseline_{key}"] = paired_ratio(perfspec.paired_kernel(result, key, primary[key]), primary[key])
     return result
-
-
-def _grid(codegen, sym) -> int:
-    return int(expr.evaluate(codegen["grid"][0], sym))
 
 
 def main(job: dict, only_figure: str | None = None) -> dict:

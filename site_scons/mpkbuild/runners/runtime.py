@@ -213,7 +213,7 @@ def _tensors_for(job: dict, graph: dict, gen):
     for li, layer in enumerate(layers):
         side = rt["kernels"][layer["kernel"]]
         codegen = side["codegen"]
-        ins, outs = tensor_specs(codegen, layer["variant"])
+        ins, outs = tensor_specs(side, layer["variant"])
         # every tensor of the spec (runtime state too: the runtime reads it, not the task)
         idx = layer.get("spec_tensors") or layer["tensors"][:layer["num_inputs"] + layer["num_outputs"]]
         for (name, shape, dtype), i in zip(ins, idx[:len(ins)]):
@@ -476,6 +476,26 @@ def layer_figures(records: list[tuple[int, int]], counts: list[int]) -> list[tup
     return out
 
 
+class _Slots:
+    """The launch setups of one head to head: ours in slot 0, each incumbent's after it,
+    saved with mpkb_save and torn down together. Every incumbent's tensors live until the
+    end: a setup holds their addresses, and a buffer the allocator took back would be handed
+    to the next setup (seen on an H200: an illegal address in the first setup's launch once
+    the second had been made)."""
+
+    def __init__(self, lib: Megakernel, graph: dict):
+        self.lib = lib
+        # (slot, whose, graph, its task types): ours first, then each incumbent, launched in turn
+        self.order = [(0, "ours", graph, {lib.task_type})]
+        self.live, self.held_tensors = [0], []
+
+    def finalize_all(self) -> None:
+        for slot in self.live:
+            self.lib.lib.mpkb_restore(slot)
+            self.lib.lib.mpkb_finalize()
+            self.lib.lib.mpkb_drop(slot)
+
+
 def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list, grid,
                  tensors: list[torch.Tensor], refs: dict, checks: list, prof: torch.Tensor,
                  gen, names: dict) -> dict:
@@ -489,93 +509,122 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
     verdict. `refs`: the references of ours' outputs by tensor index (made again here on
     new inputs)."""
     rt = job["runtime"]
+    slots, numbers = _Slots(lib, graph), {}
+    launches, refs, failed = _on_head_to_head_inputs(lib, job, graph, tensors, refs, checks, gen)
+    if failed:
+        return failed
+    lib.lib.mpkb_save(0)
+    for slot, (ri, rg) in enumerate(rivals, start=1):
+        held, failed = _set_up_incumbent(lib, rt, graph, slot, ri, rg, grid, tensors, refs, dict(checks),
+                                         prof, names, slots)
+        if failed:
+            return failed
+        numbers[rg["incumbent"]] = held
+        slots.order.append((slot, rg["incumbent"], rg, task_types(lib, ri)))
+    t_pairs = time.perf_counter()
+    samples, failed = _timed_pairs(lib, rt, slots, prof, launches)
+    if failed:
+        return failed
+    _spent("head to head: the timed pairs", time.perf_counter() - t_pairs)
+    slots.finalize_all()
+    return {"pairs": rt["pairs"], "iterations_per_launch": per_launch(lib, rt["iterations"]),
+            "order": "interleaved: " + " ".join(w for _, w, _, _ in slots.order) + " ...",
+            "ours": {**samples["ours"], **({"layers": [f"{l['kernel']}.{l['variant']}" for l in graph["layers"]]}
+                                          if len(graph["layers"]) > 1 else {})},
+            "incumbents": {whose: {"graph": rg["name"], "tasks": sum(l["tasks"] for l in rg["layers"]),
+                                   "task_types": sorted(types),
+                                   "registers": [l["register"] for l in rg["layers"]],
+                                   **samples[whose], "numerics": numbers[whose]}
+                           for _, whose, rg, types in slots.order[1:]}}
+
+
+def _on_head_to_head_inputs(lib: Megakernel, job: dict, graph: dict, tensors: list, refs: dict,
+                            checks: list, gen) -> tuple[int, dict, dict | None]:
+    """A variant's head to head inputs (runtime.generators: inputs every incumbent accepts):
+    ours run on them once and held to the reference again. (ours' launches so far, the
+    references of its outputs, a verdict that ends the head to head or None)."""
+    rt = job["runtime"]
     layer = graph["layers"][0]
     side = rt["kernels"][layer["kernel"]]
-    codegen = side["codegen"]
-    vcfg_of = dict(checks)
-    timeout_ms, flags = int(rt["launch_timeout_s"] * 1000), rt["flags"]
-    # (slot, whose, graph, its task types): ours first, then each incumbent, launched in turn
-    slots, numbers, live = [(0, "ours", graph, {lib.task_type})], {}, [0]
-    # every incumbent's tensors live until the end: a setup holds their addresses, and a
-    # buffer the allocator took back would be handed to the next setup (seen on an H200:
-    # an illegal address in the first setup's launch once the second had been made)
-    held_tensors = []
-
-    def finalize_all():
-        for slot in live:
-            lib.lib.mpkb_restore(slot)
-            lib.lib.mpkb_finalize()
-            lib.lib.mpkb_drop(slot)
-
-    # a variant's head to head inputs (runtime.generators: inputs every incumbent accepts),
-    # ours run on them once and held to the reference again
     gens = (rt.get("generators") or {}) if graph.get("role") == "ours" else {}
-    ins, _ = tensor_specs(codegen, layer["variant"])
+    ins, _ = tensor_specs(side, layer["variant"])
     n_in = len(ins)
     for i, (name, shape, dtype) in enumerate(ins):
         if name in gens:
             tensors[i].copy_(random_tensor(shape, dtype, gens[name], gen, device=DEVICE))
     launches = rt["iterations"]          # ours' launches so far: its iterations
-    if gens:
-        reference = load_function(job["root"], side["validate"]["reference"])
-        refs = dict(zip((i for i, _ in checks),
-                        call_with_params(reference, [tensors[i].to(torch.float64) for i in range(n_in)],
-                                         codegen["params"])))
-        for i, _ in checks:
-            poison_(tensors[i])
-        _sync()
-        launches += 1
-        hung = launch(lib, rt, graph, launches)
-        if hung:
-            return hung
-        for i, vcfg in checks:
-            got, problem = compare(tensors[i], refs[i], vcfg)
-            if problem:
-                lib.lib.mpkb_finalize()
-                return {"verdict": "fail", "check": "numeric",
-                        "message": f"{graph['name']} on the head to head's inputs "
-                                   f"(runtime.generators): {problem}"}
-    lib.lib.mpkb_save(0)
-    for slot, (ri, rg) in enumerate(rivals, start=1):
-        what = rg["name"]
-        rtensors = rival_tensors(rg["tensors"], tensors)
-        held_tensors.append(rtensors)
-        ptrs = (ctypes.c_void_p * len(rtensors))(*[t.data_ptr() for t in rtensors])
-        _sync()
-        code = setup(lib, ri, ptrs, len(rtensors), grid, prof, flags, timeout_ms, rt["iterations"])
-        if code in (2, 3):
-            return {"verdict": "hang", "phase": "warm-up",
+    if not gens:
+        return launches, refs, None
+    reference = load_function(job["root"], side["validate"]["reference"])
+    refs = dict(zip((i for i, _ in checks),
+                    call_with_params(reference, [tensors[i].to(torch.float64) for i in range(n_in)],
+                                     side["codegen"]["params"])))
+    for i, _ in checks:
+        poison_(tensors[i])
+    _sync()
+    launches += 1
+    hung = launch(lib, rt, graph, launches)
+    if hung:
+        return launches, refs, hung
+    for i, vcfg in checks:
+        got, problem = compare(tensors[i], refs[i], vcfg)
+        if problem:
+            lib.lib.mpkb_finalize()
+            return launches, refs, {"verdict": "fail", "check": "numeric",
+                                    "message": f"{graph['name']} on the head to head's inputs "
+                                               f"(runtime.generators): {problem}"}
+    return launches, refs, None
+
+
+def _set_up_incumbent(lib: Megakernel, rt: dict, graph: dict, slot: int, ri: int, rg: dict, grid,
+                      tensors: list, refs: dict, vcfg_of: dict, prof: torch.Tensor, names: dict,
+                      slots: _Slots) -> tuple[dict, dict | None]:
+    """One incumbent set up in its slot, launched once and its outputs compared with the
+    reference and with ours: ({output: numerics}, a verdict that ends the head to head or None)."""
+    what = rg["name"]
+    timeout_ms, flags = int(rt["launch_timeout_s"] * 1000), rt["flags"]
+    rtensors = rival_tensors(rg["tensors"], tensors)
+    slots.held_tensors.append(rtensors)
+    ptrs = (ctypes.c_void_p * len(rtensors))(*[t.data_ptr() for t in rtensors])
+    _sync()
+    code = setup(lib, ri, ptrs, len(rtensors), grid, prof, flags, timeout_ms, rt["iterations"])
+    if code in (2, 3):
+        return {}, {"verdict": "hang", "phase": "warm-up",
                     "message": f"{what}: a kernel launched alone did not finish (warm-up)"}
-        if code != 0:
-            finalize_all()
-            raise CudaFault(f"{what}: setup failed: {lib.error(code) if code > 0 else code}")
-        lib.lib.mpkb_save(slot)
-        live.append(slot)
-        hung = launch(lib, rt, rg, 1)
-        if hung:
-            return hung
-        _sync()
-        held = {}
-        for j, recipe in enumerate(rg["tensors"]):
-            if recipe["use"] != "output" or recipe.get("intermediate"):
-                continue
-            k = recipe["index"]
-            theirs, mine = rtensors[j], tensors[k]
-            vs_ref, _ = compare(theirs, refs[k], vcfg_of[k])
-            vs_ours, problem = _against(mine, theirs, recipe, tensors, vcfg_of[k])
-            held[names[k]] = {"incumbent_vs_reference": vs_ref, "ours_vs_incumbent": vs_ours}
-            if problem:
-                finalize_all()
-                return {"verdict": "fail", "check": "incumbent numerics",
-                        "message": f"{graph['name']} output {names[k]} against incumbent "
-                                   f"{rg['incumbent']} on the same inputs: {problem}",
-                        "numbers": held}
-        numbers[rg["incumbent"]] = held
-        slots.append((slot, rg["incumbent"], rg, task_types(lib, ri)))
-    samples = {whose: {"makespan_us": [], "slowcta_us": []} for _, whose, _, _ in slots}
-    t_pairs = time.perf_counter()
+    if code != 0:
+        slots.finalize_all()
+        raise CudaFault(f"{what}: setup failed: {lib.error(code) if code > 0 else code}")
+    lib.lib.mpkb_save(slot)
+    slots.live.append(slot)
+    hung = launch(lib, rt, rg, 1)
+    if hung:
+        return {}, hung
+    _sync()
+    held = {}
+    for j, recipe in enumerate(rg["tensors"]):
+        if recipe["use"] != "output" or recipe.get("intermediate"):
+            continue
+        k = recipe["index"]
+        theirs, mine = rtensors[j], tensors[k]
+        vs_ref, _ = compare(theirs, refs[k], vcfg_of[k])
+        vs_ours, problem = _against(mine, theirs, recipe, tensors, vcfg_of[k])
+        held[names[k]] = {"incumbent_vs_reference": vs_ref, "ours_vs_incumbent": vs_ours}
+        if problem:
+            slots.finalize_all()
+            return held, {"verdict": "fail", "check": "incumbent numerics",
+                          "message": f"{graph['name']} output {names[k]} against incumbent "
+                                     f"{rg['incumbent']} on the same inputs: {problem}",
+                          "numbers": held}
+    return held, None
+
+
+def _timed_pairs(lib: Megakernel, rt: dict, slots: _Slots, prof: torch.Tensor,
+                 launches: int) -> tuple[dict, dict | None]:
+    """The interleaved launches, `pairs` rounds: (per side its samples: makespan, slowCTA and
+    a block's per-layer figures; a verdict that ends the head to head or None)."""
+    samples = {whose: {"makespan_us": [], "slowcta_us": []} for _, whose, _, _ in slots.order}
     for p in range(rt["pairs"]):
-        for slot, whose, g, types in slots:
+        for slot, whose, g, types in slots.order:
             lib.lib.mpkb_restore(slot)
             prof.zero_()
             _sync()
@@ -583,16 +632,16 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
             # (and one on the head to head's inputs), or the incumbent's check
             hung = launch(lib, rt, g, (launches if whose == "ours" else 1) + p + 1)
             if hung:
-                return hung
+                return samples, hung
             rec = task_records(prof, types)
             n = per_launch(lib, rt["iterations"])
             counts = [l["tasks"] for l in g["layers"]]
             want = sum(counts) * n
             if len(rec) != want:
-                finalize_all()
-                return {"verdict": "fail", "check": "profile",
-                        "message": f"{g['name']} pair {p + 1}: the profiler saw {len(rec)} task "
-                                   f"spans, the graph has {want} tasks"}
+                slots.finalize_all()
+                return samples, {"verdict": "fail", "check": "profile",
+                                 "message": f"{g['name']} pair {p + 1}: the profiler saw {len(rec)} task "
+                                            f"spans, the graph has {want} tasks"}
             # on v2 each of the launch's iterations is a sample (paired with the same
             # iteration of the other's launch)
             for chunk in by_iteration(rec, n):
@@ -602,17 +651,7 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
                 if len(counts) > 1:
                     samples[whose].setdefault("layers_us", []).append(
                         [[round(m, 4), round(x, 4)] for m, x in layer_figures(chunk, counts)])
-    _spent("head to head: the timed pairs", time.perf_counter() - t_pairs)
-    finalize_all()
-    return {"pairs": rt["pairs"], "iterations_per_launch": per_launch(lib, rt["iterations"]),
-            "order": "interleaved: " + " ".join(w for _, w, _, _ in slots) + " ...",
-            "ours": {**samples["ours"], **({"layers": [f"{l['kernel']}.{l['variant']}" for l in graph["layers"]]}
-                                          if len(graph["layers"]) > 1 else {})},
-            "incumbents": {whose: {"graph": rg["name"], "tasks": sum(l["tasks"] for l in rg["layers"]),
-                                   "task_types": sorted(types),
-                                   "registers": [l["register"] for l in rg["layers"]],
-                                   **samples[whose], "numerics": numbers[whose]}
-                           for _, whose, rg, types in slots[1:]}}
+    return samples, None
 
 
 def span_stats(per_iteration: list[list[float]]) -> dict:

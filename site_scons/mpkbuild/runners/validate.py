@@ -60,7 +60,7 @@ def validate_variant(harness: Harness, job: dict, variant: str) -> dict:
     codegen, vcfg = job["codegen"]["codegen"], job["validate"]["validate"]
     launch = harness.launcher(variant)
     reference = load_function(job["root"], vcfg["reference"])
-    ins, outs = tensor_specs(codegen, variant)
+    ins, outs = tensor_specs(job, variant)
     worst = {"cos": 1.0, "rel": 0.0}
     trials = []
     for trial in range(vcfg["trials"]):

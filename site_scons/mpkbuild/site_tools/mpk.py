@@ -108,7 +108,7 @@ def _declare(env) -> list:
             env.Precious(declared)
         if node.kernel is None and SCons.Script.ARGUMENTS.get("kernel", "all") != "all":
             env.NoClean(declared)          # shared per-GPU nodes: only kernel=all cleans them
-        if node.kind == "tune":            # tuned/<gpu>/K.json is committed: -c keeps it
+        if node.committed:                 # tuned/<gpu>/K.json: -c keeps it
             env.NoClean(declared)
     for k in build.kernels.values():
         # what no node declares (the spec cache, the digests gate results keep beside them),

@@ -32,7 +32,8 @@ def actions() -> dict:
 
 
 def build_graph(root, kernels: list, fingerprint, wire_request, with_summary: bool,
-                tampered=lambda rel: None, sanitize: str | None = None, files=None, code=None):
+                tampered=lambda rel: None, sanitize: str | None = None, files=None, code=None,
+                runtime_request=None):
     """The whole graph for these kernels on this GPU (fingerprint None: no GPU), declared by
     the stage modules in table order; then the nodes no kernel owns (a GPU's copy
     bandwidth goes first, the summary last). files: the planning run's reads (default: a
@@ -40,6 +41,7 @@ def build_graph(root, kernels: list, fingerprint, wire_request, with_summary: bo
     from mpkbuild.model.graph import Graph
     g = Graph(root=root, gpu_key=fingerprint.key if fingerprint else "no-gpu",
               fingerprint=fingerprint, wire_request=wire_request, sanitize=sanitize,
+              runtime_request=runtime_request,
               tampered=tampered, files=files, code=code,
               stage_modules={s.name: s.code_modules() for s in STAGES},
               kernels={k.name: k for k in kernels})

@@ -181,7 +181,8 @@ def nodes(g, k, stage: str) -> None:
                           (k.rel.library(arch), k.rel.resources(arch), k.rel.compile_log(arch)),
                           (*generated, *headers), (toolchain_fact(), g.stage_code(stage), *include_facts),
                           opts=(("MPK_ARCH", arch), ("MPK_NVCC_CMD", cmd)),
-                          always=g.edited(k.rel.resources(arch)), verdict_at=1))
+                          always=g.edited(k.rel.resources(arch)), verdict_at=1, column=f"compile {arch}",
+                          reported=True))
         compiled += node.targets[:2]
     g.requested[(k.name, stage)] = compiled
 

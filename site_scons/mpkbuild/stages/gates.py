@@ -23,6 +23,8 @@ from mpkbuild.stages.table import BANDWIDTH  # noqa: F401 (perf's bandwidth node
 from mpkbuild.gpu import NO_GPU_HELP, GpuFingerprint
 from mpkbuild.model.graph import CHANGED, Node
 from mpkbuild.model.paths import bandwidth_file, bandwidth_rel
+from mpkbuild.runners import facts
+from mpkbuild.util.expr import variant_facts
 from mpkbuild.util.toolchain import toolchain_fact
 from mpkbuild.util import config
 from mpkbuild.util.console import say
@@ -164,10 +166,10 @@ def gate_nodes(g, k, stage: str, library: str | None = None, extra_facts: tuple 
     node = g.add(Node(f"{stage} {k.name} {key}", "gate", stage, k.name,
                       (result, k.rel.gate_verdict(stage, key), k.rel.gate_log(stage, key)),
                       tuple(sources), facts, opts=(("MPK_GATE", stage),), always=always,
-                      verdict_at=0))
+                      verdict_at=0, column=stage, on_gpu=True, reported=True))
     check = g.add(Node(f"check {stage} {k.name}", "check", stage, k.name,
                        (k.rel.gate_stamp(stage, key),), (node.targets[0],),
-                       opts=(("MPK_GATE", stage),), silent=True))
+                       opts=(("MPK_GATE", stage),), silent=True, column="check"))
     g.requested[(k.name, stage)] = [check.targets[0]]
 
 
@@ -210,10 +212,12 @@ def run_gate(build, info, target, source) -> int:
     except GateCannotRun as exc:
         return build.fail(str(exc))
     library = k.library(arch)
-    payload = {"root": str(k.root), "library": str(library),
-               "codegen": read_json(k.section_file("codegen")),
+    codegen = read_json(k.section_file("codegen"))
+    perf = read_json(k.section_file("perf"))["perf"] if "perf" in row.reads else None
+    payload = {"root": str(k.root), "library": str(library), "codegen": codegen,
                "generators": read_json(k.section_file("generators")),
-               row.settings: read_json(k.section_file(row.settings))}
+               row.settings: read_json(k.section_file(row.settings)),
+               facts.KEY: variant_facts(codegen["codegen"], perf)}
     # a stage whose gate loads something else than the harness library says what, and adds
     # to the job (the runtime gate: its megakernel, the graphs, the other kernels' Python)
     more = []

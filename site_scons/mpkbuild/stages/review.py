@@ -14,7 +14,7 @@ from mpkbuild.model.graph import Node
 from mpkbuild.model.paths import summary_file
 from mpkbuild.stages.generate import render_template
 from mpkbuild.stages.perf import report as perf_report
-from mpkbuild.stages.runtime.report import head_to_head_table, runtime_table
+from mpkbuild.stages.table import BY_NAME, GPU_GATES
 from mpkbuild.stages.tune.report import tune_review
 from mpkbuild.util import config
 from mpkbuild.util.fsutil import read_json, write_atomic, write_json_atomic
@@ -37,20 +37,18 @@ def kernel_review(name: str, build_dir: Path, archs, gpu_key: str | None,
             "log": _rel(resources[arch].with_name("compile.log"), build_dir),
             "variants": res["variants"] if res else {}})
     gates = {}
+    parsed = {gate: read_json(path) for gate, path in results.items()}
     for gate, path in results.items():
-        res = read_json(path)
+        res = parsed[gate]
         gates[gate] = {
             "verdict": res["verdict"] if res else "not run",
             "message": (res or {}).get("message", "no result: the gate has not run on this GPU"),
             "result": res or {},
             "log": _rel(path.with_suffix(".log"), build_dir),
             "json": _rel(path, build_dir)}
-        if gate == "runtime" and res:
-            perf = read_json(results["perf"]) if "perf" in results else None
-            gates[gate]["table"] = runtime_table(res, perf)
-            gates[gate]["head_to_head"] = head_to_head_table(res, perf)
-        if gate == "perf" and res:
-            gates[gate].update(perf_report.section(res))
+        report = _report(gate)
+        if report is not None and res:
+            gates[gate].update(report.review(res, parsed))
     wire = None
     if wire_result is not None:
         res = read_json(wire_result)
@@ -70,9 +68,41 @@ def _fmt_us(x) -> str:
     return f"{x:.2f}" if isinstance(x, (int, float)) else "—"
 
 
+def _report(gate: str):
+    """The module of a gate's part of the review (its row's `report`), or None."""
+    import importlib
+    row = BY_NAME.get(gate)
+    return importlib.import_module(row.report) if row is not None and row.report else None
+
+
+def _fragment(report, name: str | None) -> Path | None:
+    return Path(report.__file__).with_name(name) if report is not None and name else None
+
+
 def render_kernel(review: dict) -> str:
-    return render_template(config.TEMPLATE_DIR / "review.md.j2",
-                           {"r": review, "us": _fmt_us, "limits": perf_report.limits_text, "ratio": perf_report.ratio_text})
+    """review.md: the frame, and each gate's own part rendered from its stage's templates
+    (a lead before the compile section, a section after its verdict)."""
+    context = {"r": review, "us": _fmt_us, "limits": perf_report.limits_text, "ratio": perf_report.ratio_text}
+    bodies, leads = {}, []
+    for gate, g in review["gates"].items():
+        report = _report(gate)
+        body = _fragment(report, report.REVIEW if report else None)
+        lead = _fragment(report, report.REVIEW_LEAD if report else None)
+        bodies[gate] = render_template(body, {**context, "g": g}) if body else ""
+        if lead:
+            leads.append(render_template(lead, {**context, "g": g}))
+    return render_template(config.TEMPLATE_DIR / "review.md.j2", {**context, "bodies": bodies, "leads": leads})
+
+
+def review_templates(g) -> list[str]:
+    """Every template a kernel's review renders (its inputs): the frame and each gate's parts."""
+    out = [g.pkg("templates", "review.md.j2")]
+    for gate in GPU_GATES:
+        report = _report(gate)
+        for name in (report.REVIEW, report.REVIEW_LEAD) if report is not None else ():
+            if name:
+                out.append(g.rel(_fragment(report, name)))
+    return out
 
 
 def junit_xml(reviews: list[dict]) -> str:
@@ -116,7 +146,6 @@ def write_summary(review_jsons: list[Path], md_path: Path, junit_path: Path | No
     reviews = [json.loads(p.read_text()) for p in review_jsons]
     if junit_path is not None:
         write_atomic(junit_path, junit_xml(reviews))
-    from mpkbuild.stages.table import GPU_GATES
     # a column per gate of the table the reviews have (wire, and the runtime gate only where
     # some review ran it: a gate no kernel had is no column of "not run")
     columns = ["wire"] * any(r.get("wire") for r in reviews) + [
@@ -136,20 +165,19 @@ def write_summary(review_jsons: list[Path], md_path: Path, junit_path: Path | No
 
 # ---------------------------------------------------------------- the stage's nodes
 def nodes(g, k, stage: str) -> None:
-    from mpkbuild.stages.table import GPU_GATES
     sources = [k.rel.resources(a) for a in k.archs]
     if k.has_wiring:
         sources.append(k.rel.wire_result)
-    # the runtime gate exists only with mpk_root= (stages/runtime/)
-    gates = [gate for gate in GPU_GATES if gate != "runtime" or g.requested.get((k.name, gate))]
+    # the gates the graph has for k (the runtime gate exists only with mpk_root=)
+    gates = [gate for gate in GPU_GATES if g.requested.get((k.name, gate))]
     sources += [k.rel.gate_result(gate, g.gpu_key) for gate in gates]
     from mpkbuild.stages.spec import tuned_fact
     # the tuned file is read (not depended on as a file: it is the tune stage's target, and
     # review does not run the tune): its hash is a fact, so a new tune re-runs the review
     node = g.add(Node(f"review {k.name}", "review", stage, k.name,
                       (k.rel.review, k.rel.review_json, k.rel.junit),
-                      (*sources, g.pkg("templates", "review.md.j2")),
-                      (*tuned_fact(k), g.stage_code(stage))))
+                      (*sources, *review_templates(g)),
+                      (*tuned_fact(k), g.stage_code(stage)), column="review"))
     checks = [k.rel.gate_stamp(gate, g.gpu_key) for gate in gates]
     g.requested[(k.name, stage)] = [*node.targets, *checks]
 
@@ -162,12 +190,11 @@ def shared_nodes(g, kernels, with_summary: bool) -> None:
     node = g.add(Node("review summary", "summary", "review", None,
                       (g.rel(summary_file(g.root)), g.rel(summary_file(g.root).with_name("junit.xml"))),
                       (*review_jsons, g.pkg("templates", "summary.md.j2")),
-                      (g.stage_code("review"),)))
+                      (g.stage_code("review"),), column="review"))
     g.summary_targets = list(node.targets)
 
 
 def run_review(build, info, target, source) -> int:
-    from mpkbuild.stages.table import GPU_GATES
     from mpkbuild.stages.gates import lock_for
     from mpkbuild.stages.generate import TemplateError
     k = build.kernels[info["MPK_KERNEL"]]
@@ -175,8 +202,7 @@ def run_review(build, info, target, source) -> int:
     # the gates this node reads (the runtime gate only with mpk_root=): a gate the build
     # has no node for is not shown as "not run", which would make the kernel incomplete
     read = {os.path.realpath(s.abspath) for s in source if hasattr(s, "abspath")}   # files, not facts
-    results = {g: k.gate_result(g, key) for g in GPU_GATES
-               if g != "runtime" or os.path.realpath(k.gate_result(g, key)) in read}
+    results = {g: k.gate_result(g, key) for g in GPU_GATES if os.path.realpath(k.gate_result(g, key)) in read}
     data = kernel_review(k.name, k.build_dir, k.archs, key, {a: k.resources(a) for a in k.archs},
                          results,
                          k.wire_result if k.has_wiring else None)

@@ -27,7 +27,7 @@ def nodes(g, k, stage: str) -> None:
     node = g.add(Node(f"spec {k.name}", "spec", stage, k.name,
                       (k.rel.spec_json, *sections), (),
                       (spec_fact(k), *tuned_fact(k), g.stage_code(stage)),
-                      always=g.edited(k.rel.spec_json, *sections)))
+                      always=g.edited(k.rel.spec_json, *sections), column="spec", fields=True))
     g.requested[(k.name, stage)] = list(node.targets)
 
 

@@ -69,6 +69,10 @@ class Stage:
     gate: Gate | None = None        # a per-kernel GPU gate (validate, runtime, perf)
     code: tuple[str, ...] = field(default=())   # extra modules whose code makes its outputs
     note: str | None = None         # "module:function" giving status's line about its gate node
+    summary: str | None = None      # function of its module saying a result in the verdict table
+                                    # (default: the verdict and the message's first line)
+    report: str | None = None       # module of its part of review.md: review(res, results) -> data,
+                                    # REVIEW (its section's template beside it), REVIEW_LEAD (or None)
 
     @property
     def impl(self) -> StageModule:
@@ -85,13 +89,14 @@ class Stage:
         return out + (self.gate.code() if self.gate else ())
 
 
-STAGES: tuple[Stage, ...] = (
+_BUILDING: tuple[Stage, ...] = (
     Stage(name="spec", reads=(), after=(), per="kernel", module="spec",
           doc="validate specs/K.yaml, write normalised JSON and per-section signatures"),
     Stage(name="generate", reads=("codegen",), after=("spec",), per="kernel", module="generate",
           section="mpkbuild.stages.generate.section",
           doc="render K_spec.h, the task body and the harness with jinja2"),
     Stage(name="compile", reads=(), after=("generate",), per="arch", judges=True, module="compile",
+          summary="summary",
           doc="nvcc per target arch to a shared library; resource gate (spills, SMEM)"),
     # the fragments hold the rendered body and header (codegen) and the test-mode test,
     # which holds the reference's tolerances and the inputs' distributions
@@ -102,7 +107,8 @@ STAGES: tuple[Stage, ...] = (
     Stage(name="validate", reads=("codegen", "generators", "validate"), after=("compile",), per="gpu",
           needs_gpu=True, judges=True, module="validate", section="mpkbuild.stages.validate.section",
           doc="run every variant against the float64 torch reference (GPU)",
-          gate=Gate("validate", "validate.reference", can_sanitize=True, can_share_gpu=True)),
+          gate=Gate("validate", "validate.reference", can_sanitize=True, can_share_gpu=True),
+          report="mpkbuild.stages.validate.report"),
     # judged by validate's reference and tolerances, so its settings are the validate section;
     # its head to head against the incumbents and their thresholds are the runtime section's.
     # never a megakernel before validate passed (test mode first: a body validate failed
@@ -116,19 +122,23 @@ STAGES: tuple[Stage, ...] = (
           gate=Gate("runtime", "validate.reference", judge="mpkbuild.stages.runtime.judge",
                     section="validate", thresholds="runtime", needs_pass=("validate",),
                     job="mpkbuild.stages.runtime:gate_job"),
-          note="mpkbuild.stages.runtime.report:status_note"),
+          note="mpkbuild.stages.runtime.report:status_note", report="mpkbuild.stages.runtime.report"),
     Stage(name="perf", reads=("codegen", "generators", "perf"), after=("compile", "validate"), per="gpu",
           needs_gpu=True, judges=True, module="perf", section="mpkbuild.stages.perf.section", shared=True,
           doc="CUDA-graph timing, cold/hot, slowCTA, torch baseline, bandwidth (GPU)",
           gate=Gate("perf", "perf.baseline", judge="mpkbuild.stages.perf.judge",
                     needs_pass=("validate",), uses_bandwidth=True, ledger="mpkbuild.stages.perf.ledger"),
-          note="mpkbuild.stages.perf.report:status_note"),
+          note="mpkbuild.stages.perf.report:status_note", report="mpkbuild.stages.perf.report"),
     Stage(name="tune", reads=("tune", "generators", "validate", "perf"), after=("spec",), per="gpu",
           needs_gpu=True, judges=True, module="tune", section="mpkbuild.stages.tune.section",
           doc="search tune.space per variant: candidates compiled (CPU, -jN), validated and timed "
               "(GPU), the fastest committed as tuned/<gpu>/K.json"),
+)
+# the review renders every stage's part of it: their report modules are its code
+STAGES: tuple[Stage, ...] = (
+    *_BUILDING,
     Stage(name="review", reads=(), after=("compile", "wire", "validate", "runtime", "perf"), per="kernel",
-          module="review", shared=True,
+          module="review", shared=True, code=tuple(s.report for s in _BUILDING if s.report),
           doc="build/K/review.md and build/review.md: every verdict and key number"),
 )
 

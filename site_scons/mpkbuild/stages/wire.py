@@ -186,7 +186,7 @@ def nodes(g, k, stage: str) -> None:
                       (f"wire: {request.describe()}", g.stage_code(stage)),
                       side_effects=(g.rel(g.root / config.BUILD_DIRNAME / ".wire-in-use"),),
                       always="mpk_root= is given: the checkout is re-planned on every run"
-                      if request.mpk_root is not None else None, verdict_at=0))
+                      if request.mpk_root is not None else None, verdict_at=0, column="wire"))
     g.requested[(k.name, stage)] = list(node.targets)
 
 

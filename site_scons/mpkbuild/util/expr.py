@@ -191,3 +191,24 @@ def tensor_shape(tensor: dict, symbols: dict) -> list[int]:
 
 def grid_size(codegen: dict, symbols: dict) -> int:
     return int(evaluate(codegen["grid"][0], symbols))
+
+
+def variant_facts(codegen: dict, perf: dict | None = None) -> dict:
+    """Every variant's resolved facts for a gate job (runners/facts.Variant): its tensors'
+    shapes, its grid, and with the perf section the bytes one launch moves."""
+    out = {}
+    for name in codegen["variants"]:
+        symbols = variant_symbols(codegen, name)
+        tensors = {kind: [{"name": t["name"], "shape": list(tensor_shape(t, symbols)), "dtype": t["dtype"]}
+                          for t in codegen[kind]] for kind in ("inputs", "outputs")}
+        out[name] = {**tensors, "grid": grid_size(codegen, symbols),
+                     "bytes": _bytes(perf["bytes"], symbols) if perf is not None else None}
+    return out
+
+
+def _bytes(spec_bytes, symbols: dict) -> dict:
+    if isinstance(spec_bytes, dict):
+        read = float(evaluate(spec_bytes["read"], symbols))
+        write = float(evaluate(spec_bytes["write"], symbols))
+        return {"total": read + write, "read": read, "write": write}
+    return {"total": float(evaluate(spec_bytes, symbols)), "read": None, "write": None}

@@ -7,14 +7,13 @@
   `torch.compile(function, dynamic=False, mode=mode)`, compiled once per variant before
   timing (the compile time is recorded, not timed).
 - Bytes: `perf.bytes` is either one expression, the total bytes moved per launch (judged
-  against the copy ceiling, 1:1 read:write, as before), or {read: expr, write: expr}.
+  against the copy ceiling, 1:1 read:write, as before), or {read: expr, write: expr}; the
+  build resolves them per variant (util/expr.variant_facts).
 - Ceilings: the bandwidth node measures read-only, 2:1 and 1:1 (copy) streams; a kernel's
   ceiling is the one for its read share read / (read + write), interpolated linearly
   between the measured mixes (read share 1/2, 2/3, 1); below 1/2 (write-heavy) the copy's.
 """
 from __future__ import annotations
-
-from . import expr
 
 PRIMARY = "torch"
 MIXES = (("1:1", 0.5), ("2:1", 2.0 / 3.0), ("read", 1.0))
@@ -28,15 +27,6 @@ def baselines(pcfg: dict) -> list[dict]:
         out.append({"name": b["name"], "function": b["function"], "compile": compiled,
                     "mode": (b.get("mode") or "default") if compiled else None})
     return out
-
-
-def byte_counts(spec_bytes, symbols: dict) -> tuple[float, float | None, float | None]:
-    """(total, read, write) bytes per launch; read/write None for a scalar spec."""
-    if isinstance(spec_bytes, dict):
-        read = float(expr.evaluate(spec_bytes["read"], symbols))
-        write = float(expr.evaluate(spec_bytes["write"], symbols))
-        return read + write, read, write
-    return float(expr.evaluate(spec_bytes, symbols)), None, None
 
 
 def ceiling(bandwidth: dict, read: float | None, write: float | None) -> dict:

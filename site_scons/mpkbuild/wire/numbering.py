@@ -99,51 +99,19 @@ def assign_numbers(checkout: Checkout, wirings: dict[str, Wiring],
     rel = site_file(checkout.surface, checkout.site("enum"), None, "")
     planned_set = set(planned)
     taken = {e.number: e for e in entries if e.owner not in planned_set}
-    # (kernel, arch) -> the number that kernel's own block holds now ("auto" keeps it)
-    held = {(e.owner, e.arch): e.number for e in entries if e.owner in planned_set}
-    # explicit numbers from every spec, planned or not
-    explicit: dict[int, tuple[str, str]] = {}
-    for k in sorted(wirings):
-        for a, n in wirings[k].number.items():
-            if n == "auto":
-                continue
-            if n in explicit and explicit[n][0] != k:
-                o = explicit[n]
-                raise NumberClash(f"TaskType number {n} is claimed by two kernels: {o[0]} "
-                                  f"({o[1]}, {wirings[o[0]].task_type[o[1]]}) and {k} ({a}, "
-                                  f"{wirings[k].task_type[a]}); give one of them another number "
-                                  "or \"auto\"")
-            if n in explicit:
-                raise NumberClash(f"TaskType number {n} is claimed twice by kernel {k} "
-                                  f"({explicit[n][1]} and {a}); each arch needs its own")
-            explicit[n] = (k, a)
+    explicit = _explicit_numbers(wirings)
     out: dict[str, dict[str, int]] = {k: {} for k in planned}
     used: dict[int, tuple[str, str]] = {}
     for k in sorted(planned):
         w = wirings[k]
         for a in w.archs:
-            n = w.number[a]
-            if n == "auto":
-                continue
-            lo, hi = arch_range(checkout, entries, a)
-            if not lo < n < hi:
-                ar = checkout.surface.archs[a]
-                raise NumberOutOfRange(
-                    f"specs/{k}.yaml: wiring.number.{a} = {n} is outside the {a} range: "
-                    f"strictly between {ar.range_begin} = {lo} and {ar.range_end} = {hi} in "
-                    f"{rel}; pick a number in range or \"auto\"")
-            if n in taken:
-                e = taken[n]
-                raise NumberClash(
-                    f"TaskType number {n} wanted by kernel {k} ({a}, {w.task_type[a]}) is "
-                    f"already taken by {e.name} at {rel}:{e.line} "
-                    f"({'wired by kernel ' + e.owner if e.owner else 'not wired by mpkbuild'}); "
-                    "pick a free number or \"auto\"")
-            out[k][a] = n
-            used[n] = (k, a)
+            if w.number[a] != "auto":
+                out[k][a] = _explicit_in_range(checkout, entries, rel, taken, k, w, a)
+                used[out[k][a]] = (k, a)
     autos = [(k, a) for k in sorted(planned) for a in wirings[k].archs
              if wirings[k].number[a] == "auto"]
     # first pass: an auto entry keeps the number its own block holds, if still free
+    held = {(e.owner, e.arch): e.number for e in entries if e.owner in planned_set}
     for k, a in autos:
         lo, hi = arch_range(checkout, entries, a)
         prev = held.get((k, a))
@@ -152,20 +120,8 @@ def assign_numbers(checkout: Checkout, wirings: dict[str, Wiring],
         if prev not in set(taken) | set(explicit) | set(used):
             out[k][a] = prev
             used[prev] = (k, a)
-            continue
-        if renumber:
-            continue                      # the second pass gives it the next free number
-        mine = next(e for e in entries if e.owner == k and e.arch == a)
-        other = taken.get(prev)
-        who = (f"{other.name} at {rel}:{other.line} "
-               f"({'wired by kernel ' + other.owner if other.owner else 'not wired by mpkbuild'})"
-               if other is not None else
-               f"kernel {(explicit.get(prev) or used.get(prev))[0]}'s explicit number")
-        raise NumberClash(
-            f"TaskType number {prev} of kernel {k} ({a}: {mine.name} at {rel}:{mine.line}) is now "
-            f"also claimed by {who}. Moving {k} to another number would change what code built "
-            f"against it expects: free {prev}, give {k} an explicit wiring.number, or pass "
-            "renumber=1 to move it to the next free number. Nothing was changed")
+        elif not renumber:                # with renumber the second pass gives it the next free one
+            raise _kept_number_clash(entries, rel, taken, explicit, used, k, a, prev)
     # second pass: the rest take the lowest free number of the first of their arch's
     # auto sub-ranges that has one (the whole range where surface.yaml names none)
     for k, a in autos:
@@ -181,3 +137,62 @@ def assign_numbers(checkout: Checkout, wirings: dict[str, Wiring],
         out[k][a] = n
         used[n] = (k, a)
     return out
+
+
+def _explicit_numbers(wirings: dict[str, Wiring]) -> dict[int, tuple[str, str]]:
+    """number -> (kernel, arch) of every explicit number, planned kernel or not; a number
+    claimed twice is a NumberClash."""
+    explicit: dict[int, tuple[str, str]] = {}
+    for k in sorted(wirings):
+        for a, n in wirings[k].number.items():
+            if n == "auto":
+                continue
+            if n in explicit and explicit[n][0] != k:
+                o = explicit[n]
+                raise NumberClash(f"TaskType number {n} is claimed by two kernels: {o[0]} "
+                                  f"({o[1]}, {wirings[o[0]].task_type[o[1]]}) and {k} ({a}, "
+                                  f"{wirings[k].task_type[a]}); give one of them another number "
+                                  "or \"auto\"")
+            if n in explicit:
+                raise NumberClash(f"TaskType number {n} is claimed twice by kernel {k} "
+                                  f"({explicit[n][1]} and {a}); each arch needs its own")
+            explicit[n] = (k, a)
+    return explicit
+
+
+def _explicit_in_range(checkout: Checkout, entries, rel: str, taken: dict, k: str, w: Wiring,
+                       a: str) -> int:
+    """A planned kernel's explicit number, inside its arch's range and not taken."""
+    n = w.number[a]
+    lo, hi = arch_range(checkout, entries, a)
+    if not lo < n < hi:
+        ar = checkout.surface.archs[a]
+        raise NumberOutOfRange(
+            f"specs/{k}.yaml: wiring.number.{a} = {n} is outside the {a} range: "
+            f"strictly between {ar.range_begin} = {lo} and {ar.range_end} = {hi} in "
+            f"{rel}; pick a number in range or \"auto\"")
+    if n in taken:
+        e = taken[n]
+        raise NumberClash(
+            f"TaskType number {n} wanted by kernel {k} ({a}, {w.task_type[a]}) is "
+            f"already taken by {e.name} at {rel}:{e.line} "
+            f"({'wired by kernel ' + e.owner if e.owner else 'not wired by mpkbuild'}); "
+            "pick a free number or \"auto\"")
+    return n
+
+
+def _kept_number_clash(entries, rel: str, taken: dict, explicit: dict, used: dict, k: str, a: str,
+                       prev: int) -> "NumberClash":
+    """An auto kernel's held number now claimed by another: moving it would change what code
+    built against it expects."""
+    mine = next(e for e in entries if e.owner == k and e.arch == a)
+    other = taken.get(prev)
+    who = (f"{other.name} at {rel}:{other.line} "
+           f"({'wired by kernel ' + other.owner if other.owner else 'not wired by mpkbuild'})"
+           if other is not None else
+           f"kernel {(explicit.get(prev) or used.get(prev))[0]}'s explicit number")
+    return NumberClash(
+        f"TaskType number {prev} of kernel {k} ({a}: {mine.name} at {rel}:{mine.line}) is now "
+        f"also claimed by {who}. Moving {k} to another number would change what code built "
+        f"against it expects: free {prev}, give {k} an explicit wiring.number, or pass "
+        "renumber=1 to move it to the next free number. Nothing was changed")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import keyword
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..util import config, expr
 from .errors import SectionError

@@ -233,6 +233,20 @@ def load_surface(wiring_root) -> Surface:
     for r in reversed(with_file[:-1]):
         data = _merge(data, _read(r / SURFACE_FILE), r / SURFACE_FILE)
     root = roots[0]
+    archs = _archs(data)
+    sites = _sites(data)
+    scan = _scan(data, sites)
+    requires = _requires(data, sites)
+    marker = _need(data, "marker", "top level")
+    return Surface(root=root, roots=roots, archs=archs, layout=tuple(_need(data, "layout", "top level")),
+                   marker_begin=_need(marker, "begin", "marker"),
+                   marker_end=_need(marker, "end", "marker"),
+                   marker_read=tuple((m["begin"], m["end"]) for m in marker.get("read") or ()), sites=tuple(sites), scan=scan,
+                   call=_need(data, "call", "top level"), python=_need(data, "python", "top level"),
+                   requires=requires, install_stem=str(data.get("install_stem", "{{ kernel }}")))
+
+
+def _archs(data: dict) -> dict:
     archs = {}
     for name, a in _need(data, "archs", "top level").items():
         try:
@@ -247,6 +261,10 @@ def load_surface(wiring_root) -> Surface:
                 raise ValueError(f"runtime {archs[name].runtime!r} (one of {', '.join(config.RUNTIMES)})")
         except (KeyError, TypeError, ValueError) as exc:
             raise SurfaceError(f"{SURFACE_FILE}: archs.{name}: bad or missing field {exc}") from None
+    return archs
+
+
+def _sites(data: dict) -> list:
     sites, seen = [], set()
     for i, s in enumerate(_need(data, "sites", "top level")):
         where = f"sites[{i}]"
@@ -277,6 +295,11 @@ def load_surface(wiring_root) -> Surface:
                           when=s.get("when"), optional=s.get("optional"), join=s.get("join"),
                           needs=tuple(s.get("needs") or ()), runtime=s.get("runtime"),
                           claim=(s["claim"]["scan"], s["claim"]["value"]) if s.get("claim") else None))
+    return sites
+
+
+def _scan(data: dict, sites: list) -> dict:
+    """The surface's regexes, compiled; a site's claim names one of them."""
     scan = {}
     for key, pattern in _need(data, "scan", "top level").items():
         try:
@@ -288,6 +311,11 @@ def load_surface(wiring_root) -> Surface:
                            or site.claim[1] not in ("task_type", "task_name", "layer")):
             raise SurfaceError(f"{SURFACE_FILE}: site {site.id}: claim {site.claim} needs a "
                                "scan key and one of task_type, task_name, layer")
+    return scan
+
+
+def _requires(data: dict, sites: list) -> dict:
+    """What a checkout must have for a site (`requires`), every site's `needs` among them."""
     requires = {}
     for rid, r in (data.get("requires") or {}).items():
         if not isinstance(r, dict) or set(r) - _REQUIRE_KEYS or not {"file", "pattern", "what"} <= set(r):
@@ -311,10 +339,4 @@ def load_surface(wiring_root) -> Surface:
                 re.compile(site.join)
             except re.error as exc:
                 raise SurfaceError(f"{SURFACE_FILE}: site {site.id}: join: bad regex: {exc}") from None
-    marker = _need(data, "marker", "top level")
-    return Surface(root=root, roots=roots, archs=archs, layout=tuple(_need(data, "layout", "top level")),
-                   marker_begin=_need(marker, "begin", "marker"),
-                   marker_end=_need(marker, "end", "marker"),
-                   marker_read=tuple((m["begin"], m["end"]) for m in marker.get("read") or ()), sites=tuple(sites), scan=scan,
-                   call=_need(data, "call", "top level"), python=_need(data, "python", "top level"),
-                   requires=requires, install_stem=str(data.get("install_stem", "{{ kernel }}")))
+    return requires

@@ -304,7 +304,7 @@ def nodes(g, k, stage: str) -> None:
         generated.append(path)
         g.add(Node(f"generate {k.name} {path.rsplit('/', 1)[1]}", "generate", stage, k.name, (path,),
                    sources[role], (g.stage_code(stage),), opts=(("MPK_ROLE", role),),
-                   always=g.edited(path), precious=True))
+                   always=g.edited(path), precious=True, column="generate"))
     g.requested[(k.name, stage)] = generated
 
 

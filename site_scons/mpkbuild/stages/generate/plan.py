@@ -69,3 +69,4 @@ def variant_tensors(codegen: dict, variant: str) -> dict:
     return {kind: [{**t, "partition": override[t["name"]]} if t["name"] in override else t
                    for t in codegen[kind]] for kind in ("inputs", "outputs")}
 
+

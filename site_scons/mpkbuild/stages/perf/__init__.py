@@ -18,4 +18,5 @@ def shared_nodes(g, kernels, with_summary: bool) -> None:
     g.nodes.insert(0, Node(f"bandwidth {g.gpu_key}", "bandwidth", "perf", None,
                            (bandwidth_rel(g.gpu_key),), (g.pkg("runners", "streams.cu"),),
                            (gates.gpu_fact(g.fingerprint),
-                            g.code_fact("bandwidth", (gates.__name__, *gates.BANDWIDTH.code())))))
+                            g.code_fact("bandwidth", (gates.__name__, *gates.BANDWIDTH.code()))),
+                           column="bandwidth", on_gpu=True))

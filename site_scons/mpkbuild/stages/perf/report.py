@@ -9,6 +9,13 @@ from mpkbuild.model.graph import Node
 from mpkbuild.stages.perf.judge import baseline_figure, comparisons, time_interval
 from mpkbuild.util.fsutil import ReadOnce
 
+REVIEW = "review.md.j2"           # this gate's section of review.md: every figure and baseline
+REVIEW_LEAD = None
+
+
+def review(res: dict, results: dict) -> dict:
+    return section(res)
+
 
 def section(res: dict) -> dict:
     """What the review shows of a perf result beyond its verdict."""

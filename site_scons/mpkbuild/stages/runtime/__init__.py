@@ -32,8 +32,8 @@ from mpkbuild.model.graph import Node
 from mpkbuild.util import config
 from mpkbuild.util.console import say
 from mpkbuild.util.fsutil import write_atomic
-from mpkbuild.stages.runtime.megakernel import (Checkout, compile_megakernel, companions_for,
-                                                job_payload, render_all, runtime_fact, runtime_of)
+from mpkbuild.stages.runtime.megakernel import (compile_megakernel, companions_for,
+                                                job_payload, render_all, runtime_fact)
 
 
 # ---------------------------------------------------------------- paths
@@ -70,16 +70,12 @@ def nodes(g, k, stage: str) -> None:
     """The megakernel source, its compile and the gate (with mpk_root= and a Hopper arch)."""
     from mpkbuild.stages import gates
     from mpkbuild.stages import table as stages
-    request = g.wire_request
-    mpk_root = request.mpk_root if request is not None else None
-    if mpk_root is None or "sm_90a" not in k.archs or not k.has_wiring:
+    request = g.runtime_request
+    checkout = request.checkout if request is not None else None
+    if checkout is None or "sm_90a" not in k.archs or not k.has_wiring:
         g.requested[(k.name, stage)] = []
-        return
-    try:
-        checkout = Checkout.find(mpk_root)
-    except FileNotFoundError as exc:
-        g.requested[(k.name, stage)] = []
-        g.note(f"no runtime gate for any kernel: {exc}")     # printed once per run
+        if request is not None and request.why_none:
+            g.note(stage, f"no runtime gate for any kernel: {request.why_none}")     # printed once per run
         return
     gen = [k.rel.generated["spec_header"], k.rel.generated["body"]]
     # the kernels k's blocks run beside it: what the source reads of them (their variants
@@ -91,8 +87,8 @@ def nodes(g, k, stage: str) -> None:
     gate_extra = [r for c in companions for r in (c.rel.section_file("generators"),
                                                   c.rel.section_file("validate"),
                                                   *gates.python_rels(c, stages.BY_NAME[stage].gate))]
-    runtime = runtime_of(request)
-    fact = runtime_fact(mpk_root, runtime)
+    runtime = request.runtime
+    fact = runtime_fact(checkout.root, runtime)
     # the incumbents' calls are read from the checkout's register functions
     from mpkbuild.wire.incumbents import REGISTER_FILE
     register = [g.rel(checkout.root / REGISTER_FILE)] if (checkout.root / REGISTER_FILE).is_file() else []
@@ -116,7 +112,7 @@ def nodes(g, k, stage: str) -> None:
                       *(g.rel(r / config.WIRING_SURFACE) for r in config.wiring_roots(g.root)
                         if (r / config.WIRING_SURFACE).is_file())),
                      (fact, g.code_fact("megakernel", (f"{__name__}.megakernel",))),
-                     always=next(filter(None, map(g.edited, targets)), None)))
+                     always=next(filter(None, map(g.edited, targets)), None), column="megakernel"))
     from mpkbuild.stages.compile import include_inputs
     from mpkbuild.util.toolchain import toolchain_fact
     lib = library_path(k)
@@ -127,7 +123,7 @@ def nodes(g, k, stage: str) -> None:
                       tuple(dict.fromkeys((*src.targets, *gen, *[p for p in extra if p.endswith((".h", ".cuh"))],
                                            *runtime_headers, *headers))),
                       (toolchain_fact(), fact, g.code_fact("megakernel", (f"{__name__}.megakernel",)),
-                       *include_facts)))
+                       *include_facts), column="megakernel-compile"))
     gates.gate_nodes(g, k, stage, library=comp.targets[0], extra_facts=(fact,),
                      extra_sources=gate_extra)
 
@@ -136,24 +132,24 @@ def run_source(build, info, target, source) -> int:
     from mpkbuild.stages.generate import TemplateError
     k = build.kernels[info["MPK_KERNEL"]]
     try:
-        files = render_all(k, config.wiring_roots(k.root), build.wire_request.mpk_root,
-                           companions_for(k, build.kernels), build.wire_request.runtime)
+        files = render_all(k, config.wiring_roots(k.root), build.runtime_request.root,
+                           companions_for(k, build.kernels), build.runtime_request.runtime)
     except TemplateError as exc:
         return build.fail(str(exc))
-    for name, path in source_files(k, build.wire_request.runtime).items():
+    for name, path in source_files(k, build.runtime_request.runtime).items():
         write_atomic(path, files[name], only_if_changed=True)
     return 0
 
 
 def run_compile(build, info, target, source) -> int:
     k = build.kernels[info["MPK_KERNEL"]]
-    checkout = Checkout.find(build.wire_request.mpk_root)
+    checkout = build.runtime_request.checkout
     gen_dirs = [k.gen_dir, *k.include_dirs]
     for c in companions_for(k, build.kernels):
         gen_dirs += [c.gen_dir, *c.include_dirs]
     ok, text, took = compile_megakernel(checkout, source_path(k), gen_dirs,
                                         Path(target[0].abspath), Path(target[1].abspath),
-                                        shadow=shadow_dir(k), runtime=build.wire_request.runtime)
+                                        shadow=shadow_dir(k), runtime=build.runtime_request.runtime)
     if not ok:
         return build.fail(f"megakernel-compile {k.name}: nvcc failed ({took:.0f} s), see "
                           f"{os.path.relpath(target[1].abspath, build.root)}\n"
@@ -165,8 +161,8 @@ def run_compile(build, info, target, source) -> int:
 def predict(node, k, predictor) -> dict:
     from mpkbuild.model.graph import CHANGED
     if node.kind == "megakernel":
-        runtime = runtime_of(predictor.wire_request)
-        files = render_all(k, predictor.wiring_root, predictor.wire_request.mpk_root,
+        runtime = predictor.runtime_request.runtime
+        files = render_all(k, predictor.wiring_root, predictor.runtime_request.root,
                            companions_for(k, predictor.kernels), runtime)
         return {t: files[name] for t, name in zip(node.targets, source_files(k, runtime))}
     if node.kind in ("gate", "check"):

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from mpkbuild.runners import facts
+from mpkbuild.util.expr import variant_facts
 from mpkbuild.util import config
 from mpkbuild.util.config import V2_MARKER
 from mpkbuild.util.fsutil import temp_name, write_atomic
@@ -114,6 +116,29 @@ class Checkout:
     def include_flags(self) -> list[str]:
         return [f"-I{self.root / 'include'}", f"-I{self.runtime_dir}", f"-I{self.cutlass}",
                 f"-I{self.json}"]
+
+
+@dataclass(frozen=True)
+class RuntimeRequest:
+    """What the runtime gate runs in, resolved once for the whole build (the command line
+    makes it; the graph, the actions and status read it): the checkout with its deps, or
+    None and why not, and the runtime targeted."""
+    checkout: Checkout | None
+    runtime: str = "v1"
+    why_none: str | None = None          # a checkout was named but is not one
+
+    @classmethod
+    def resolve(cls, mpk_root: Path | None, runtime: str = "v1") -> "RuntimeRequest":
+        if mpk_root is None:
+            return cls(None, runtime)
+        try:
+            return cls(Checkout.find(mpk_root), runtime)
+        except FileNotFoundError as exc:
+            return cls(None, runtime, str(exc))
+
+    @property
+    def root(self) -> Path | None:
+        return self.checkout.root if self.checkout else None
 
 
 def compile_flags(arch: str, profiling: bool = True, runtime: str = "v1") -> list[str]:
@@ -495,11 +520,6 @@ _V2_TASK_INCLUDE = re.compile(r'^\s*#include\s+"mirage/persistent_kernel/(tasks/
 _ENUM_VALUE = re.compile(r"^\s*(TASK_\w+)\s*=\s*(\d+)\s*,", re.M)
 
 
-def runtime_of(request) -> str:
-    """The runtime a build's wire request targets (v1 without one)."""
-    return request.runtime if request is not None else "v1"
-
-
 def v2_dispatch_header(checkout_root: Path, headers: list[str]) -> bytes:
     """The checkout's dispatch_v2.cuh without the includes of v2 tasks not in `headers`."""
     text = (Checkout.runtime_dir_of(checkout_root) / "dispatch_v2.cuh").read_text()
@@ -629,15 +649,15 @@ def job_payload(k, build=None, wiring_root: Path | None = None,
     the iteration count, the launch knobs, the head to head's pairs and generators, and
     why a variant's incumbent cannot run."""
     companions = companions_for(k, build.kernels if build is not None else {})
-    if checkout_root is None and build is not None and build.wire_request is not None:
-        checkout_root = build.wire_request.mpk_root
-    if runtime is None:
-        runtime = runtime_of(build.wire_request if build is not None else None)
+    request = build.runtime_request if build is not None else RuntimeRequest(None)
+    checkout_root = request.root if checkout_root is None else checkout_root
+    runtime = request.runtime if runtime is None else runtime
     p = plan(k.spec.data, wiring_root or config.wiring_roots(k.root),
              {c.name: c.spec.data for c in companions}, checkout_root, runtime)
     kernels = {}
     for x in [k, *companions]:
         kernels[x.name] = {s: x.spec.sections[s][s] for s in ("codegen", "generators", "validate")}
+        kernels[x.name][facts.KEY] = variant_facts(x.spec.data["codegen"])
     steps = int(k.spec.data["validate"].get("steps", 0))
     section = k.spec.data["runtime"]
     return {"graphs": p["graphs"], "kernels": kernels, "iterations": max(ITERATIONS, steps),

@@ -4,6 +4,16 @@ from __future__ import annotations
 
 from mpkbuild.wire.incumbents import BLOCK_PREFIX
 
+REVIEW = "review.md.j2"           # this gate's section of review.md: in-runtime vs harness
+REVIEW_LEAD = "review_lead.md.j2"  # first on the page: the verdict inside MPK, head to head
+
+
+def review(res: dict, results: dict) -> dict:
+    """What the review shows of a runtime result beyond its verdict, beside perf's (results:
+    every gate result the review reads, by stage)."""
+    perf = results.get("perf")
+    return {"table": runtime_table(res, perf), "head_to_head": head_to_head_table(res, perf)}
+
 
 def _range(values) -> list[float] | None:
     vals = [v for v in values or [] if isinstance(v, (int, float))]

@@ -39,83 +39,115 @@ from mpkbuild.stages.tune.apply import (SECTIONS_READ, apply_tuned, key_changes,
 from mpkbuild.stages.tune.pick import (clearly_faster, ledger_entry, pick, run_pick,  # noqa: F401
                                        spec_measurements, winner)
 from mpkbuild.stages.tune.space import Candidate, candidate_fact, candidate_section, space  # noqa: F401
-from mpkbuild.stages.tune.trials import (MIN_TRIAL_TIMEOUT_S, NOT_RUN, TRIAL, _candidate,  # noqa: F401
+from mpkbuild.stages.tune.trials import (MIN_TRIAL_TIMEOUT_S, NOT_RUN, TRIAL, TRIAL_OUTCOMES, _candidate,  # noqa: F401
                                          budget_spent, candidate_dir, run_compile, run_trial,
                                          trial_dir, trial_files, trial_perf, trial_result)
 
 
 def nodes(g, k, stage: str) -> None:
-    from mpkbuild.model.paths import bandwidth_file
-    from mpkbuild.stages.compile import include_flags, include_inputs, nvcc_command
-    from mpkbuild.util.toolchain import toolchain_fact
-    from mpkbuild.stages.gates import gpu_fact
+    """Per candidate its compile and its trial (and the spec config's second trial), then
+    the pick over them: the tune node, whose target is the committed tuned file."""
     base = k.base
     if "tune" not in base.sections:
         return
     run_arch = config.ARCH_FOR_CC.get(g.fingerprint.cc) if g.fingerprint else None
     arch = run_arch if run_arch in k.archs else k.archs[0]
-    sp = space(base.data)
-    # a trial's result is its runner's (the pick and the ledger are the tune node's)
-    trial_code = g.code_fact("trial", TRIAL.code())
-    refs = [g.rel(p) for p in trial_files(k)]
+    common = _trial_inputs(g, k)
+    trials = []
+    for variant, entry in space(base.data).items():
+        trials += _variant_nodes(g, k, stage, arch, entry, common)
+    _pick_node(g, k, stage, trials)
+
+
+def _trial_inputs(g, k) -> dict:
+    """What every candidate's compile and trial of k depend on besides the candidate."""
+    from mpkbuild.model.paths import bandwidth_file
+    from mpkbuild.stages.compile import include_inputs
+    from mpkbuild.stages.gates import gpu_fact
+    from mpkbuild.util.toolchain import toolchain_fact
+    base = k.base
     # a trial reads the generators and validate sections; of perf and tune what it times
     # with (a fact: the figure, the repeats, the perf settings less thresholds and other
     # baselines), so a wider space or a new threshold re-times nothing already timed
-    sections = [g.rel(k.section_file(s)) for s in ("generators", "validate")]
     perf = trial_perf(base.data)
     settings = (f"trial: figure={base.data['tune']['figure']} repeats={perf['repeats']}; "
                 f"perf settings {sha256_json(perf)[:16]}")
-    compile_sources = (g.rel(k.body_source), g.pkg("templates", "spec_header.h.j2"),
-                       g.pkg("templates", "harness.cu.j2"))
-    compile_code = g.code_fact("tunecc", ("mpkbuild.stages.tune.trials",))
     headers, include_facts = include_inputs(g, k)
-    trials = []
+    return {
+        "trial_sources": (*(g.rel(k.section_file(s)) for s in ("generators", "validate")),
+                          *(g.rel(p) for p in trial_files(k)), g.rel(bandwidth_file(g.root, g.gpu_key))),
+        # a trial's result is its runner's (the pick and the ledger are the tune node's)
+        "trial_facts": (gpu_fact(g.fingerprint), toolchain_fact(), settings, g.code_fact("trial", TRIAL.code())),
+        "compile_sources": (g.rel(k.body_source), g.pkg("templates", "spec_header.h.j2"),
+                            g.pkg("templates", "harness.cu.j2"), *headers),
+        "compile_facts": (toolchain_fact(), g.code_fact("tunecc", ("mpkbuild.stages.tune.trials",)),
+                          *include_facts),
+    }
 
-    def always_for(result: Path) -> str | None:
-        verdict = g.previous_verdict(result)
-        if verdict in ("crash", "hang"):
-            return f"its last verdict was {verdict}: failures are never cached"
-        if verdict == NOT_RUN:
-            return "it was not run (its variant's time budget was spent): it checks the budget again"
-        if verdict is not None and g.tampered(g.rel(result)):
-            return f"{g.rel(result)} was modified after its trial wrote it: the trial runs again"
-        return None
 
-    for variant, entry in sp.items():
-        timeout = max(MIN_TRIAL_TIMEOUT_S, base.data["tune"]["budget"]["seconds"] / len(entry["candidates"]))
-        others, current = [], None       # the variant's other trials; the spec config's inputs
-        for cand in entry["candidates"]:
-            cdir, tdir = candidate_dir(k, arch, cand), trial_dir(k, g.gpu_key, cand)
-            fact = candidate_fact(base.data, cand)
-            lib = cdir / f"lib{k.name}.so"
-            cmd = nvcc_command(arch, g.rel(cdir / "gen" / "harness.cu"), g.rel(cdir / "gen"), g.rel(lib),
-                               include_flags(k))
-            cc = g.add(Node(f"tunecc {k.name} {cand.cid}", "tune_compile", stage, k.name,
-                            (g.rel(cdir / "resources.json"), g.rel(lib), g.rel(cdir / "compile.log")),
-                            (*compile_sources, *headers), (toolchain_fact(), fact, compile_code, *include_facts),
-                            opts=(("MPK_CID", cand.cid), ("MPK_ARCH", arch), ("MPK_NVCC_CMD", cmd))))
-            result = trial_result(k, g.gpu_key, cand)
-            inputs = (cc.targets[0], *sections, *refs, g.rel(bandwidth_file(g.root, g.gpu_key)))
-            facts = (gpu_fact(g.fingerprint), toolchain_fact(), fact, settings, trial_code)
-            node = g.add(Node(f"trial {k.name} {cand.cid} {g.gpu_key}", "trial", stage, k.name,
-                              (g.rel(result), g.rel(tdir / "trial.log")), inputs, facts,
-                              opts=(("MPK_CID", cand.cid), ("MPK_ARCH", arch),
-                                    ("MPK_TIMEOUT", timeout)), always=always_for(result), verdict_at=0))
-            trials.append(node.targets[0])
-            if cand.current:
-                current = (cand, inputs, facts)
-            else:
-                others.append(node.targets[0])
-        if current is not None and others:
-            cand, inputs, facts = current
-            result = trial_result(k, g.gpu_key, cand, again=True)
-            node = g.add(Node(f"trial {k.name} {cand.cid} again {g.gpu_key}", "trial", stage, k.name,
-                              (g.rel(result), g.rel(result.parent / "trial.log")),
-                              (*inputs, *others), facts,
-                              opts=(("MPK_CID", cand.cid), ("MPK_ARCH", arch),
-                                    ("MPK_TIMEOUT", timeout), ("MPK_AGAIN", 1)),
-                              always=always_for(result), verdict_at=0))
-            trials.append(node.targets[0])
+def _always_for(g, result: Path) -> str | None:
+    """Why a trial runs again whatever its inputs: a crash or hang, a budget it found spent,
+    or a result edited since."""
+    verdict = g.previous_verdict(result)
+    if verdict in ("crash", "hang"):
+        return f"its last verdict was {verdict}: failures are never cached"
+    if verdict == NOT_RUN:
+        return "it was not run (its variant's time budget was spent): it checks the budget again"
+    if verdict is not None and g.tampered(g.rel(result)):
+        return f"{g.rel(result)} was modified after its trial wrote it: the trial runs again"
+    return None
+
+
+def _variant_nodes(g, k, stage: str, arch: str, entry: dict, common: dict) -> list[str]:
+    """One variant's candidates: compile and trial each, and the spec config's trial again
+    after the others (the drift check); their trial results."""
+    from mpkbuild.stages.compile import include_flags, nvcc_command
+    base = k.base
+    timeout = max(MIN_TRIAL_TIMEOUT_S, base.data["tune"]["budget"]["seconds"] / len(entry["candidates"]))
+    trials, others, current = [], [], None      # the variant's other trials; the spec config's inputs
+    for cand in entry["candidates"]:
+        cdir, tdir = candidate_dir(k, arch, cand), trial_dir(k, g.gpu_key, cand)
+        fact = candidate_fact(base.data, cand)
+        lib = cdir / f"lib{k.name}.so"
+        cmd = nvcc_command(arch, g.rel(cdir / "gen" / "harness.cu"), g.rel(cdir / "gen"), g.rel(lib),
+                           include_flags(k))
+        cc = g.add(Node(f"tunecc {k.name} {cand.cid}", "tune_compile", stage, k.name,
+                        (g.rel(cdir / "resources.json"), g.rel(lib), g.rel(cdir / "compile.log")),
+                        common["compile_sources"], (common["compile_facts"][0], fact, *common["compile_facts"][1:]),
+                        opts=(("MPK_CID", cand.cid), ("MPK_ARCH", arch), ("MPK_NVCC_CMD", cmd)), column="tunecc"))
+        result = trial_result(k, g.gpu_key, cand)
+        inputs = (cc.targets[0], *common["trial_sources"])
+        f = common["trial_facts"]
+        facts = (f[0], f[1], fact, *f[2:])
+        node = g.add(Node(f"trial {k.name} {cand.cid} {g.gpu_key}", "trial", stage, k.name,
+                          (g.rel(result), g.rel(tdir / "trial.log")), inputs, facts,
+                          opts=(("MPK_CID", cand.cid), ("MPK_ARCH", arch), ("MPK_TIMEOUT", timeout)),
+                          always=_always_for(g, result), verdict_at=0,
+                          column="trial", on_gpu=True, outcomes=TRIAL_OUTCOMES))
+        trials.append(node.targets[0])
+        if cand.current:
+            current = (cand, inputs, facts)
+        else:
+            others.append(node.targets[0])
+    if current is not None and others:
+        cand, inputs, facts = current
+        result = trial_result(k, g.gpu_key, cand, again=True)
+        node = g.add(Node(f"trial {k.name} {cand.cid} again {g.gpu_key}", "trial", stage, k.name,
+                          (g.rel(result), g.rel(result.parent / "trial.log")),
+                          (*inputs, *others), facts,
+                          opts=(("MPK_CID", cand.cid), ("MPK_ARCH", arch),
+                                ("MPK_TIMEOUT", timeout), ("MPK_AGAIN", 1)),
+                          always=_always_for(g, result), verdict_at=0, column="trial",
+                          on_gpu=True, outcomes=TRIAL_OUTCOMES))
+        trials.append(node.targets[0])
+    return trials
+
+
+def _pick_node(g, k, stage: str, trials: list[str]) -> None:
+    """The pick over every trial: the committed tuned file, stale when it was tuned from
+    other inputs than k has now."""
+    from mpkbuild.stages.gates import gpu_fact
+    from mpkbuild.util.toolchain import toolchain_fact
     out = tuned_file(g.root, g.gpu_key, k.name)
     always = None
     record = read_json(out)
@@ -126,7 +158,8 @@ def nodes(g, k, stage: str) -> None:
     node = g.add(Node(f"tune {k.name} {g.gpu_key}", "tune", stage, k.name, (g.rel(out),),
                       (*trials, g.rel(k.section_file("tune")), g.rel(k.body_source)),
                       (gpu_fact(g.fingerprint), toolchain_fact(), g.stage_code(stage)), always=always,
-                      verdict_at=0))
+                      verdict_at=0, column="tune", on_gpu=True, reported=True,
+                      committed=True))
     g.requested[(k.name, stage)] = list(node.targets)
 
 
@@ -139,8 +172,7 @@ def predict(node, k, predictor) -> dict | None:
     old = read_json(predictor.root / node.targets[0])
     if not old or old.get("verdict") != NOT_RUN:
         return None
-    gpu_key = node.label.rsplit(" ", 1)[1]
-    why = budget_spent(k, gpu_key, _candidate(k, dict(node.opts)["MPK_CID"]))
+    why = budget_spent(k, predictor.gpu_key, _candidate(k, dict(node.opts)["MPK_CID"]))
     same = why is not None and old.get("message") == why and \
         old.get("budget_s") == k.base.data["tune"]["budget"]["seconds"]
     return {} if same else None

@@ -107,55 +107,16 @@ def run_pick(build, info, target, source) -> int:
         return build.fail(str(exc))
     data = k.base.data
     t, cg = data["tune"], data["codegen"]
-    figure = t["figure"]
-    sp = space(data)
-    arch = config.ARCH_FOR_CC.get(fp.cc)
-    ledger, notes = {}, {}
-    for variant, entry in sp.items():
-        rows = []
-        for cand in entry["candidates"]:
-            path = trial_result(k, fp.key, cand)
-            row = ledger_entry(read_json(path), cand, figure, os.path.relpath(path, k.root))
-            again = trial_result(k, fp.key, cand, again=True)
-            if cand.current and again.exists():
-                row["again"] = ledger_entry(read_json(again), cand, figure, os.path.relpath(again, k.root))
-            rows.append(row)
-        for values, why in entry["static_rejected"]:
-            rows.append({"cid": None, "config": values, "current": False, "verdict": "rejected",
-                         "message": f"not a valid variant: {why}"})
-        ledger[variant] = rows
-        notes[variant] = {"excluded_by_constraints": entry["excluded_by_constraints"],
-                          "over_budget": entry["over_budget"],
-                          "not_run": sum(1 for r in rows if "budget_s" in r),
-                          "budget_s": t["budget"]["seconds"]}
+    ledger, notes = trial_ledger(k, fp.key)
     lever_names = [n for n in t["space"] if n in cg.get("levers", {})]
     wins, levers = pick(ledger, lever_names)
-    variants, failed = {}, []
-    for variant, rows in ledger.items():
-        w = wins[variant]
-        spec_row = next(r for r in rows if r["current"])
-        for r in rows:
-            if "ratio" in r and w is not None:
-                r["vs_winner"] = round(r["ratio"]["median"] / w["ratio"]["median"], 4)
-        if w is None:
-            failed.append(variant)
-            variants[variant] = {"config": None, "message": "no candidate was timed"}
-            continue
-        symbols = {s: v for s, v in w["config"].items() if s not in cg.get("levers", {})}
-        variants[variant] = {
-            "config": symbols, "spec": {s: cg["variants"][variant][s] for s in symbols},
-            "cid": w["cid"], "from": "spec" if w["current"] else "tune",
-            "time_us": w["time_us"], "ratio": w["ratio"],
-            # a change against the spec's faster trial: what it gains at the least
-            "vs_spec": (1.0 if w["current"] else
-                        round(w["ratio"]["median"] / min(r["ratio"]["median"]
-                                                         for r in spec_measurements(spec_row)), 4)
-                        if "ratio" in spec_row else None)}
+    variants = {variant: _winner(wins[variant], rows, cg, variant) for variant, rows in ledger.items()}
+    failed = [v for v, e in variants.items() if e["config"] is None]
     out = Path(target[0].abspath)
     changed = [v for v, e in variants.items() if e.get("from") == "tune"]
     not_run = sum(n["not_run"] for n in notes.values())
     full = {
-        "kernel": k.name, "gpu_profile": fp.key, "gpu": fp.to_json(), "arch": arch,
+        "kernel": k.name, "gpu_profile": fp.key, "gpu": fp.to_json(), "arch": config.ARCH_FOR_CC.get(fp.cc),
         "verdict": "fail" if failed else "pass",
         "message": (f"no candidate timed for {', '.join(failed)}" if failed else
                     f"{len(changed)} of {len(variants)} variants tuned away from the spec"
@@ -164,7 +125,7 @@ def run_pick(build, info, target, source) -> int:
                    + (f"; {not_run} candidate{'s' if not_run != 1 else ''} not run: "
                       f"the time budget ({t['budget']['seconds']:g} s per variant) was spent"
                       if not_run else ""),
-        "figure": figure, "interval": INTERVAL, "levers": levers, "variants": variants,
+        "figure": t["figure"], "interval": INTERVAL, "levers": levers, "variants": variants,
         "ledger": ledger, "space": notes, "key": tune_key(k, fp),
         "inputs": lock_for(source, k.root, fp),
         "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
@@ -179,3 +140,49 @@ def run_pick(build, info, target, source) -> int:
               f"[{tu['lo']:.2f}, {tu['hi']:.2f}]" + (f", {e['vs_spec']:.3f}x the spec's" if e["vs_spec"] else ""))
     say(f"          tune {k.name}: {full['message']} -> {os.path.relpath(out, k.root)}")
     return 0
+
+
+def trial_ledger(k, gpu_key: str) -> tuple[dict, dict]:
+    """Per variant every candidate's trial as a ledger row (the spec config's second trial
+    beside its first; the statically rejected ones with why), and the space's notes."""
+    t = k.base.data["tune"]
+    ledger, notes = {}, {}
+    for variant, entry in space(k.base.data).items():
+        rows = []
+        for cand in entry["candidates"]:
+            path = trial_result(k, gpu_key, cand)
+            row = ledger_entry(read_json(path), cand, t["figure"], os.path.relpath(path, k.root))
+            again = trial_result(k, gpu_key, cand, again=True)
+            if cand.current and again.exists():
+                row["again"] = ledger_entry(read_json(again), cand, t["figure"], os.path.relpath(again, k.root))
+            rows.append(row)
+        for values, why in entry["static_rejected"]:
+            rows.append({"cid": None, "config": values, "current": False, "verdict": "rejected",
+                         "message": f"not a valid variant: {why}"})
+        ledger[variant] = rows
+        notes[variant] = {"excluded_by_constraints": entry["excluded_by_constraints"],
+                          "over_budget": entry["over_budget"],
+                          "not_run": sum(1 for r in rows if "budget_s" in r),
+                          "budget_s": t["budget"]["seconds"]}
+    return ledger, notes
+
+
+def _winner(w: dict | None, rows: list[dict], cg: dict, variant: str) -> dict:
+    """A variant's entry of the tuned file: its winner (rows get their ratio to it), or
+    that no candidate was timed."""
+    spec_row = next(r for r in rows if r["current"])
+    for r in rows:
+        if "ratio" in r and w is not None:
+            r["vs_winner"] = round(r["ratio"]["median"] / w["ratio"]["median"], 4)
+    if w is None:
+        return {"config": None, "message": "no candidate was timed"}
+    symbols = {s: v for s, v in w["config"].items() if s not in cg.get("levers", {})}
+    return {
+        "config": symbols, "spec": {s: cg["variants"][variant][s] for s in symbols},
+        "cid": w["cid"], "from": "spec" if w["current"] else "tune",
+        "time_us": w["time_us"], "ratio": w["ratio"],
+        # a change against the spec's faster trial: what it gains at the least
+        "vs_spec": (1.0 if w["current"] else
+                    round(w["ratio"]["median"] / min(r["ratio"]["median"]
+                                                     for r in spec_measurements(spec_row)), 4)
+                    if "ratio" in spec_row else None)}

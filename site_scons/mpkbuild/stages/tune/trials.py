@@ -12,12 +12,17 @@ from mpkbuild.stages.table import TRIAL  # noqa: F401 (one candidate validated, 
 from mpkbuild.util.console import say
 from mpkbuild.util.fsutil import (dump_json, read_json, sha256_bytes, write_atomic, write_json_atomic)
 from mpkbuild.stages.tune.space import Candidate, candidate_section, space
+from mpkbuild.runners import facts
+from mpkbuild.util.expr import variant_facts
 
 
 MIN_TRIAL_TIMEOUT_S = 20.0
 
 
 NOT_RUN = "not run"          # a trial's verdict when its variant's time budget was spent
+# what a trial records besides pass, none a failure: timed (perf passed), rejected (the
+# candidate failed a check), not run (the budget was spent)
+TRIAL_OUTCOMES = ("timed", "rejected", NOT_RUN)
 
 
 # ---------------------------------------------------------------- what a trial reads
@@ -150,8 +155,9 @@ def run_trial(build, info, target, source) -> int:
                   "message": "compile: " + " ".join(problems[0].split())[:400]}
     else:
         library = cdir / f"lib{k.name}.so"
-        payload = {"root": str(k.root), "library": str(library),
-                   "codegen": candidate_section(k.base.data, cand),
+        codegen = candidate_section(k.base.data, cand)
+        payload = {"root": str(k.root), "library": str(library), "codegen": codegen,
+                   facts.KEY: variant_facts(codegen["codegen"], trial_perf(k.base.data)),
                    "generators": read_json(k.section_file("generators")),
                    "validate": read_json(k.section_file("validate")),
                    "perf": {"perf": trial_perf(k.base.data)}, "figure": k.base.data["tune"]["figure"],

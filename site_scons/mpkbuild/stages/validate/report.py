@@ -1,0 +1,11 @@
+"""The validate stage's part of the review: per variant its worst cos and rel over the trials
+(review.md.j2 beside this module, from the result alone)."""
+from __future__ import annotations
+
+REVIEW = "review.md.j2"           # this gate's section of review.md, after its verdict line
+REVIEW_LEAD = None                # nothing before the compile section
+
+
+def review(res: dict, results: dict) -> dict:
+    """What the review shows of a validate result beyond its verdict: the result is enough."""
+    return {}
