@@ -148,6 +148,15 @@ def _call_name(node: ast.Call, text) -> str:
     return name
 
 
+def symbols(text: str | int | float) -> set[str]:
+    """The symbols an expression names (the functions it calls left out)."""
+    if isinstance(text, (int, float)):
+        return set()
+    tree = _parse(text)
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in called}
+
+
 def to_cpp(text: str | int | float, rename) -> str:
     """Render an expression as C++ integer arithmetic, mapping each symbol through rename."""
     if isinstance(text, (int, float)):

@@ -20,6 +20,11 @@ CUTLASS_RESERVED = 8          # cutlass/arch/barrier.h ReservedNamedBarrierCount
 # 2, 14 and 15; CUTLASS's collectives keep 1-7 for themselves)
 V2_TASK_BARRIER = 12          # a body's task_barrier() (the spec header, under USE_RUNTIME_V2)
 V2_MARK_BARRIER = 13          # the runtime gate's span marks around each task (megakernel_v2)
+# the ids a pipeline's named barrier groups take, in declaration order (codegen.pipeline.
+# named_barriers; stages/generate/pipeline.py), per runtime: on v1 a task has its worker
+# block to itself and no header of the pinned v1 tree uses 4-7; on v2 8-11 are free in the
+# pinned tree (the v2 gate checks them against the checkout's tasks like the ids above)
+PIPELINE_BARRIERS = {"v1": (4, 5, 6, 7), "v2": (8, 9, 10, 11)}
 
 _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _PTX = re.compile(r"\b(?:bar|barrier)\.(?:sync|arrive|red\.\w+)(?:\.aligned)?\s+(\w+)")

@@ -18,6 +18,7 @@ from mpkbuild.model.graph import Node
 from mpkbuild.util.fsutil import write_atomic
 from mpkbuild.wire.barriers import V2_TASK_BARRIER
 from mpkbuild.util.expr import grid_size, tensor_shape, variant_symbols
+from mpkbuild.stages.generate import pipeline
 from mpkbuild.stages.generate.plan import smem_layout, variant_tensors
 
 
@@ -122,6 +123,7 @@ def _variant_views(codegen: dict) -> list[dict]:
             "smem": smem_plan(codegen, name),
             "template_args": [codegen["variants"][name][p] for p in codegen["template_params"]],
             "tensors": tensors,
+            "pipeline": "pipeline" in codegen,
             "tiling": [{"symbol": r["symbol"], "SYMBOL": _cpp_name(r["symbol"]),
                         "value": codegen["variants"][name][r["symbol"]],
                         "rule": r["multiple_of"],
@@ -148,7 +150,7 @@ def context(section: dict, spec_file: str) -> dict:
         "worker_block_max": max(config.WORKER_MODE_BLOCKS),
         "v2_task_barrier": V2_TASK_BARRIER,
         "param_list": params, "template_params": cg["template_params"],
-        "smem": smem_plan(cg), "variants": _variant_views(cg),
+        "smem": smem_plan(cg), "variants": _variant_views(cg), "pipeline": pipeline.view(cg),
         "inputs": [{"name": t["name"], "ctype": CTYPES[t["dtype"]], "runtime": t.get("runtime")}
                    for t in cg["inputs"]],
         # the ints the body takes after its tensors: the task's index, under MPK's names
@@ -248,12 +250,18 @@ BODY_RULES = (
     ("a named barrier of its own", r"\b(bar|barrier)\.(sync|arrive|red)\b(?!(\.aligned)?\s+0\b)|\bNamedBarrier\b",
      "its id could be one another task of the graph uses (wire/barriers.py): use "
      "{kernel}_spec::task_barrier(), whose id the tool assigns per runtime"),
+    # an mbarrier protocol is the spec's (codegen.pipeline), audited at load, and the header's
+    # helpers re-initialise, fence and count it as audited
+    ("hand-rolled pipeline PTX", r"\b(mbarrier\.\w|cp\.async\.bulk\b|elect\.sync\b|fence\.mbarrier_init\b)",
+     "a protocol written by hand is checked by nothing: declare it in codegen.pipeline and "
+     "use {kernel}_spec::pipeline's helpers (ring<...>::begin, arrive, arrive_expect_tx, wait, copy)"),
     ("state kept in a __device__ global", r"(?m)^[ \t]*(static[ \t]+)?__device__[ \t]+(?!.*\()(?!(const|constexpr)\b)[^;\n]*;",
      "MPK runs the graph again every iteration in one persistent kernel (Runtime-V2: every "
      "iteration in one launch), so what a global keeps from a task is there at the next: "
      "keep a task's state in its SMEM or outputs (an intended global: mark it mpk-lint: allow)"),
 )
 _COMMENTS = re.compile(r'"(?:[^"\\\n]|\\.)*"|//[^\n]*|/\*.*?\*/', re.S)
+_BEGIN = re.compile(r"::\s*begin\s*\(\s*\w")     # R::begin(bars), R a pipeline::ring<...>
 
 
 def lint_body(text: str, kernel: str, display: str) -> list[str]:
@@ -285,6 +293,11 @@ def generate_file(role: str, section: dict, spec_file: str, body_source: Path | 
     text = render_file(role, section, spec_file, body_source, root)
     if role == "body":
         problems = lint_body(text, section["kernel"], os.path.relpath(target, root))
+        if "pipeline" in section["codegen"] and not _BEGIN.search(_COMMENTS.sub(" ", text)):
+            problems.append(f"{os.path.relpath(target, root)}: the body declares codegen.pipeline and never "
+                            "calls its ring's begin(bars) ({kernel}_spec::pipeline::ring<...>::begin): the mbarriers "
+                            "would keep the last task's phases (call it first, on every body thread)"
+                            .format(kernel=section["kernel"]))
         if problems:
             raise ContractError(f"{len(problems)} line(s) of the task body break its contract "
                                 "(one worker block runs many tasks, on more threads than the body's):\n  "
@@ -295,7 +308,8 @@ def generate_file(role: str, section: dict, spec_file: str, body_source: Path | 
 def nodes(g, k, stage: str) -> None:
     codegen_section = k.rel.section_file("codegen")
     sources = {
-        "spec_header": (codegen_section, g.pkg("templates", "spec_header.h.j2")),
+        "spec_header": (codegen_section, g.pkg("templates", "spec_header.h.j2"),
+                        *(g.pkg("templates", t) for t in pipeline.TEMPLATES if "pipeline" in k.spec.data["codegen"])),
         "body": ((codegen_section,) if k.body_is_template else ()) + (k.rel.body_source,),
         "harness": (codegen_section, g.pkg("templates", "harness.cu.j2")),
     }

@@ -9,6 +9,7 @@ import keyword
 
 from mpkbuild.model.schema import C_IDENT, INT_OR_EXPR, REPO_PATH, VARIANT_GLOB
 from mpkbuild.model.section import INT64_MAX, Section, cpp_reserved, inside_repo, short
+from mpkbuild.stages.generate import pipeline
 from mpkbuild.stages.generate.plan import SmemPlanError, smem_layout, variant_tensors
 from mpkbuild.util import config, expr
 
@@ -112,6 +113,8 @@ SCHEMA: dict = {
                            "they share TaskMetadata's union with task_offset, so "
                            "wiring.tile_indexed must be false"},
         "outputs": {"type": "array", "minItems": 1, "maxItems": 3, "items": TENSOR},
+        # no default: a spec without a pipeline keeps its codegen signature
+        "pipeline": pipeline.SCHEMA,
         # no default: a spec without levers keeps its codegen signature
         "levers": {"type": "object", "maxProperties": 16,
                    "propertyNames": {"pattern": C_IDENT},
@@ -161,6 +164,7 @@ def check(data: dict, root):
         yield from _variant_problems(cg, consts, vname, binding)
     yield from _split_problems(cg, consts)
     yield from _smem_problems(cg, consts)
+    yield from pipeline.problems(cg, consts)
     yield from _lever_problems(cg, consts)
 
 

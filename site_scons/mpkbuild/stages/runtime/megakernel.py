@@ -548,17 +548,20 @@ def v2_task_types(checkout_root: Path | None) -> tuple[int, int]:
     return free[0], free[1]
 
 
-def _check_v2(checkout_root: Path, body: str, kernel: str) -> None:
-    """The barrier ids the v2 megakernel takes for itself are free on this checkout; else
-    one error naming both users."""
-    from mpkbuild.stages.generate import TemplateError
+def _check_v2(checkout_root: Path, body: str, kernel: str, codegen: dict | None = None) -> None:
+    """The barrier ids the v2 megakernel takes for itself, and the ones its task header
+    gives the body (task_barrier, a pipeline's named barrier groups), are free on this
+    checkout; else one error naming both users."""
+    from mpkbuild.stages.generate import TemplateError, pipeline
     from mpkbuild.wire import barriers
     headers = barriers.v2_task_headers(checkout_root)
     problems = barriers.clashes(
         {**headers, f"{kernel}.cuh (the body)": body},
         {barriers.V2_MARK_BARRIER: "the runtime gate's span mark (megakernel_v2.cu.j2)"})
-    problems += barriers.clashes(
-        headers, {barriers.V2_TASK_BARRIER: f"{kernel}_spec::task_barrier() on Runtime-V2"})
+    ours = {barriers.V2_TASK_BARRIER: f"{kernel}_spec::task_barrier() on Runtime-V2"}
+    for group in (pipeline.view(codegen) or {}).get("named_barriers", []) if codegen else ():
+        ours[group["ids"]["v2"]] = f"{kernel}_spec::pipeline::sync_{group['name']}() on Runtime-V2"
+    problems += barriers.clashes(headers, ours)
     if problems:
         raise TemplateError(f"the v2 megakernel of {kernel} cannot be made on {checkout_root}:\n  "
                             + "\n  ".join(problems))
@@ -582,7 +585,7 @@ def render_all(k, wiring_root: Path, mpk_root: Path | None, companions=(),
         from mpkbuild.stages.wire import task_sources
         from mpkbuild.wire.barriers import V2_MARK_BARRIER
         if mpk_root is not None:
-            _check_v2(mpk_root, task_sources(k)["body"], k.name)
+            _check_v2(mpk_root, task_sources(k)["body"], k.name, k.spec.data["codegen"])
         context.update(snapshot_tasks=SNAPSHOT_TASKS, mark_barrier=V2_MARK_BARRIER,
                        profile_entries=config.PROFILE_ENTRIES_PER_WORKER)
         v1_headers = [h for h in v1_headers if not h.startswith("tasks/blackwell_v2/")]

@@ -1,0 +1,162 @@
+"""codegen.pipeline (issue 55 items 1-2): a warp-role pipeline declared in the spec, its
+protocol audited before any GPU, rendered into the spec header as constants, static_asserts
+and helpers that compile for sm_90a and sm_100a. Each fault fixture is refused on the CPU with
+its location (the spec's file, line and field, or the body's line) and nothing is compiled."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, Project
+from mpkbuild.model.spec import SpecError
+from mpkbuild.stages import load_spec
+
+FIXTURE = REPO / "tests" / "fixtures" / "pipeline"
+SPEC = "specs/pipe_copy.yaml"
+BODY = "kernels/pipe_copy/pipe_copy.cuh"
+
+
+def fixture_project(dest: Path) -> Project:
+    """The project's tool with the pipe_copy fixture as its only kernel."""
+    dest.mkdir(parents=True)
+    for name in ("SConstruct", "site_scons", "pyproject.toml"):
+        src = REPO / name
+        (shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+         if src.is_dir() else shutil.copy2(src, dest / name))
+    for name in ("specs", "kernels"):
+        shutil.copytree(FIXTURE / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return Project(dest)
+
+
+def refused(tmp_path: Path, old: str, new: str) -> SpecError:
+    """The fixture spec with one edit, loaded: the error it is refused with."""
+    root = tmp_path / "tree"
+    shutil.copytree(FIXTURE, root)
+    spec = root / SPEC
+    text = spec.read_text()
+    assert old in text, old
+    spec.write_text(text.replace(old, new, 1))
+    with pytest.raises(SpecError) as info:
+        load_spec(spec, root)
+    return info.value
+
+
+def test_the_fixture_declares_a_pipeline_the_audit_accepts():
+    data = load_spec(FIXTURE / SPEC, FIXTURE).data["codegen"]["pipeline"]
+    assert [r["name"] for r in data["roles"]] == ["producer", "consumer"]
+    assert data["mbarriers"][0]["per_stage"] is True and data["semaphores"] == 0
+
+
+# (what breaks, the edit, the field it is named by, words of the message)
+SPEC_FAULTS = [
+    ("wrong arrive count", "arrivals: 3, wait: [producer]", "arrivals: 2, wait: [producer]",
+     ("codegen", "pipeline", "mbarriers", 1, "arrivals"), "a lane per warp (3)"),
+    ("tx-bytes off by one tile", "tx_bytes: tile * cols * 4", "tx_bytes: 2 * tile * cols * 4",
+     ("codegen", "pipeline", "mbarriers", 0, "tx_bytes"), "would never complete"),
+    ("re-initialised by a role that does not arrive on it",
+     "tx_bytes: tile * cols * 4, wait: [consumer]}", "tx_bytes: tile * cols * 4, wait: [consumer], init: consumer}",
+     ("codegen", "pipeline", "mbarriers", 0, "init"), "must re-initialise it at task start"),
+    ("roles that do not cover the body's threads", "{name: consumer, warps: 3}", "{name: consumer, warps: 2}",
+     ("codegen", "pipeline", "roles"), "every body thread needs exactly one role"),
+    ("a wait on a role that does not exist", "wait: [consumer]}", "wait: [loader]}",
+     ("codegen", "pipeline", "mbarriers", 0, "wait"), "no role 'loader'"),
+    ("a copy completing on a barrier without transaction bytes", "barrier: full}", "barrier: empty}",
+     ("codegen", "pipeline", "copies", 0, "barrier"), "not a transaction-counted mbarrier"),
+    ("a ring the body's instantiation cannot know", "steps: steps}", "steps: rows // (tile * 4)}",
+     ("codegen", "pipeline", "ring", "steps"), "not one of codegen.template_params"),
+    ("mbarriers that do not fit their region", "{name: mbarriers, bytes: 128, align: 8}",
+     "{name: mbarriers, bytes: 32, align: 8}", ("codegen", "smem", "regions", 0, "bytes"), "need 48 bytes"),
+    ("a copy that is not whole 16-byte units", "{name: tile, bytes: tile * cols * 4,",
+     "{name: tile, bytes: tile * cols * 4 + 4,", ("codegen", "pipeline", "copies", 0, "bytes"),
+     "not a multiple of 16"),
+    ("more op-private semaphores than a task may take", "named_barriers:", "semaphores: 32\n    named_barriers:",
+     ("codegen", "pipeline", "semaphores"), "32"),
+]
+
+
+@pytest.mark.parametrize("what,old,new,path,words", SPEC_FAULTS, ids=[f[0] for f in SPEC_FAULTS])
+def test_a_protocol_fault_is_refused_at_its_field(tmp_path, what, old, new, path, words):
+    err = refused(tmp_path, old, new)
+    assert err.path == path, (what, err)
+    assert words in err.message, (what, err.message)
+    assert err.file == SPEC and err.line > 1
+    lines = (tmp_path / "tree" / SPEC).read_text().splitlines()
+    assert path[-1] in lines[err.line - 1] or str(path[-1]).isdigit() or path[-1] == "roles", \
+        (what, err.line, lines[err.line - 1])
+
+
+def _generate(tmp_path: Path, body_old: str | None = None, body_new: str = "") -> tuple[Project, object]:
+    p = fixture_project(tmp_path / "proj")
+    if body_old is not None:
+        p.edit(BODY, body_old, body_new)
+    return p, p.scons("stage=generate", "kernel=pipe_copy", check=False)
+
+
+# body faults: refused when the body is generated, named by its line; nothing is compiled
+BODY_FAULTS = [
+    ("missing re-init (begin never called)", "  R::begin(bars);\n", "", "never calls its ring's begin(bars)"),
+    ("a hand-rolled init without the fence", "  R::begin(bars);\n",
+     '  R::begin(bars);\n  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" : : "r"(0u));\n',
+     "hand-rolled pipeline PTX"),
+    ("an undeclared named barrier id", "      P::sync_consumers();",
+     '      asm volatile("bar.sync 5, 96;");', "a named barrier of its own"),
+]
+
+
+@pytest.mark.parametrize("what,old,new,words", BODY_FAULTS, ids=[f[0] for f in BODY_FAULTS])
+def test_a_body_that_breaks_the_protocol_is_refused_before_nvcc(tmp_path, what, old, new, words):
+    p, run = _generate(tmp_path, old, new)
+    assert run.returncode != 0, run.stdout
+    assert words in run.stdout + run.stderr, (what, run.stdout, run.stderr)
+    assert "build/pipe_copy/gen/pipe_copy.cuh" in run.stdout + run.stderr
+    assert not (p.root / "build/pipe_copy/gen/pipe_copy.cuh").exists()
+    assert not list((p.root / "build/pipe_copy").glob("sm_*/*.so"))
+
+
+def test_a_named_barrier_id_the_checkout_uses_on_v2_is_refused(tmp_path):
+    """The ids the header gives a pipeline's groups on Runtime-V2 are the tool's; a checkout
+    whose v2 task uses one is refused naming both."""
+    from mpkbuild.stages.generate import TemplateError
+    from mpkbuild.stages.runtime import megakernel
+    tasks = tmp_path / "co/include/mirage/persistent_kernel/tasks/blackwell_v2"
+    tasks.mkdir(parents=True)
+    (tasks / "theirs.cuh").write_text('asm volatile("bar.sync 8, 128;");\n')
+    codegen = load_spec(FIXTURE / SPEC, FIXTURE).data["codegen"]
+    with pytest.raises(TemplateError) as info:
+        megakernel._check_v2(tmp_path / "co", "", "pipe_copy", codegen)
+    assert "named barrier 8 is pipe_copy_spec::pipeline::sync_consumers() on Runtime-V2" in str(info.value)
+    assert "theirs.cuh" in str(info.value)
+    (tasks / "theirs.cuh").write_text('asm volatile("bar.sync 3, 128;");\n')
+    megakernel._check_v2(tmp_path / "co", "", "pipe_copy", codegen)      # 3: not ours
+
+
+@pytest.mark.nvcc
+def test_the_rendered_helpers_compile_for_sm90a_and_sm100a(tmp_path):
+    p = fixture_project(tmp_path / "proj")
+    run = p.scons("stage=compile", "kernel=pipe_copy")
+    for arch in ("sm_90a", "sm_100a"):
+        assert f"compile pipe_copy {arch}" in run.stdout
+        assert '"verdict": "pass"' in p.path(f"build/pipe_copy/{arch}/resources.json").read_text()
+    header = p.path("build/pipe_copy/gen/pipe_copy_spec.h").read_text()
+    assert "struct ring {" in header and "static_assert(FULL_TX_BYTES == COPY_TILE_BYTES" in header
+    assert "constexpr int CONSUMERS_BARRIER_ID = 8;" in header     # v2's, and v1's below
+    assert "constexpr int CONSUMERS_BARRIER_ID = 4;" in header
+    # a protocol edit the audit accepts regenerates and recompiles, and -n says exactly that
+    p.edit(SPEC, "tx_bytes: tile * cols * 4", "tx_bytes: cols * tile * 4")
+    p.edit(SPEC, "{name: tile, bytes: tile * cols * 4,", "{name: tile, bytes: cols * tile * 4,")
+    listed = set(p.scons("-n", "stage=compile", "kernel=pipe_copy").actions)
+    done = set(p.scons("stage=compile", "kernel=pipe_copy").actions)
+    assert listed == done and {"compile pipe_copy sm_90a", "compile pipe_copy sm_100a"} <= done, (listed, done)
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_the_pipeline_fixture_passes_validate_on_the_gpu(tmp_path):
+    """The helpers do what they say on the GPU: the ring copies every row, in the harness and
+    in worker mode (several tasks per block, the mbarriers re-initialised by each)."""
+    p = fixture_project(tmp_path / "proj")
+    run = p.scons("stage=validate", "kernel=pipe_copy", fake_gpu=False, timeout=900)
+    assert "validate pipe_copy" in run.stdout
+    assert '"verdict": "pass"' in next((p.root / "build/pipe_copy").rglob("validate.json")).read_text()
