@@ -284,8 +284,11 @@ def report(build: Build, command: str, g: graph_mod.Graph, sconsign, names: list
         for label in labels:
             say(f"  {label}")
         return 0
+    # what this request involves, and its gates this GPU profile cannot run (pending TIER-1)
+    closure = stages.closure(stage)
+    waiting = {n.label for n in g.nodes if n.waits and n.stage in closure and n.kernel in names}
     statuses = status_mod.compute(g, sconsign, predictor, build.gpu_here,
-                                  only=g.needed_labels(targets))
+                                  only=g.needed_labels(targets) | waiting)
     running = running_build(root)
     if running and command in ("status", "check", "dry-run"):
         note(f"a build is running in this tree ({running}): what it has not finished yet "
@@ -315,6 +318,10 @@ def report(build: Build, command: str, g: graph_mod.Graph, sconsign, names: list
         if others:
             say(f"\nresults also exist for GPU profiles: {', '.join(others)} (status gpu=<profile>)")
     if command == "check":
+        waiting = [st for st in statuses if st.waits]
+        if waiting:                        # never passed, never an error: listed
+            say(f"check: {len(waiting)} gates wait for hardware GPU profile {g.gpu_key} is not:\n"
+                + "\n".join(f"  {st.label}: {st.waits}" for st in waiting))
         bad = [st for st in statuses if st.gate and st.state != "fresh"]
         if bad:
             sys.stderr.write(f"mpk: check failed for GPU profile {g.gpu_key}: "

@@ -37,6 +37,7 @@ class NodeStatus:
     delta: str | None = None        # perf: the last result against the last accepted one
     gate: bool = False              # it makes a verdict (what `check` requires fresh)
     column: str = ""                # its column in the table (model.graph.Node.column)
+    waits: str | None = None        # pending TIER-1: the hardware it needs (model.graph.Node.waits)
 
 
 def _flatten(obj, prefix=""):
@@ -139,6 +140,11 @@ def compute(g: Graph, sconsign: Sconsign, predictor: Predictor, gpu_here: bool,
     predicted: dict[str, object] = {}        # target -> new bytes or CHANGED (nodes that run)
     out = []
     for node in g.nodes:
+        if node.waits:                        # never declared: it cannot run on this profile
+            if only is None or node.label in only:
+                out.append(NodeStatus(node.label, node.kind, node.stage, node.kernel, "pending", [node.waits],
+                                      column=node.column, waits=node.waits))
+            continue
         reasons, never = _judge(node, g.root, sconsign, producers, predicted, files, g.code, action_sig)
         will_run = bool(reasons)
         if will_run:
@@ -306,10 +312,10 @@ def table(statuses: list[NodeStatus], gpu_key: str, details: bool = False) -> st
     lines.append("" if detail else "\neverything is fresh")
     quiet = {"pending", "never run"}
     for st in detail:
-        if details or st.state not in quiet:
+        if details or st.state not in quiet or st.waits:
             lines.append(f"{st.label}: {st.state}")
             lines.extend(f"    {reason}" for reason in st.reasons)
-    held = [st for st in detail if st.state in quiet]
+    held = [st for st in detail if st.state in quiet and not st.waits]
     if held and not details:
         counts = {s: sum(st.state == s for st in held) for s in ("pending", "never run")}
         lines.append(", ".join(f"{n} {s}" for s, n in counts.items() if n)

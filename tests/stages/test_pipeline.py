@@ -160,3 +160,30 @@ def test_the_pipeline_fixture_passes_validate_on_the_gpu(tmp_path):
     run = p.scons("stage=validate", "kernel=pipe_copy", fake_gpu=False, timeout=900)
     assert "validate pipe_copy" in run.stdout
     assert '"verdict": "pass"' in next((p.root / "build/pipe_copy").rglob("validate.json")).read_text()
+
+
+@pytest.mark.nvcc
+def test_an_sm100a_kernel_waits_for_its_hardware_never_passed_never_an_error(tmp_path):
+    """On a profile whose arch the spec does not target, every GPU gate is `pending TIER-1
+    (needs sm_100a)` in status, -n, check, review and JUnit: not run, not passed, no error;
+    the committed B200 profile makes the same gates ordinary pending ones on a CPU box."""
+    import json
+    p = fixture_project(tmp_path / "proj")
+    p.edit(SPEC, "archs: [sm_90a, sm_100a]", "archs: [sm_100a]")
+    h200 = "gpu=nvidia-h200-sm90"
+    p.scons("stage=compile", "kernel=pipe_copy")
+    nodes = {n["label"]: n for n in json.loads(p.scons("status", "--json", h200).stdout)["nodes"]}
+    for gate in ("validate", "perf"):
+        n = nodes[f"{gate} pipe_copy nvidia-h200-sm90"]
+        assert n["state"] == "pending" and n["reasons"][0].startswith("pending TIER-1 (needs sm_100a)"), n
+    assert not p.scons("-n", "stage=validate", h200).actions          # nothing it could run
+    check = p.scons("check", h200)                                     # exit 0: waiting is no failure
+    assert "2 gates wait for hardware" in check.stdout and "pending TIER-1 (needs sm_100a)" in check.stdout
+    p.scons("stage=review", "kernel=pipe_copy", h200)
+    review = p.path("build/pipe_copy/review.md").read_text()
+    assert "## validate: pending TIER-1" in review and "Overall: **incomplete**" in review
+    junit = p.path("build/pipe_copy/junit.xml").read_text()
+    assert junit.count("<skipped") == 2 and "pending TIER-1 (needs sm_100a)" in junit and "<failure" not in junit
+    b200 = {n["label"]: n for n in json.loads(p.scons("status", "--json", "gpu=nvidia-b200-sm100").stdout)["nodes"]}
+    n = b200["validate pipe_copy nvidia-b200-sm100"]
+    assert n["state"] == "pending" and not n["waits"] and "no GPU of this profile here" in n["reasons"][0]

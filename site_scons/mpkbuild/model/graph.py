@@ -42,6 +42,8 @@ class Node:
     reported: bool = False           # a row of the build's verdict table (its verdict file)
     committed: bool = False          # its targets are committed files: `scons -c` keeps them
     fields: bool = False             # its targets are spec sections: a change is said field by field
+    waits: str | None = None         # why it cannot run on this GPU profile at all (pending TIER-1):
+                                     # shown, never declared to SCons, never passed, never an error
 
     @property
     def verdict_file(self) -> str | None:

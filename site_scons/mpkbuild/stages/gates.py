@@ -91,6 +91,18 @@ def arch_for(fingerprint: GpuFingerprint, archs: tuple[str, ...], kernel: str) -
     return arch
 
 
+def waits_for(fingerprint, archs) -> str | None:
+    """Why a kernel's GPU gates cannot run on this GPU profile at all (its arch is none of
+    the spec's): they wait for that hardware, "pending TIER-1", never passed, never an error."""
+    if fingerprint is None:
+        return None
+    arch = config.ARCH_FOR_CC.get(fingerprint.cc)
+    if arch in archs:
+        return None
+    return (f"pending TIER-1 (needs {' or '.join(sorted(archs))}): GPU profile {fingerprint.key} "
+            f"runs {arch or 'no arch the tool builds for'}")
+
+
 def require_gpu(fingerprint: GpuFingerprint | None, absence: str, kernel: str, stage: str,
                 args: str = "") -> GpuFingerprint:
     """args: what the command that works needs besides kernel= and stage= (mpk_root=)."""
@@ -139,6 +151,13 @@ def gate_nodes(g, k, stage: str, library: str | None = None, extra_facts: tuple 
     row = stages.BY_NAME[stage]
     kind = row.gate
     key = g.gpu_key
+    waits = waits_for(g.fingerprint, k.archs)
+    if waits:
+        g.add(Node(f"{stage} {k.name} {key}", "gate", stage, k.name,
+                   (k.rel.gate_result(stage, key), k.rel.gate_verdict(stage, key), k.rel.gate_log(stage, key)),
+                   (), column=stage, on_gpu=True, waits=waits))
+        g.requested[(k.name, stage)] = []
+        return
     run_arch = config.ARCH_FOR_CC.get(g.fingerprint.cc) if g.fingerprint else None
     if library is None:
         library = k.rel.resources(run_arch if run_arch in k.archs else k.archs[0])

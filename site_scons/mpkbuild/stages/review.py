@@ -26,8 +26,9 @@ def _rel(path: Path, start: Path) -> str:
 
 def kernel_review(name: str, build_dir: Path, archs, gpu_key: str | None,
                   resources: dict[str, Path], results: dict[str, Path],
-                  wire_result: Path | None = None) -> dict:
-    """Everything review.md shows for one kernel."""
+                  wire_result: Path | None = None, waiting: dict[str, str] | None = None) -> dict:
+    """Everything review.md shows for one kernel. waiting: gate -> why it cannot run on this
+    GPU profile (pending TIER-1): shown as such, never passed."""
     compile_rows = []
     for arch in archs:
         res = read_json(resources[arch])
@@ -49,6 +50,8 @@ def kernel_review(name: str, build_dir: Path, archs, gpu_key: str | None,
         report = _report(gate)
         if report is not None and res:
             gates[gate].update(report.review(res, parsed))
+    for gate, why in (waiting or {}).items():
+        gates[gate] = {"verdict": "pending TIER-1", "message": why, "result": {}, "log": None, "json": None}
     wire = None
     if wire_result is not None:
         res = read_json(wire_result)
@@ -174,10 +177,13 @@ def nodes(g, k, stage: str) -> None:
     from mpkbuild.stages.spec import tuned_fact
     # the tuned file is read (not depended on as a file: it is the tune stage's target, and
     # review does not run the tune): its hash is a fact, so a new tune re-runs the review
+    # the gates this GPU profile cannot run (pending TIER-1): shown, never read
+    waiting = {n.stage: n.waits for n in g.nodes if n.kernel == k.name and n.waits}
     node = g.add(Node(f"review {k.name}", "review", stage, k.name,
                       (k.rel.review, k.rel.review_json, k.rel.junit),
                       (*sources, *review_templates(g)),
-                      (*tuned_fact(k), g.stage_code(stage)), column="review"))
+                      (*tuned_fact(k), *(f"waits: {s}: {w}" for s, w in waiting.items()), g.stage_code(stage)),
+                      opts=(("MPK_WAITS", json.dumps(waiting, sort_keys=True)),), column="review"))
     checks = [k.rel.gate_stamp(gate, g.gpu_key) for gate in gates]
     g.requested[(k.name, stage)] = [*node.targets, *checks]
 
@@ -204,8 +210,8 @@ def run_review(build, info, target, source) -> int:
     read = {os.path.realpath(s.abspath) for s in source if hasattr(s, "abspath")}   # files, not facts
     results = {g: k.gate_result(g, key) for g in GPU_GATES if os.path.realpath(k.gate_result(g, key)) in read}
     data = kernel_review(k.name, k.build_dir, k.archs, key, {a: k.resources(a) for a in k.archs},
-                         results,
-                         k.wire_result if k.has_wiring else None)
+                         results, k.wire_result if k.has_wiring else None,
+                         json.loads(info.get("MPK_WAITS") or "{}"))
     # the inputs' signatures: the data changes whenever an input did, so the summary that
     # reads it re-runs exactly when a review ran (the exact dry run relies on that)
     if k.tuned:
