@@ -314,7 +314,7 @@ def report(build: Build, command: str, g: graph_mod.Graph, sconsign, names: list
         say(status_mod.to_json(statuses, g.gpu_key))
     else:
         say(status_mod.table(statuses, g.gpu_key, details=bool(GetOption("mpk_details"))))
-        others = [p for p in gpu_mod.known_profiles(root) if p != g.gpu_key]
+        others = [p for p in gpu_mod.profiles_with_results(root) if p != g.gpu_key]
         if others:
             say(f"\nresults also exist for GPU profiles: {', '.join(others)} (status gpu=<profile>)")
     if command == "check":

@@ -179,12 +179,12 @@ def load_profile(root, key: str) -> GpuFingerprint:
                        f"save one on the GPU box with `python -m mpkbuild.gpu > {config.PROFILE_DIRNAME}/<key>.json`)")
 
 
-def known_profiles(root) -> list[str]:
+def profiles_with_results(root) -> list[str]:
+    """The GPU profiles some gate result in build/ was made for (a committed profile with
+    none is not one: status must not say results exist where there are none)."""
     from pathlib import Path
     from mpkbuild.util import config
-    root = Path(root)
-    return sorted(set(profile_files(root))
-                  | {p.parent.name for p in (root / config.BUILD_DIRNAME).glob("*/gpu/*/validate.json")})
+    return sorted({p.parent.name for p in (Path(root) / config.BUILD_DIRNAME).glob("*/gpu/*/validate.json")})
 
 
 if __name__ == "__main__":
