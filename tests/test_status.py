@@ -226,8 +226,9 @@ def test_check_passes_when_fresh_and_fails_listing_stale_gates(built):
 
 
 def test_check_refuses_unknown_profile(built):
-    run = built.scons("check", "gpu=nvidia-b200-sm100", fake_gpu=False, check=False)
+    run = built.scons("check", "gpu=nvidia-b300-sm103", fake_gpu=False, check=False)
     assert run.returncode != 0 and "no such GPU profile" in run.stderr
+    assert "nvidia-b200-sm100" in run.stderr          # the shipped profiles are named
 
 
 def test_why_lists_what_a_field_or_file_would_touch(built):
