@@ -50,6 +50,7 @@ class Section:
 DTYPE_RANGE = {name: d["range"] for name, d in config.DTYPES.items()}
 INT64_MAX = 2**63 - 1
 
+
 def short(value, limit: int = 60) -> str:
     """A value as a message may show it: a 100,000-item list is not one line."""
     text = repr(value)

@@ -14,7 +14,7 @@ from mpkbuild.stages.generate.plan import SmemPlanError, smem_layout, variant_te
 from mpkbuild.util import config, expr
 
 PARTITION = {"type": "array", "minItems": 1, "maxItems": 4, "items": {"enum": [-1, 0]},
-              "description": "MPK notation: 0 = this dim is split across grid x, -1 = whole"}
+             "description": "MPK notation: 0 = this dim is split across grid x, -1 = whole"}
 
 OVERRIDE = {
     "type": "object",
