@@ -48,8 +48,7 @@ def main(argv=None) -> int:
     from fake_gpu import FakeGpuExecutor
     from mpkbuild import sconsign, stages, status
     from mpkbuild.model.graph import CODE_CACHE
-    from mpkbuild.model.kernel import Kernel, discover
-    from mpkbuild.model.spec import load_spec
+    from mpkbuild.model.kernel import discover
     from mpkbuild.stages.wire import WireRequest
     from mpkbuild.util import closure, config
     from mpkbuild.util.fsutil import ReadOnce
@@ -58,11 +57,11 @@ def main(argv=None) -> int:
     fp = FakeGpuExecutor().fingerprint()
     rows = []
 
-    cached = timed(lambda: [Kernel.load(root, n, write_cache=False) for n in names], args.runs)
-    full = timed(lambda: [load_spec(root / config.SPEC_DIRNAME / f"{n}.yaml", root) for n in names], args.runs)
+    cached = timed(lambda: [stages.load_kernel(root, n, write_cache=False) for n in names], args.runs)
+    full = timed(lambda: [stages.load_spec(root / config.SPEC_DIRNAME / f"{n}.yaml", root) for n in names], args.runs)
     rows.append(("spec cache", full, cached))
 
-    kernels = [Kernel.load(root, n, write_cache=False) for n in names]
+    kernels = [stages.load_kernel(root, n, write_cache=False) for n in names]
     cache_file = root / config.BUILD_DIRNAME / CODE_CACHE
 
     def code_facts(use_cache: bool):

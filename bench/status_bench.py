@@ -147,11 +147,11 @@ import json, sys
 from pathlib import Path
 from mpkbuild import stages
 from mpkbuild.stages import wire as wirestage
-from mpkbuild.model.kernel import Kernel, discover
+from mpkbuild.model.kernel import discover
 from fake_gpu import FakeGpuExecutor
 root = Path.cwd()
 names = discover(root)
-ks = [Kernel.load(root, n) for n in names]
+ks = [stages.load_kernel(root, n) for n in names]
 g = stages.build_graph(root, ks, FakeGpuExecutor().fingerprint(), wirestage.WireRequest(None, False, False), True)
 json.dump({"gpu_key": g.gpu_key, "default": g.request(names, "review", True),
            "nodes": [{"label": n.label, "kind": n.kind, "targets": n.targets, "sources": n.sources,

@@ -74,6 +74,8 @@ class Graph:
     stage_modules: dict = field(default_factory=dict)   # stage -> its code modules (the table's)
     untrusted: list[str] = field(default_factory=list)  # why outputs on disk are not trusted
     notes: list[tuple[str, str]] = field(default_factory=list)   # (stage, what planning left out and why)
+    # kernel -> {stage: why} for the gates this GPU profile cannot run (Node.waits)
+    waiting: dict[str, dict[str, str]] = field(default_factory=dict)
     kernels: dict = field(default_factory=dict)         # name -> the loaded kernels the graph is of
     _rels: dict = field(default_factory=dict, repr=False, compare=False)   # str(path) -> rel (memo)
     _producers: tuple | None = field(default=None, repr=False, compare=False)  # (node count, producers())

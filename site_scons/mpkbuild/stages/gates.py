@@ -156,6 +156,7 @@ def gate_nodes(g, k, stage: str, library: str | None = None, extra_facts: tuple 
         g.add(Node(f"{stage} {k.name} {key}", "gate", stage, k.name,
                    (k.rel.gate_result(stage, key), k.rel.gate_verdict(stage, key), k.rel.gate_log(stage, key)),
                    (), column=stage, on_gpu=True, waits=waits))
+        g.waiting.setdefault(k.name, {})[stage] = waits
         g.requested[(k.name, stage)] = []
         return
     run_arch = config.ARCH_FOR_CC.get(g.fingerprint.cc) if g.fingerprint else None

@@ -6,6 +6,7 @@ shown as not run, never as passed.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -99,13 +100,19 @@ def render_kernel(review: dict) -> str:
 
 def review_templates(g) -> list[str]:
     """Every template a kernel's review renders (its inputs): the frame and each gate's parts."""
-    out = [g.pkg("templates", "review.md.j2")]
+    return [g.pkg("templates", "review.md.j2"), *(g.pkg(*parts) for parts in _fragment_parts())]
+
+
+@functools.lru_cache(maxsize=None)
+def _fragment_parts() -> tuple[tuple[str, ...], ...]:
+    """Each gate's review templates as package paths (found once per process)."""
+    out = []
     for gate in GPU_GATES:
         report = _report(gate)
         for name in (report.REVIEW, report.REVIEW_LEAD) if report is not None else ():
             if name:
-                out.append(g.rel(_fragment(report, name)))
-    return out
+                out.append(_fragment(report, name).resolve().relative_to(config.PACKAGE_DIR.resolve()).parts)
+    return tuple(out)
 
 
 def junit_xml(reviews: list[dict]) -> str:
@@ -178,7 +185,7 @@ def nodes(g, k, stage: str) -> None:
     # the tuned file is read (not depended on as a file: it is the tune stage's target, and
     # review does not run the tune): its hash is a fact, so a new tune re-runs the review
     # the gates this GPU profile cannot run (pending TIER-1): shown, never read
-    waiting = {n.stage: n.waits for n in g.nodes if n.kernel == k.name and n.waits}
+    waiting = g.waiting.get(k.name, {})
     node = g.add(Node(f"review {k.name}", "review", stage, k.name,
                       (k.rel.review, k.rel.review_json, k.rel.junit),
                       (*sources, *review_templates(g)),

@@ -18,13 +18,14 @@ import traceback
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-
-import jinja2
-import yaml
+from typing import TYPE_CHECKING
 
 from ..util import config
 from ..util.config import WIRING_SURFACE as SURFACE_FILE, WIRING_TEMPLATES as TEMPLATE_DIR
 from .errors import SurfaceError, TemplateError
+
+if TYPE_CHECKING:
+    import jinja2
 _SITE_KEYS = {"id", "file", "per_arch", "anchor", "where", "indent", "comment", "template",
               "when", "scope", "kind", "claim", "optional", "join", "needs", "runtime"}
 _MAPPING_KEYS = ("archs", "scan", "requires", "call", "python", "marker")   # merged by name
@@ -107,7 +108,7 @@ class Surface:
         """The name a kernel's installed files take in the checkout (install_stem)."""
         return self.text(self.install_stem, "install_stem", kernel=kernel)
 
-    def env(self) -> jinja2.Environment:
+    def env(self) -> "jinja2.Environment":
         return _env(tuple(str(r / TEMPLATE_DIR) for r in (self.roots or (self.root,))))
 
     def _template_rel(self, template: str) -> str:
@@ -118,6 +119,7 @@ class Surface:
 
     def text(self, source: str, where: str, **ctx) -> str:
         """Render a short jinja2 string from surface.yaml (a path or an anchor pattern)."""
+        import jinja2
         try:
             return self.env().from_string(source).render(**ctx)
         except jinja2.TemplateError as exc:
@@ -126,6 +128,7 @@ class Surface:
 
     def render(self, template: str, ctx: dict) -> str:
         """Render wiring/templates/<template>; errors name the template file and line."""
+        import jinja2
         rel = self._template_rel(template)
         try:
             tmpl = self.env().get_template(template)
@@ -155,7 +158,8 @@ def _cstr(text: str) -> str:
 
 
 @lru_cache(maxsize=8)
-def _env(template_dirs: tuple[str, ...]) -> jinja2.Environment:
+def _env(template_dirs: tuple[str, ...]) -> "jinja2.Environment":
+    import jinja2      # imported on first use: a status or no-op that checks no wiring never does
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(list(template_dirs)),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True, autoescape=False)
@@ -170,6 +174,7 @@ def _need(data: dict, key: str, where: str):
 
 
 def _read(path: Path) -> dict:
+    import yaml
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
