@@ -17,7 +17,7 @@ STAGE_ARROWS = {
     "compile": {"generate"},
     "gates": {"table"},
     "generate": set(),
-    "perf": {"gates", "generate"},
+    "perf": {"gates"},
     "review": {"gates", "generate", "perf", "spec", "table", "tune"},
     "runtime": {"compile", "gates", "generate", "perf", "table", "wire"},
     "spec": set(),

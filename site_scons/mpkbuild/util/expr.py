@@ -187,11 +187,16 @@ def to_cpp(text: str | int | float, rename) -> str:
 
 
 # ---- a variant's symbols and the sizes derived from them (the runners use these too)
+def constants(codegen: dict) -> dict:
+    """What every variant's expressions may name besides its own symbols: threads and the
+    numeric params."""
+    return {"threads": codegen["threads"],
+            **{k: v for k, v in codegen["params"].items() if not isinstance(v, bool)}}
+
+
 def variant_symbols(codegen: dict, variant: str) -> dict:
     """All symbol values visible to expressions for one variant."""
-    consts = {"threads": codegen["threads"],
-              **{k: v for k, v in codegen["params"].items() if not isinstance(v, bool)}}
-    return {**consts, **codegen["variants"][variant]}
+    return {**constants(codegen), **codegen["variants"][variant]}
 
 
 def tensor_shape(tensor: dict, symbols: dict) -> list[int]:

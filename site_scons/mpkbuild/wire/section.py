@@ -516,7 +516,7 @@ def _surfaces(root) -> bytes:
     parts = []
     for folder in config.wiring_roots(root):
         try:
-            parts.append((folder / "surface.yaml").read_bytes())
+            parts.append((folder / config.WIRING_SURFACE).read_bytes())
         except OSError:
             parts.append(b"(none)")
     return b"\0".join(parts)

@@ -85,9 +85,7 @@ def smem_plan(codegen: dict, variant: str | None = None) -> dict:
     the plan of the variant that needs the most (what a resource gate must allow for), and
     `uniform` says whether every variant has the same plan."""
     if variant is not None or not codegen.get("variants"):
-        symbols = variant_symbols(codegen, variant) if variant is not None else \
-            {"threads": codegen["threads"],
-             **{k: v for k, v in codegen["params"].items() if not isinstance(v, bool)}}
+        symbols = variant_symbols(codegen, variant) if variant is not None else expr.constants(codegen)
         regions, total = smem_layout(codegen["smem"], symbols)
         return {"regions": [{**r, "NAME": _cpp_name(r["name"])} for r in regions],
                 "total": total, "budget": codegen["smem"]["budget"], "uniform": True,

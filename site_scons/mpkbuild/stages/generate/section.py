@@ -12,6 +12,7 @@ from mpkbuild.model.section import INT64_MAX, Section, cpp_reserved, inside_repo
 from mpkbuild.stages.generate import pipeline
 from mpkbuild.stages.generate.plan import SmemPlanError, smem_layout, variant_tensors
 from mpkbuild.util import config, expr
+from mpkbuild.util.expr import constants
 
 PARTITION = {"type": "array", "minItems": 1, "maxItems": 4, "items": {"enum": [-1, 0]},
              "description": "MPK notation: 0 = this dim is split across grid x, -1 = whole"}
@@ -166,13 +167,6 @@ def check(data: dict, root):
     yield from _smem_problems(cg, consts)
     yield from pipeline.problems(cg, consts)
     yield from _lever_problems(cg, consts)
-
-
-def constants(cg: dict) -> dict:
-    """What every variant's expressions may name besides its own symbols: threads and the
-    numeric params."""
-    return {"threads": cg["threads"], **{k: v for k, v in cg["params"].items()
-                                         if not isinstance(v, bool)}}
 
 
 def _file_problems(cg: dict, root):

@@ -6,7 +6,7 @@ import fnmatch
 
 from mpkbuild.model.schema import C_IDENT, GENERATOR, INT_OR_EXPR, REF_PATH, VARIANT_GLOB
 from mpkbuild.model.section import INT64_MAX, Section, function_problem, generator_problems
-from mpkbuild.stages.generate.section import constants
+from mpkbuild.util.expr import constants
 from mpkbuild.util import config, expr
 
 THRESHOLD = {

@@ -559,7 +559,8 @@ def _check_v2(checkout_root: Path, body: str, kernel: str, codegen: dict | None 
         {**headers, f"{kernel}.cuh (the body)": body},
         {barriers.V2_MARK_BARRIER: "the runtime gate's span mark (megakernel_v2.cu.j2)"})
     ours = {barriers.V2_TASK_BARRIER: f"{kernel}_spec::task_barrier() on Runtime-V2"}
-    for group in (pipeline.view(codegen) or {}).get("named_barriers", []) if codegen else ():
+    view = pipeline.view(codegen) if codegen is not None else None
+    for group in view["named_barriers"] if view else ():
         ours[group["ids"]["v2"]] = f"{kernel}_spec::pipeline::sync_{group['name']}() on Runtime-V2"
     problems += barriers.clashes(headers, ours)
     if problems:

@@ -6,7 +6,7 @@ import fnmatch
 
 from mpkbuild.model.schema import C_IDENT
 from mpkbuild.model.section import Section, short
-from mpkbuild.stages.generate.section import constants
+from mpkbuild.util.expr import constants
 from mpkbuild.util import config, expr
 
 SCHEMA: dict = {

@@ -36,10 +36,6 @@ def _fmt(v) -> str:
     return ("on" if v else "off") if isinstance(v, bool) else str(v)
 
 
-def _consts(cg: dict) -> dict:
-    return {"threads": cg["threads"], **{k: v for k, v in cg["params"].items() if not isinstance(v, bool)}}
-
-
 def _split(cg: dict, values: dict) -> tuple[dict, dict]:
     levers = cg.get("levers", {})
     return ({k: v for k, v in values.items() if k not in levers},
@@ -55,7 +51,7 @@ def candidate_problem(data: dict, variant: str, values: dict, constraints: bool 
     binding = {**cg["variants"][variant], **symbols_set}
     levers = {k: bool(v.get("default", False)) for k, v in cg.get("levers", {}).items()}
     levers.update(lever_set)
-    symbols = {**_consts(cg), **binding}
+    symbols = {**expr.constants(cg), **binding}
     try:
         if constraints:
             for text in data["tune"]["constraints"]:
