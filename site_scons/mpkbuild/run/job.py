@@ -2,7 +2,7 @@
 
 `GateJob` is what a gate hands an executor: the runner's payload, the folder its job file,
 result and log live in, and its timeout. `run_runner` is the cold path (a runner
-subprocess in its own session, under compute-sanitizer when asked) and `supervise` the
+subprocess in its own session, under a tool wrapper when the job has one) and `supervise` the
 watchdog for any child, cold or warm: past the timeout the whole group is killed and the
 verdict is `hang` with the last lines of output; a runner that dies without writing its
 result is a `crash` with the CUDA error text from its output. `watch` is the one
@@ -13,6 +13,7 @@ a worker where mpkbuild is not importable.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -21,14 +22,27 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from mpkbuild.util import config
 from mpkbuild.util.fsutil import write_json_atomic
 
 PACKAGE_PARENT = config.PACKAGE_DIR.parent     # the folder holding mpkbuild/
 DEFAULT_RUNNERS = "mpkbuild.runners"
-# compute-sanitizer slows a gate down by an order of magnitude: its watchdog waits longer
-SANITIZE_TIMEOUT_FACTOR = 10.0
+
+
+class ToolWrapper(Protocol):
+    """A tool the runner process runs under (compute-sanitizer, Nsight Compute): a module
+    that makes the command, and turns the tool's report into the gate's result. A wrapped
+    job always runs cold, in its own process, and its report is a file beside the log."""
+    TIMEOUT_FACTOR: float             # the tool slows the runner: the watchdog waits this much longer
+
+    def wrap(self, option: str, cmd: list[str], report: Path, kernel: str) -> list[str]:
+        """The command running `cmd` under the tool, its report going to `report`."""
+
+    def finish(self, option: str, report_text: str, exit_code: int, result: dict) -> dict:
+        """The gate's result from the runner's own (or its crash) and the tool's report
+        ("" when it wrote none)."""
 
 
 class ExecutorError(Exception):
@@ -50,7 +64,9 @@ class GateJob:
     root: Path | None = None    # the tree the payload's absolute paths point into
     # every file the runner reads, root-relative: what a remote executor ships
     inputs: tuple[str, ...] = ()
-    sanitize: str | None = None  # compute-sanitizer tool for validate, or None
+    # (module, option): the ToolWrapper the runner runs under, e.g. ("mpkbuild.run.sanitizer",
+    # "memcheck"); None runs it bare (and may run it in a warm server)
+    wrapper: tuple[str, str] | None = None
     share_gpu: bool = False     # the spec lets this gate share a GPU with other sharing gates
     runner_package: str | None = field(default=None, compare=False)
     # the runner modules a warm server imports once, when this job starts one (the build's
@@ -70,8 +86,17 @@ class GateJob:
         return self.workdir / f"{self.gate}.log"
 
     @property
+    def tool(self) -> ToolWrapper | None:
+        return importlib.import_module(self.wrapper[0]) if self.wrapper else None
+
+    @property
+    def report_file(self) -> Path | None:
+        """The wrapping tool's report, beside the log."""
+        return self.workdir / f"{self.gate}.{self.wrapper[1]}.txt" if self.wrapper else None
+
+    @property
     def watchdog_s(self) -> float:
-        return self.timeout_s * (SANITIZE_TIMEOUT_FACTOR if self.sanitize else 1.0)
+        return self.timeout_s * (self.tool.TIMEOUT_FACTOR if self.wrapper else 1.0)
 
 
 def write_job(job: GateJob) -> Path:
@@ -182,34 +207,23 @@ def outcome(job: GateJob, code: int, elapsed: float) -> dict:
         result = {"verdict": "crash", "message": (cuda or f"runner {how} without a result")
                   + f"\nlast output:\n{text}"}
     result.setdefault("elapsed_s", elapsed)
-    if job.sanitize:
-        from mpkbuild.run import sanitizer
-        report = _sanitize_report(job)
-        found = sanitizer.verdict(job.sanitize, report.read_text(errors="replace")
-                                  if report.exists() else "", code, result)
-        if found is not None:
-            found.setdefault("elapsed_s", elapsed)
-            found["runner_verdict"] = result.get("verdict")
-            result = found
-        result["sanitize"] = job.sanitize
+    if job.wrapper:
+        report = job.report_file
+        text = report.read_text(errors="replace") if report.exists() else ""
+        result = job.tool.finish(job.wrapper[1], text, code, result)
+        result.setdefault("elapsed_s", elapsed)
     return result
-
-
-def _sanitize_report(job: GateJob) -> Path:
-    return job.workdir / f"{job.gate}.{job.sanitize}.txt"
 
 
 def run_runner(job: GateJob, should_stop=lambda: False, env_extra: dict | None = None,
                pass_fds=()) -> dict:
-    """The cold path: `python -m <runners>.<gate> JOB` (under compute-sanitizer if asked)."""
+    """The cold path: `python -m <runners>.<gate> JOB` (under its tool, if it has one)."""
     job_file = write_job(job)
     cmd = [sys.executable, "-u", "-m", "mpkbuild.runners.launch",
            f"{runner_package(job)}.{job.gate}", str(job_file)]
-    if job.sanitize:
-        from mpkbuild.run import sanitizer
-        report = _sanitize_report(job)
-        report.unlink(missing_ok=True)
-        cmd = sanitizer.wrap(job.sanitize, cmd, report, kernel=job.kernel)
+    if job.wrapper:
+        job.report_file.unlink(missing_ok=True)
+        cmd = job.tool.wrap(job.wrapper[1], cmd, job.report_file, job.kernel)
     started = time.monotonic()
     child = _Cold(cmd, runner_env(env_extra), job.log_file, pass_fds)
     return supervise(child, job, should_stop, started)

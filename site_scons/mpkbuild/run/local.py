@@ -84,7 +84,7 @@ class LocalExecutor:
 
     def _run_on(self, job: GateJob, lease, should_stop) -> dict:
         env = {**(lease.env if lease else {}), **self.env}
-        if self.warm and lease is not None and not job.sanitize:
+        if self.warm and lease is not None and not job.wrapper:
             from mpkbuild.run import warm
             try:
                 return warm.run(job, lease.gpu.uuid, env, should_stop)

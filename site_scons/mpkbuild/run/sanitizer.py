@@ -1,9 +1,10 @@
 """`sanitize=TOOL`: the validate gate under NVIDIA compute-sanitizer, and its report as a verdict.
 
-This module owns three things: finding the compute-sanitizer binary (:func:`find`), the
-command that runs a gate runner under it with the report going to its own file
-(:func:`wrap`), and reading that report back into a gate result (:func:`verdict`). It
-never runs anything itself; the executor runs the wrapped command like any other gate.
+This module is a tool wrapper (run.job.ToolWrapper) and owns three things: finding the
+compute-sanitizer binary (:func:`find`), the command that runs a gate runner under it with
+the report going to its own file (:func:`wrap`), and reading that report back into a gate
+result (:func:`verdict`, :func:`finish`). It never runs anything itself; the executor runs
+the wrapped command like any other gate.
 
 The report is compute-sanitizer's text format: every line it writes starts with
 ``=========``; a finding starts with an unindented line ("Invalid __global__ write of size
@@ -29,6 +30,8 @@ WHEEL = "nvidia-cuda-sanitizer-api"
 # compute-sanitizer returns this when the application exited 0 and the tool found errors;
 # any other non-zero code is the application's own, or the tool failing.
 ERROR_EXITCODE = 86
+# compute-sanitizer slows a gate down by an order of magnitude: its watchdog waits longer
+TIMEOUT_FACTOR = 10.0
 PRINT_LIMIT = 20                # findings printed in full; the summary still counts them all
 # The frontend waits this long for the runner to connect (at its first CUDA call, after the
 # torch import); the tool's own default of 10 s is too tight for a cold torch import.
@@ -341,3 +344,14 @@ def verdict(tool: str, report_text: str, exit_code: int, runner_result: dict | N
         message += f"; the runner itself: {runner['verdict']}: {said[0] if said else ''}"
     return {"verdict": "crash", "check": check, "errors": 0, "message": message,
             "runner": runner, "report_tail": _tail(report_text)}
+
+
+def finish(tool: str, report_text: str, exit_code: int, result: dict) -> dict:
+    """The gate's result: the report's verdict where it has one, else the runner's own;
+    either way it says which tool watched the run."""
+    found = verdict(tool, report_text, exit_code, result)
+    if found is not None:
+        found.setdefault("elapsed_s", result.get("elapsed_s"))
+        found["runner_verdict"] = result.get("verdict")
+        result = found
+    return {**result, "sanitize": tool}

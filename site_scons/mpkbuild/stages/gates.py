@@ -220,6 +220,14 @@ def run_bandwidth(build, info, target, source) -> int:
     return 0
 
 
+def wrapper_for(kind: stages.Gate, sanitize: str | None) -> tuple[str, str] | None:
+    """The tool a gate's runner runs under: its own (the profile stage's ncu), else
+    compute-sanitizer where sanitize= asks and the gate takes it."""
+    if kind.wrapper:
+        return kind.wrapper
+    return ("mpkbuild.run.sanitizer", sanitize) if sanitize and kind.can_sanitize else None
+
+
 def run_gate(build, info, target, source) -> int:
     from mpkbuild.run.job import GateJob
     k = build.kernels[info["MPK_KERNEL"]]
@@ -262,7 +270,7 @@ def run_gate(build, info, target, source) -> int:
         job = GateJob(
             gate, k.name, payload, workdir, section["timeout_s"], root=k.root,
             inputs=tuple(dict.fromkeys(os.path.relpath(p, k.root) for p in inputs)),
-            sanitize=build.sanitize if kind.can_sanitize else None,
+            wrapper=wrapper_for(kind, build.sanitize),
             share_gpu=kind.can_share_gpu and bool(section.get("share_gpu", False)),
             preload=stages.runner_names())
         try:

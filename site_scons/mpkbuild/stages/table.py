@@ -40,6 +40,8 @@ class Gate:
     uses_bandwidth: bool = False      # reads the GPU's copy bandwidth node
     ledger: str | None = None         # module of the kernel's ledger it is judged against (fact, last_entry)
     can_sanitize: bool = False        # sanitize= applies to it
+    wrapper: tuple[str, str] | None = None  # (module, option): the run.job.ToolWrapper its runner
+                                      # always runs under (never in a warm server)
     can_share_gpu: bool = False       # the spec may let it share a GPU (`share_gpu`)
     timeout_s: float | None = None    # fixed watchdog (else the settings section's timeout_s)
     section: str | None = None        # the spec section with its settings (default: the stage's name)

@@ -124,7 +124,7 @@ def manifest(job, options: dict | None = None) -> dict:
     opts = {k: v for k, v in (options or {}).items() if v is not None}
     return {"format": FORMAT, "gate": job.gate, "kernel": job.kernel, "payload": payload,
             "paths": paths, "timeout_s": job.timeout_s, "inputs": sorted(files), "sha256": files,
-            "sanitize": job.sanitize, "share_gpu": job.share_gpu,
+            "wrapper": job.wrapper, "share_gpu": job.share_gpu,
             "runner_package": job.runner_package, "preload": list(job.preload), "options": opts}
 
 
@@ -224,7 +224,7 @@ def load_job(folder: Path, timeout_s: float | None = None):
             raise BundleError(f"bundle file {rel} does not match its sha256: damaged in transit")
     job = GateJob(gate=meta["gate"], kernel=meta["kernel"], payload=payload,
                   workdir=folder / RUN_DIR, timeout_s=float(timeout_s or meta["timeout_s"]),
-                  root=tree, inputs=tuple(meta["inputs"]), sanitize=meta.get("sanitize"),
+                  root=tree, inputs=tuple(meta["inputs"]), wrapper=tuple(meta["wrapper"]) if meta.get("wrapper") else None,
                   share_gpu=bool(meta.get("share_gpu")), runner_package=meta.get("runner_package"),
                   preload=tuple(meta.get("preload") or ()))
     return job, meta.get("options") or {}
@@ -259,7 +259,7 @@ def run_unpacked(folder: Path, should_stop=lambda: False, timeout_s: float | Non
     files = {}
     for path in sorted(job.workdir.iterdir()) if job.workdir.is_dir() else ():
         if path.is_file() and path != job.log_file and not path.name.startswith("."):
-            files[path.name] = _read_tail(path)        # e.g. the sanitizer's report
+            files[path.name] = _read_tail(path)        # e.g. the wrapping tool's report
     return {"result": result, "log": _read_tail(job.log_file),
             "gpu_index": result.get("gpu_index"), "lease_wait_s": result.get("lease_wait_s"),
             "host": socket.gethostname(), "files": files}
