@@ -50,6 +50,10 @@ class ExecutorError(Exception):
     the build stops before any gate, nothing is recorded."""
 
 
+class ToolMissing(ExecutorError):
+    """A gate's tool (compute-sanitizer, ncu) is not there: the message says how to get it."""
+
+
 class GateInterrupted(Exception):
     """The build was interrupted (SIGINT/SIGTERM) while a gate ran: it was killed, nothing recorded."""
 

@@ -23,6 +23,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mpkbuild.run.job import ToolMissing
+
 TOOLS = ("memcheck", "racecheck", "synccheck")
 
 ENV_VAR = "MPK_COMPUTE_SANITIZER"
@@ -52,7 +54,7 @@ MISSING_HELP = (
     f"bin/ on PATH, or set {ENV_VAR}=/path/to/compute-sanitizer.")
 
 
-class SanitizerMissing(Exception):
+class SanitizerMissing(ToolMissing):
     """No usable compute-sanitizer binary; the message says how to get one."""
 
 

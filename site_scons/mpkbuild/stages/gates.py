@@ -47,7 +47,10 @@ def python_file(k, gate: stages.Gate) -> Path:
 
 def python_rels(k, gate: stages.Gate) -> list[str]:
     """Every Python file of the kernel the gate loads, repo-relative: the one its spec field
-    names, and perf's extra baselines too."""
+    names, and perf's extra baselines too; none for a gate that loads no Python of the
+    kernel's (the profile gate)."""
+    if gate.python_file is None:
+        return []
     section, field = gate.python_file.split(".")
     files = [k.spec.data[section][field]]
     if gate.python_file == "perf.baseline":
