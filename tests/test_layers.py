@@ -18,6 +18,7 @@ STAGE_ARROWS = {
     "gates": {"table"},
     "generate": set(),
     "perf": {"gates"},
+    "profile": {"gates"},
     "review": {"gates", "generate", "perf", "spec", "table", "tune"},
     "runtime": {"compile", "gates", "generate", "perf", "table", "wire"},
     "spec": set(),

@@ -11,6 +11,11 @@ each of the spec's perf.baselines gets a figure too, FAKE_GPU_BASELINE {name: us
 tests can see which gates were really executed. FAKE_GPU_ELAPSED ({kernel: s}) sets the
 recorded elapsed_s (the gate order reads it).
 
+The profile gate answers as its runner does under its tool: the variants its section picks
+"launched", then the tool's own finish() reads FAKE_GPU_TOOL_REPORT (a file holding what
+ncu would have written; default: every variant memory-bound, ncu_report below) into the
+result the build judges.
+
 A tune trial (gate "trial") answers from the candidate's configuration: FAKE_GPU_TRIAL_US
 {"sym=value[,sym=value]": us} gives the time of the first candidate pattern that holds (10 us
 otherwise; the variant's name may be one of the terms), FAKE_GPU_TRIAL_FAIL [pattern, ...]
@@ -61,6 +66,8 @@ class FakeGpuExecutor:
             time.sleep(0.1)
         if job.gate == "trial":
             return _trial(job)
+        if job.gate == "profile":
+            return _profiled(job)
         if job.gate == "bandwidth":
             return {"verdict": "pass", "copy_bandwidth_Bps": 4.0e12, "message": "fake copy 4.00 TB/s",
                     "ceilings_Bps": {"1:1": 4.0e12, "2:1": 4.2e12, "read": 4.4e12}}
@@ -182,3 +189,48 @@ def _trial(job) -> dict:
             "job": {"figure": figure, "perf": job.payload["perf"], "inputs": list(job.inputs)},
             "perf": {"verdict": "timed", "variants": {variant: {
                 figure: fig, f"baseline_{figure}": base, "baselines": {"torch": {figure: base}}}}}}
+
+
+def _profiled(job):
+    import fnmatch
+    from pathlib import Path
+    globs = job.payload["profile"]["profile"]["variants"]
+    launched = [v for v in job.payload["codegen"]["codegen"]["variants"]
+                if any(fnmatch.fnmatchcase(v, g) for g in globs)]
+    report = os.environ.get("FAKE_GPU_TOOL_REPORT")
+    text = Path(report).read_text() if report else ncu_report(job.kernel, {v: MEMORY_BOUND for v in launched})
+    result = {"verdict": "launched", "kernel": job.kernel, "launched": launched,
+              "copy_bandwidth_Bps": 4.0e12, "ceilings_Bps": {"1:1": 4.0e12, "2:1": 4.2e12, "read": 4.4e12},
+              "message": f"launched {len(launched)} variants"}
+    return job.tool.finish(job.wrapper[1], text, 0, result)
+
+
+
+# one launch's figures: 10 us moving 36 MB (3.6 TB/s, 90% of the fake 4.0 TB/s 1:1 ceiling)
+MEMORY_BOUND = {"duration_ns": 10000, "dram_read_bytes": 18e6, "dram_write_bytes": 18e6, "dram_pct": 88.0,
+                "sm_pct": 30.0, "occupancy_pct": 70.0, "stalls": {"long_scoreboard": 5.2, "barrier": 0.4}}
+FLOOR_NS = 1500
+
+
+def ncu_report(kernel: str, variants: dict, floor_ns: float | None = FLOOR_NS, messages=()) -> str:
+    """What ncu --csv --page raw --print-units base writes to its log file: its == lines, a
+    header, a units row, a row per profiled launch (the empty kernel first)."""
+    from mpkbuild.stages.profile import ncu
+    stall_cols = sorted({r for v in variants.values() for r in v.get("stalls", {})} | {"selected"})
+    metrics = [*ncu.METRICS.values(), *(f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio"
+                                        for r in stall_cols)]
+    keys = {m: k for k, m in ncu.METRICS.items()}
+    head = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream",
+            "Block Size", "Grid Size", "Device", "CC"]
+    lines = [*messages, "==PROF== Connected to process 4242 (python3)"]
+    rows = [head + metrics, [""] * len(head) + ["nsecond" if "time" in m else "byte" if "bytes" in m
+                                                 else "%" if "pct" in m else "" for m in metrics]]
+    launches = ([("spin_kernel", {"duration_ns": floor_ns})] if floor_ns else []) + \
+        [(f"{kernel}__{v}", fig) for v, fig in variants.items()]
+    for i, (name, fig) in enumerate(launches):
+        vals = [fig.get(keys[m], 0) if m in keys else
+                fig.get("stalls", {}).get(m.split("stalled_")[1].split("_per_issue")[0], 0.01) for m in metrics]
+        rows.append([str(i), "4242", "python3", "box", name, "1", "7", "(128, 1, 1)", "(64, 1, 1)", "0", "9.0",
+                     *(f"{x:,}" if isinstance(x, (int, float)) else str(x) for x in vals)])
+    lines += [",".join(f'"{c}"' for c in r) for r in rows]
+    return "\n".join(lines) + "\n"

@@ -131,15 +131,24 @@ _BUILDING: tuple[Stage, ...] = (
           gate=Gate("perf", "perf.baseline", judge="mpkbuild.stages.perf.judge",
                     needs_pass=("validate",), uses_bandwidth=True, ledger="mpkbuild.stages.perf.ledger"),
           note="mpkbuild.stages.perf.report:status_note", report="mpkbuild.stages.perf.report"),
+    Stage(name="profile", reads=("codegen", "generators", "profile"), after=("compile", "validate"),
+          per="gpu", needs_gpu=True, judges=True, module="profile", section="mpkbuild.stages.profile.section",
+          doc="Nsight Compute on the chosen variants after validate: each memory-, compute-, "
+              "latency- or launch-bound against the measured ceilings, with DRAM and SM "
+              "throughput, occupancy and the top stalls; a spec's expected bounds judged (GPU)",
+          gate=Gate("profile", judge="mpkbuild.stages.profile.judge", needs_pass=("validate",),
+                    uses_bandwidth=True, wrapper=("mpkbuild.stages.profile.ncu", "ncu")),
+          report="mpkbuild.stages.profile.report"),
     Stage(name="tune", reads=("tune", "generators", "validate", "perf"), after=("spec",), per="gpu",
           needs_gpu=True, judges=True, module="tune", section="mpkbuild.stages.tune.section",
           doc="search tune.space per variant: candidates compiled (CPU, -jN), validated and timed "
               "(GPU), the fastest committed as tuned/<gpu>/K.json"),
 )
-# the review renders every stage's part of it: their report modules are its code
+# the review renders every stage's part of it: it comes after each, their report modules are its code
 STAGES: tuple[Stage, ...] = (
     *_BUILDING,
-    Stage(name="review", reads=(), after=("compile", "wire", "validate", "runtime", "perf"), per="kernel",
+    Stage(name="review", reads=(), after=("compile", "wire", *(s.name for s in _BUILDING if s.report)),
+          per="kernel",
           module="review", shared=True, code=tuple(s.report for s in _BUILDING if s.report),
           doc="build/K/review.md and build/review.md: every verdict and key number"),
 )
