@@ -37,6 +37,7 @@ EXPECTED = {
     "runners/runtime.py": set(),         # the runtime gate: not in this graph (no mpk_root=)
     "runners/launch.py": set(),          # the cold-start shim: runs a runner, computes nothing
     "runners/trial.py": set(),           # the tune stage's trials only (not a validate/perf result)
+    "runners/profile.py": set(),         # the profile gate: rmsnorm_v2 asks for no profile
     "stages/review.py": set(),
     # the build side of a gate: what writes and judges its result
     "stages/gates.py": ALL,              # record(): the result file and its input lock
