@@ -19,7 +19,7 @@ STAGE_ARROWS = {
     "generate": set(),
     "perf": {"gates"},
     "profile": {"gates"},
-    "review": {"gates", "generate", "perf", "spec", "table", "tune"},
+    "review": {"gates", "generate", "spec", "table"},
     "runtime": {"compile", "gates", "generate", "perf", "table", "wire"},
     "spec": set(),
     "table": set(),

@@ -104,7 +104,7 @@ def test_unsure_is_never_shown_as_passed(tmp_path):
     perf = tmp_path / "perf.json"
     perf.write_text(json.dumps(res))
     data = review.kernel_review("k", tmp_path, [], "h200", {}, {"perf": perf})
-    assert data["overall"] == "unsure" and data["gates"]["perf"]["verdict"] == "unsure"
+    assert data["overall"] == "unsure" and data["parts"]["perf"]["verdict"] == "unsure"
     page = review.render_kernel(data)
     assert "## perf: unsure" in page and "**Unsure**" in page and "Overall: **unsure**" in page
     root = ET.fromstring(review.junit_xml([data]))
@@ -141,8 +141,8 @@ def test_junit_and_json_reports_parse_and_count(tmp_path):
     assert fail.get("type") == "fail" and "1.20x" in fail.get("message")
     assert suite.find("testcase[@name='validate']").find("failure") is None
     back = json.loads((tmp_path / "review.json").read_text())
-    assert back["gates"]["perf"]["verdict"] == "fail"
-    assert back["gates"]["perf"]["table"][0]["baselines"]["torch"]["hot"]["vs"]["verdict"] == "slower"
+    assert back["parts"]["perf"]["verdict"] == "fail"
+    assert back["parts"]["perf"]["table"][0]["baselines"]["torch"]["hot"]["vs"]["verdict"] == "slower"
     # the picture is optional: either written or a note saying why not
     assert (back["plot"] == "perf.png") == (tmp_path / "perf.png").exists()
     if back["plot"] is None:

@@ -158,7 +158,7 @@ def test_the_runtime_gate_shows_in_runtime_beside_the_harness_and_flags_beyond_n
         "decode": span([0.83, 0.84, 0.82], 0.74), "large": span([2.37, 2.41, 2.35], 1.34),
         "old": span([1.1, 1.2, 1.0], 0.9), "block:mlp:b8": span([9.2, 9.3, 9.28], 8.42)}}))
     r = review.kernel_review("k", tmp_path, [], "h200", {}, {"perf": perf, "runtime": rt})
-    flags = {x["variant"]: x["flag"] for x in r["gates"]["runtime"]["table"]}
+    flags = {x["variant"]: x["flag"] for x in r["parts"]["runtime"]["table"]}
     assert flags == {"decode": "within noise", "large": "runtime slower", "old": "not judged",
                      "block:mlp:b8": "block (no harness figure)"}
     page = review.render_kernel(r)

@@ -9,74 +9,104 @@ from __future__ import annotations
 import functools
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mpkbuild.model.graph import Node
 from mpkbuild.model.paths import summary_file
 from mpkbuild.stages.generate import render_template
-from mpkbuild.stages.perf import report as perf_report
-from mpkbuild.stages.table import BY_NAME, GPU_GATES
-from mpkbuild.stages.tune.report import tune_review
+from mpkbuild.stages.table import BY_NAME, GPU_GATES, STAGES
 from mpkbuild.util import config
 from mpkbuild.util.fsutil import read_json, write_atomic, write_json_atomic
+
+
+REPORTING = tuple(s for s in STAGES if s.report)       # the stages with a part, in table order
+GATE_SECTION = config.TEMPLATE_DIR / "review_gate.md.j2"
 
 
 def _rel(path: Path, start: Path) -> str:
     return os.path.relpath(path, start)
 
 
+@dataclass
+class ReviewInputs:
+    """What one kernel's review reads; each stage's report takes its part from it."""
+    name: str
+    build_dir: Path
+    archs: tuple
+    gpu_key: str | None
+    resources: dict                 # arch -> its resources.json
+    results: dict                   # gate -> its result file (the gates the build has for it)
+    wire_result: Path | None = None
+    waiting: dict = field(default_factory=dict)   # gate -> why it cannot run on this GPU profile
+    kernel: object = None           # the Kernel (a tuned file's part reads it), when built
+
+    def rel(self, path: Path) -> str:
+        return _rel(path, self.build_dir)
+
+
+# a part's fields the frame, JUnit and the summary read, besides what its template reads:
+# heading-less parts render their whole section; `counted`: verdicts the overall is made of;
+# `cases`: JUnit testcases [name, verdict, message]; `cells`: summary columns {column: text}
+def _gate_part(gate: str, inputs: ReviewInputs, parsed: dict, report) -> dict | None:
+    """A GPU gate's part: its verdict and message from its result, evidence links, and what
+    its report adds; pending TIER-1 where this GPU profile cannot run it, never passed."""
+    if gate in inputs.waiting:
+        verdict, message, res, log, js = "pending TIER-1", inputs.waiting[gate], None, None, None
+    elif gate in inputs.results:
+        path = inputs.results[gate]
+        res = parsed[gate]
+        verdict = res["verdict"] if res else "not run"
+        message = (res or {}).get("message", "no result: the gate has not run on this GPU")
+        log, js = inputs.rel(path.with_suffix(".log")), inputs.rel(path)
+    else:
+        return None
+    part = {"verdict": verdict, "message": message, "result": res or {}, "log": log, "json": js,
+            "counted": [verdict], "cases": [[gate, verdict, message]], "cells": {gate: verdict}}
+    if res and report is not None:
+        extra = report.review(res, parsed)
+        part["cells"].update(extra.pop("cells", {}))
+        part.update(extra)
+    return part
+
+
 def kernel_review(name: str, build_dir: Path, archs, gpu_key: str | None,
                   resources: dict[str, Path], results: dict[str, Path],
-                  wire_result: Path | None = None, waiting: dict[str, str] | None = None) -> dict:
-    """Everything review.md shows for one kernel. waiting: gate -> why it cannot run on this
-    GPU profile (pending TIER-1): shown as such, never passed."""
-    compile_rows = []
-    for arch in archs:
-        res = read_json(resources[arch])
-        compile_rows.append({
-            "arch": arch, "verdict": res["verdict"] if res else "not run",
-            "toolchain": res["toolchain"] if res else "",
-            "log": _rel(resources[arch].with_name("compile.log"), build_dir),
-            "variants": res["variants"] if res else {}})
-    gates = {}
+                  wire_result: Path | None = None, waiting: dict[str, str] | None = None,
+                  kernel=None) -> dict:
+    """Everything review.md shows for one kernel: each reporting stage's part, in table order.
+    waiting: gate -> why it cannot run on this GPU profile (pending TIER-1)."""
+    inputs = ReviewInputs(name, build_dir, tuple(archs), gpu_key, resources, results, wire_result,
+                          dict(waiting or {}), kernel)
     parsed = {gate: read_json(path) for gate, path in results.items()}
-    for gate, path in results.items():
-        res = parsed[gate]
-        gates[gate] = {
-            "verdict": res["verdict"] if res else "not run",
-            "message": (res or {}).get("message", "no result: the gate has not run on this GPU"),
-            "result": res or {},
-            "log": _rel(path.with_suffix(".log"), build_dir),
-            "json": _rel(path, build_dir)}
-        report = _report(gate)
-        if report is not None and res:
-            gates[gate].update(report.review(res, parsed))
-    for gate, why in (waiting or {}).items():
-        gates[gate] = {"verdict": "pending TIER-1", "message": why, "result": {}, "log": None, "json": None}
-    wire = None
-    if wire_result is not None:
-        res = read_json(wire_result)
-        wire = {"verdict": res["verdict"] if res else "not run",
-                "message": (res or {}).get("message", "the wire stage has not run"),
-                "numbers": (res or {}).get("numbers", {}), "fragments": sorted((res or {}).get("fragments", {})),
-                "json": _rel(wire_result, build_dir)}
-    verdicts = [r["verdict"] for r in compile_rows] + [g["verdict"] for g in gates.values()]
+    parts = {}
+    for row in REPORTING:
+        report = _report(row.name)
+        part = _gate_part(row.name, inputs, parsed, report) if row.gate else report.part(inputs)
+        if part is not None:
+            parts[row.name] = part
+    verdicts = [v for p in parts.values() for v in p["counted"]]
     overall = "pass" if verdicts and all(v == "pass" for v in verdicts) else \
         ("fail" if any(v in ("fail", "hang", "crash") for v in verdicts) else
          ("unsure" if any(v == "unsure" for v in verdicts) else "incomplete"))
-    return {"kernel": name, "gpu_key": gpu_key, "compile": compile_rows, "gates": gates,
-            "wire": wire, "overall": overall, "tune": None}
+    return {"kernel": name, "gpu_key": gpu_key, "overall": overall, "parts": parts}
 
 
 def _fmt_us(x) -> str:
     return f"{x:.2f}" if isinstance(x, (int, float)) else "—"
 
 
-def _report(gate: str):
-    """The module of a gate's part of the review (its row's `report`), or None."""
+def _report(stage: str):
+    """The module of a stage's part of the review (its row's `report`), or None."""
     import importlib
-    row = BY_NAME.get(gate)
+    row = BY_NAME.get(stage)
     return importlib.import_module(row.report) if row is not None and row.report else None
+
+
+@functools.lru_cache(maxsize=None)
+def _helpers() -> dict:
+    """The functions the reports give every review template (perf's ratio and limits)."""
+    return {name: fn for row in REPORTING for name, fn in _report(row.name).HELPERS.items()}
 
 
 def _fragment(report, name: str | None) -> Path | None:
@@ -84,31 +114,36 @@ def _fragment(report, name: str | None) -> Path | None:
 
 
 def render_kernel(review: dict) -> str:
-    """review.md: the frame, and each gate's own part rendered from its stage's templates
-    (a lead before the compile section, a section after its verdict)."""
-    context = {"r": review, "us": _fmt_us, "limits": perf_report.limits_text, "ratio": perf_report.ratio_text}
-    bodies, leads = {}, []
-    for gate, g in review["gates"].items():
-        report = _report(gate)
+    """review.md: the frame, and each stage's part rendered from its own templates (a lead
+    before the first section, its section in table order; a gate's section opens with its
+    verdict, message and evidence, templates/review_gate.md.j2)."""
+    context = {"r": review, "us": _fmt_us, **_helpers()}
+    sections, leads = [], []
+    for stage, p in review["parts"].items():
+        report = _report(stage)
         body = _fragment(report, report.REVIEW if report else None)
         lead = _fragment(report, report.REVIEW_LEAD if report else None)
-        bodies[gate] = render_template(body, {**context, "g": g}) if body else ""
+        text = render_template(body, {**context, "p": p, "g": p}) if body else ""
+        if BY_NAME[stage].gate is not None:
+            text = render_template(GATE_SECTION, {**context, "gate": stage, "g": p, "body": text})
+        sections.append(text)
         if lead:
-            leads.append(render_template(lead, {**context, "g": g}))
-    return render_template(config.TEMPLATE_DIR / "review.md.j2", {**context, "bodies": bodies, "leads": leads})
+            leads.append(render_template(lead, {**context, "g": p}))
+    return render_template(config.TEMPLATE_DIR / "review.md.j2", {**context, "sections": sections, "leads": leads})
 
 
 def review_templates(g) -> list[str]:
     """Every template a kernel's review renders (its inputs): the frame and each gate's parts."""
-    return [g.pkg("templates", "review.md.j2"), *(g.pkg(*parts) for parts in _fragment_parts())]
+    return [g.pkg("templates", "review.md.j2"), g.pkg("templates", GATE_SECTION.name),
+            *(g.pkg(*parts) for parts in _fragment_parts())]
 
 
 @functools.lru_cache(maxsize=None)
 def _fragment_parts() -> tuple[tuple[str, ...], ...]:
-    """Each gate's review templates as package paths (found once per process)."""
+    """Each stage's review templates as package paths (found once per process)."""
     out = []
-    for gate in GPU_GATES:
-        report = _report(gate)
+    for row in REPORTING:
+        report = _report(row.name)
         for name in (report.REVIEW, report.REVIEW_LEAD) if report is not None else ():
             if name:
                 out.append(_fragment(report, name).resolve().relative_to(config.PACKAGE_DIR.resolve()).parts)
@@ -116,16 +151,13 @@ def _fragment_parts() -> tuple[tuple[str, ...], ...]:
 
 
 def junit_xml(reviews: list[dict]) -> str:
-    """JUnit XML for CI systems: one testsuite per kernel, one testcase per gate (compile per
-    arch, validate, perf, wire); fail/hang/crash are failures, unsure and not run are
-    skipped with their message (never a pass)."""
+    """JUnit XML for CI systems: one testsuite per kernel, the testcases each part names (a
+    compile per arch, wire, each gate); fail/hang/crash are failures, unsure, pending and not
+    run are skipped with their message (never a pass)."""
     from xml.sax.saxutils import quoteattr, escape
     lines = ['<?xml version="1.0" encoding="UTF-8"?>', "<testsuites>"]
     for r in reviews:
-        cases = [(f"compile {c['arch']}", c["verdict"], "") for c in r.get("compile", [])]
-        cases += [(gate, g["verdict"], g.get("message", "")) for gate, g in r.get("gates", {}).items()]
-        if r.get("wire"):
-            cases.append(("wire", r["wire"]["verdict"], r["wire"].get("message", "")))
+        cases = [tuple(c) for p in r["parts"].values() for c in p["cases"]]
         failures = sum(v in ("fail", "hang", "crash") for _, v, _ in cases)
         skipped = sum(v not in ("pass", "fail", "hang", "crash") for _, v, _ in cases)
         lines.append(f"  <testsuite name={quoteattr(r['kernel'])} tests=\"{len(cases)}\" "
@@ -144,8 +176,10 @@ def junit_xml(reviews: list[dict]) -> str:
 
 
 def write_kernel_review(review: dict, md_path: Path, json_path: Path, junit_path: Path | None = None) -> None:
-    review["plot_note"] = perf_report.write_plot(review, md_path.with_name(perf_report.PLOT_NAME))
-    review["plot"] = None if review["plot_note"] else perf_report.PLOT_NAME
+    for row in REPORTING:       # what a stage writes beside review.md (perf's picture)
+        report = _report(row.name)
+        if report.FILES is not None:
+            review.update(report.FILES(review, md_path.parent))
     write_json_atomic(json_path, review)
     if junit_path is not None:
         write_atomic(junit_path, junit_xml([review]))
@@ -156,17 +190,12 @@ def write_summary(review_jsons: list[Path], md_path: Path, junit_path: Path | No
     reviews = [json.loads(p.read_text()) for p in review_jsons]
     if junit_path is not None:
         write_atomic(junit_path, junit_xml(reviews))
-    # a column per gate of the table the reviews have (wire, and the runtime gate only where
+    # a column per cell any review's parts have, in table order (the runtime gate's only where
     # some review ran it: a gate no kernel had is no column of "not run")
-    columns = ["wire"] * any(r.get("wire") for r in reviews) + [
-        g for g in GPU_GATES if any(g in r["gates"] for r in reviews)]
+    columns = list(dict.fromkeys(c for row in REPORTING for r in reviews
+                                 for c in r["parts"].get(row.name, {}).get("cells", ())))
     rows = [{"kernel": r["kernel"], "overall": r["overall"],
-             "compile": {c["arch"]: c["verdict"] for c in r["compile"]},
-             "gates": {**{g: v["verdict"] for g, v in r["gates"].items()},
-                       **({"wire": r["wire"]["verdict"]} if r.get("wire") else {})},
-             # None: no perf figures to compare; [] : every variant at or below torch
-             "slower": ([f"{x['variant']} {x['ratio_hot']:.2f}×" for x in r["gates"]["perf"]["slower_than_baseline"]]
-                        if "slower_than_baseline" in r["gates"].get("perf", {}) else None),
+             "cells": {c: t for p in r["parts"].values() for c, t in p["cells"].items()},
              "link": _rel(Path(p).with_name("review.md"), md_path.parent)}
             for r, p in zip(reviews, review_jsons)]
     write_atomic(md_path, render_template(config.TEMPLATE_DIR / "summary.md.j2",
@@ -175,10 +204,9 @@ def write_summary(review_jsons: list[Path], md_path: Path, junit_path: Path | No
 
 # ---------------------------------------------------------------- the stage's nodes
 def nodes(g, k, stage: str) -> None:
-    sources = [k.rel.resources(a) for a in k.archs]
-    if k.has_wiring:
-        sources.append(k.rel.wire_result)
-    # the gates the graph has for k (the runtime gate exists only with mpk_root=)
+    # what each part reads: a stage's own files, and the result of each gate the graph has
+    # for k (the runtime gate exists only with mpk_root=, profile only with its section)
+    sources = [rel for row in REPORTING if row.gate is None for rel in _report(row.name).review_sources(g, k)]
     gates = [gate for gate in GPU_GATES if g.requested.get((k.name, gate))]
     sources += [k.rel.gate_result(gate, g.gpu_key) for gate in gates]
     from mpkbuild.stages.spec import tuned_fact
@@ -218,14 +246,9 @@ def run_review(build, info, target, source) -> int:
     results = {g: k.gate_result(g, key) for g in GPU_GATES if os.path.realpath(k.gate_result(g, key)) in read}
     data = kernel_review(k.name, k.build_dir, k.archs, key, {a: k.resources(a) for a in k.archs},
                          results, k.wire_result if k.has_wiring else None,
-                         json.loads(info.get("MPK_WAITS") or "{}"))
+                         json.loads(info.get("MPK_WAITS") or "{}"), kernel=k)
     # the inputs' signatures: the data changes whenever an input did, so the summary that
     # reads it re-runs exactly when a review ran (the exact dry run relies on that)
-    if k.tuned:
-        path = k.root / k.tuned["path"]
-        data["tune"] = tune_review(read_json(path), k.base.data["codegen"],
-                                   {n: l["default"] for n, l in k.spec.data["codegen"].get("levers", {}).items()},
-                                   _rel(path, k.build_dir))
     data["inputs"] = lock_for(source, k.root)
     try:
         write_kernel_review(data, Path(target[0].abspath), Path(target[1].abspath),

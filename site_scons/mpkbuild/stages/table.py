@@ -73,8 +73,11 @@ class Stage:
     note: str | None = None         # "module:function" giving status's line about its gate node
     summary: str | None = None      # function of its module saying a result in the verdict table
                                     # (default: the verdict and the message's first line)
-    report: str | None = None       # module of its part of review.md: review(res, results) -> data,
-                                    # REVIEW (its section's template beside it), REVIEW_LEAD (or None)
+    report: str | None = None       # module of its part of review.md (stages/review.py): REVIEW (its
+                                    # section's template beside it, or None), REVIEW_LEAD (or None);
+                                    # a gate's review(res, results) -> what its result adds, any
+                                    # other stage's part(inputs) -> its part (None: none) and
+                                    # review_sources(g, k) -> the files the part reads
 
     @property
     def impl(self) -> StageModule:
@@ -98,12 +101,13 @@ _BUILDING: tuple[Stage, ...] = (
           section="mpkbuild.stages.generate.section",
           doc="render K_spec.h, the task body and the harness with jinja2"),
     Stage(name="compile", reads=(), after=("generate",), per="arch", judges=True, module="compile",
-          summary="summary",
+          summary="summary", report="mpkbuild.stages.compile_review",
           doc="nvcc per target arch to a shared library; resource gate (spills, SMEM)"),
     # the fragments hold the rendered body and header (codegen) and the test-mode test,
     # which holds the reference's tolerances and the inputs' distributions
     Stage(name="wire", reads=("codegen", "wiring", "validate", "generators"), after=("spec",),
           per="kernel", judges=True, module="wire", section="mpkbuild.wire.section",
+          report="mpkbuild.stages.wire_review",
           doc="registration edits for an MPK checkout: fragments; with mpk_root= a diff, "
               "apply=1 applies them, unwire=1 removes them"),
     Stage(name="validate", reads=("codegen", "generators", "validate"), after=("compile",), per="gpu",
@@ -141,13 +145,15 @@ _BUILDING: tuple[Stage, ...] = (
           report="mpkbuild.stages.profile.report"),
     Stage(name="tune", reads=("tune", "generators", "validate", "perf"), after=("spec",), per="gpu",
           needs_gpu=True, judges=True, module="tune", section="mpkbuild.stages.tune.section",
+          report="mpkbuild.stages.tune.report",
           doc="search tune.space per variant: candidates compiled (CPU, -jN), validated and timed "
               "(GPU), the fastest committed as tuned/<gpu>/K.json"),
 )
-# the review renders every stage's part of it: it comes after each, their report modules are its code
+# the review renders every stage's part of it (their report modules are its code); it comes
+# after compile, wire and each GPU gate, never after tune (a tuned file is read as it is)
 STAGES: tuple[Stage, ...] = (
     *_BUILDING,
-    Stage(name="review", reads=(), after=("compile", "wire", *(s.name for s in _BUILDING if s.report)),
+    Stage(name="review", reads=(), after=("compile", "wire", *(s.name for s in _BUILDING if s.gate and s.report)),
           per="kernel",
           module="review", shared=True, code=tuple(s.report for s in _BUILDING if s.report),
           doc="build/K/review.md and build/review.md: every verdict and key number"),

@@ -14,7 +14,10 @@ REVIEW_LEAD = None
 
 
 def review(res: dict, results: dict) -> dict:
-    return section(res)
+    """Its section, and the summary's column of the variants slower than torch."""
+    part = section(res)
+    slower = ", ".join(f"{x['variant']} {x['ratio_hot']:.2f}×" for x in part["slower_than_baseline"])
+    return {**part, "cells": {"slower than torch": slower}}
 
 
 def section(res: dict) -> dict:
@@ -192,11 +195,20 @@ def limits_text(limits: list[dict]) -> str:
 PLOT_NAME = "perf.png"
 
 
+def files(review: dict, folder: Path) -> dict:
+    """The picture beside review.md, or the note saying why there is none."""
+    note = write_plot(review, folder / PLOT_NAME)
+    return {"plot_note": note, "plot": None if note else PLOT_NAME}
+
+
+FILES = files                     # what it writes beside review.md (the picture)
+
+
 def write_plot(review: dict, path: Path) -> str | None:
     """ours vs each baseline vs the ceiling, per variant (hot, and cold where timed), as a
     PNG beside review.md. Returns None when written, else why not (matplotlib missing, no
     perf figures): the review shows that note instead of the picture."""
-    table = (review.get("gates", {}).get("perf") or {}).get("table")
+    table = (review.get("parts", {}).get("perf") or {}).get("table")
     if not table:
         return "no perf figures"
     try:
@@ -259,3 +271,7 @@ def status_note(root: Path, node: Node, files: ReadOnce | None = None) -> str | 
     regs = len(hist.get("regressions") or [])
     return (f"vs accepted {hist.get('accepted')}: " + "; ".join(parts) +
             f"; {regs} regression{'s' if regs != 1 else ''} confirmed")
+
+
+# every review template may call these (the runtime gate's lead shows ratios and limits too)
+HELPERS = {"limits": limits_text, "ratio": ratio_text}

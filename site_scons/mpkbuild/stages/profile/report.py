@@ -4,6 +4,8 @@ from __future__ import annotations
 
 REVIEW = "review.md.j2"           # this gate's section of review.md, after its verdict line
 REVIEW_LEAD = None
+HELPERS: dict = {}                # functions every review template may call
+FILES = None                      # no file of its own beside review.md
 
 
 def review(res: dict, results: dict) -> dict:

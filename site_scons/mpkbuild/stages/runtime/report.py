@@ -6,6 +6,8 @@ from mpkbuild.wire.incumbents import BLOCK_PREFIX
 
 REVIEW = "review.md.j2"           # this gate's section of review.md: in-runtime vs harness
 REVIEW_LEAD = "review_lead.md.j2"  # first on the page: the verdict inside MPK, head to head
+HELPERS: dict = {}                # functions every review template may call
+FILES = None                      # no file of its own beside review.md
 
 
 def review(res: dict, results: dict) -> dict:

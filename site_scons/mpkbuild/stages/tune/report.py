@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from mpkbuild.stages.tune.pick import spec_measurements
 
+REVIEW = "review.md.j2"           # the tune section of review.md: winners, losers, levers
+REVIEW_LEAD = None
+HELPERS: dict = {}                # functions every review template may call
+FILES = None                      # no file of its own beside review.md
+
 
 def _cfg(values: dict | None) -> str:
     return " ".join(f"{k}={('on' if v else 'off') if isinstance(v, bool) else v}"
@@ -46,3 +51,25 @@ def tune_review(record: dict | None, codegen: dict, applied: dict | None, link: 
     return {"verdict": record.get("verdict", "?"), "message": record.get("message", ""),
             "figure": record.get("figure"), "interval": record.get("interval"), "levers": levers,
             "variants": variants, "file": link.rsplit("/", 1)[-1], "link": link}
+
+
+def review_sources(g, k) -> list[str]:
+    """None: the tuned file is the tune stage's target, which review does not run; its hash
+    is a fact of the review node (stages.spec.tuned_fact)."""
+    return []
+
+
+def part(inputs) -> dict | None:
+    """The tuned file this kernel's spec has its values from, when there is one."""
+    import os
+    from mpkbuild.util.fsutil import read_json
+    k = inputs.kernel
+    if k is None or not k.tuned:
+        return None
+    path = k.root / k.tuned["path"]
+    data = tune_review(read_json(path), k.base.data["codegen"],
+                       {n: l["default"] for n, l in k.spec.data["codegen"].get("levers", {}).items()},
+                       os.path.relpath(path, inputs.build_dir))
+    if data is None:
+        return None
+    return {**data, "counted": [], "cases": [], "cells": {}}
