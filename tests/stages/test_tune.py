@@ -499,3 +499,20 @@ def test_a_lever_that_is_off_changes_no_byte(tmp_path):
     run = p.scons("stage=compile", fake_gpu=False)
     assert "compile rmsnorm_v2 sm_90a" in run.stdout
     assert outputs()[0][f"rmsnorm_v2.cuh"] != without[0]["rmsnorm_v2.cuh"]
+
+
+def test_a_tune_on_a_gpu_profile_the_spec_does_not_target_waits_for_its_hardware(project):
+    """sm_100a only, on the H200's profile: the tune compiles nothing and runs no trial; status
+    and check say it waits (pending TIER-1), never passed, never an error."""
+    import json
+    project.edit("specs/rmsnorm_v2.yaml", "archs: [sm_90a, sm_100a]", "archs: [sm_100a]")
+    project.edit("specs/rmsnorm_v2.yaml", "task_type: {sm_90a: TASK_RMSNORM_V2_HOPPER, sm_100a:", "task_type: {sm_100a:")
+    project.edit("specs/rmsnorm_v2.yaml", "number: {sm_90a: auto, sm_100a: auto}", "number: {sm_100a: auto}")
+    h200 = "gpu=nvidia-h200-sm90"
+    assert not project.scons("-n", "stage=tune", h200).actions
+    nodes = {n["label"]: n for n in json.loads(project.scons("status", "--json", "stage=tune", h200).stdout)["nodes"]}
+    tune = nodes["tune rmsnorm_v2 nvidia-h200-sm90"]
+    assert tune["state"] == "pending" and tune["reasons"][0].startswith("pending TIER-1 (needs sm_100a)")
+    assert not [label for label in nodes if label.startswith(("trial ", "tunecc "))]
+    check = project.scons("check", "stage=tune", h200)
+    assert "pending TIER-1 (needs sm_100a)" in check.stdout
