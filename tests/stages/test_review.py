@@ -226,3 +226,27 @@ def test_a_hot_figure_in_the_l2_is_marked_so_and_only_dram_figures_are_held_to_t
     marks = bandwidth_marks({"variants": {"m8": in_l2, "large": streamed}})
     assert marks["m8"] == {"hot": " (in L2)", "cold": " (above the ceiling)"}
     assert marks["large"] == {"hot": " (above the ceiling)", "cold": " (above the ceiling)"}
+
+
+def test_every_figure_says_its_tier_and_the_headline_comes_from_tier1_where_it_ran(tmp_path):
+    """TIER-1 (the runtime gate's in-runtime figures) decides the headline where it ran; the
+    harness's figures corroborate (shown, their check still fails the build, not counted);
+    without a runtime gate the headline says the harness's diagnostic figures decided it."""
+    import xml.etree.ElementTree as ET
+    for gate, verdict in (("validate", "pass"), ("perf", "fail"), ("runtime", "pass")):
+        (tmp_path / f"{gate}.json").write_text(json.dumps({"verdict": verdict, "message": f"{gate} said so"}))
+    results = {g: tmp_path / f"{g}.json" for g in ("validate", "perf", "runtime")}
+    r = review.kernel_review("k", tmp_path, [], "h200", {}, results)
+    assert r["overall"] == "pass" and r["decided_by"]["tier"] == "TIER-1"
+    page = review.render_kernel(r)
+    assert ("Overall: **pass** · GPU results from `h200` · decided by TIER-1 (in-runtime, production "
+            "grid): runtime; not counted, corroboration: perf") in page
+    assert ("Figures: diagnostic (event time, standalone): hot, cold, bandwidth · TIER-2 (harness "
+            "slowCTA, corroboration): slowcta; its verdict judges its diagnostic figures.") in page
+    cases = {c.get("name"): c for c in ET.fromstring(review.junit_xml([r])).iter("testcase")}
+    assert cases["runtime"].find("properties/property").get("value") == "TIER-1"
+    assert cases["perf"].find("properties/property").get("value") == "diagnostic"
+    assert cases["perf"].find("failure") is not None and cases["validate"].find("properties") is None
+    del results["runtime"]
+    r = review.kernel_review("k", tmp_path, [], "h200", {}, results)
+    assert r["overall"] == "fail" and r["decided_by"]["text"] == "diagnostic (event time, standalone): perf"

@@ -15,7 +15,7 @@ from pathlib import Path
 from mpkbuild.model.graph import Node
 from mpkbuild.model.paths import summary_file
 from mpkbuild.stages.generate import render_template
-from mpkbuild.stages.table import BY_NAME, GPU_GATES, STAGES
+from mpkbuild.stages.table import BY_NAME, FIGURE_TIERS, GPU_GATES, STAGES
 from mpkbuild.util import config
 from mpkbuild.util.fsutil import read_json, write_atomic, write_json_atomic
 
@@ -61,8 +61,12 @@ def _gate_part(gate: str, inputs: ReviewInputs, parsed: dict, report) -> dict | 
         log, js = inputs.rel(path.with_suffix(".log")), inputs.rel(path)
     else:
         return None
+    tiers: dict = {}                # "TIER-1 (in-runtime, production grid)" -> its figures
+    for fig, t in report.TIERS.items():
+        tiers.setdefault(f"{t} ({FIGURE_TIERS[t]})", []).append(fig)
     part = {"verdict": verdict, "message": message, "result": res or {}, "log": log, "json": js,
-            "counted": [verdict], "cases": [[gate, verdict, message]], "cells": {gate: verdict}}
+            "tiers": tiers, "decides": report.DECIDES, "counted": [verdict],
+            "cases": [[gate, verdict, message, report.DECIDES]], "cells": {gate: verdict}}
     if res and report is not None:
         extra = report.review(res, parsed)
         part["cells"].update(extra.pop("cells", {}))
@@ -85,11 +89,27 @@ def kernel_review(name: str, build_dir: Path, archs, gpu_key: str | None,
         part = _gate_part(row.name, inputs, parsed, report) if row.gate else report.part(inputs)
         if part is not None:
             parts[row.name] = part
-    verdicts = [v for p in parts.values() for v in p["counted"]]
+    decided_by = _decided_by(parts)
+    verdicts = [v for stage, p in parts.items() if stage in decided_by["counted"] for v in p["counted"]]
     overall = "pass" if verdicts and all(v == "pass" for v in verdicts) else \
         ("fail" if any(v in ("fail", "hang", "crash") for v in verdicts) else
          ("unsure" if any(v == "unsure" for v in verdicts) else "incomplete"))
-    return {"kernel": name, "gpu_key": gpu_key, "overall": overall, "parts": parts}
+    return {"kernel": name, "gpu_key": gpu_key, "overall": overall, "decided_by": decided_by, "parts": parts}
+
+
+def _decided_by(parts: dict) -> dict:
+    """Which parts the headline verdict is made of: every correctness verdict, and of the
+    speed verdicts only the TIER-1 ones where a TIER-1 gate ran (the others corroborate)."""
+    ran = [s for s, p in parts.items() if p.get("decides") == "TIER-1"
+           and p["verdict"] not in ("not run", "pending TIER-1")]
+    speed = [s for s, p in parts.items() if p.get("decides")]
+    judged = ran or speed
+    tier = "TIER-1" if ran else (parts[judged[0]]["decides"] if judged else None)
+    text = (f"{tier} ({FIGURE_TIERS[tier]}): {', '.join(judged)}" if tier else "no figure: correctness only")
+    if ran and len(speed) > len(ran):
+        text += f"; not counted, corroboration: {', '.join(s for s in speed if s not in ran)}"
+    return {"tier": tier, "text": text,
+            "counted": [s for s, p in parts.items() if not p.get("decides") or s in judged]}
 
 
 def _fmt_us(x) -> str:
@@ -157,13 +177,15 @@ def junit_xml(reviews: list[dict]) -> str:
     from xml.sax.saxutils import quoteattr, escape
     lines = ['<?xml version="1.0" encoding="UTF-8"?>', "<testsuites>"]
     for r in reviews:
-        cases = [tuple(c) for p in r["parts"].values() for c in p["cases"]]
-        failures = sum(v in ("fail", "hang", "crash") for _, v, _ in cases)
-        skipped = sum(v not in ("pass", "fail", "hang", "crash") for _, v, _ in cases)
+        cases = [(*c, None)[:4] for p in r["parts"].values() for c in p["cases"]]
+        failures = sum(v in ("fail", "hang", "crash") for _, v, _, _ in cases)
+        skipped = sum(v not in ("pass", "fail", "hang", "crash") for _, v, _, _ in cases)
         lines.append(f"  <testsuite name={quoteattr(r['kernel'])} tests=\"{len(cases)}\" "
                      f"failures=\"{failures}\" errors=\"0\" skipped=\"{skipped}\">")
-        for name, verdict, message in cases:
+        for name, verdict, message, tier in cases:
             lines.append(f"    <testcase classname={quoteattr('mpkbuild.' + r['kernel'])} name={quoteattr(name)}>")
+            if tier:       # what its figures are worth (stages.table.FIGURE_TIERS)
+                lines.append(f"      <properties><property name=\"tier\" value={quoteattr(tier)}/></properties>")
             if verdict in ("fail", "hang", "crash"):
                 lines.append(f"      <failure type={quoteattr(verdict)} message={quoteattr(message[:500])}>"
                              f"{escape(message)}</failure>")

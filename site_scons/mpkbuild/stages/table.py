@@ -159,6 +159,15 @@ STAGES: tuple[Stage, ...] = (
           doc="build/K/review.md and build/review.md: every verdict and key number"),
 )
 
+# what a figure is worth, as review.md, review.json and JUnit label it (issue 55): a stage's
+# report says the tier of each figure it shows (TIERS) and of the figures its verdict judges
+# (DECIDES); where a TIER-1 figure was measured, only it decides the kernel's headline
+FIGURE_TIERS = {
+    "TIER-1": "in-runtime, production grid",
+    "TIER-2": "harness slowCTA, corroboration",
+    "diagnostic": "event time, standalone",
+}
+
 BY_NAME = {s.name: s for s in STAGES}
 NAMES = tuple(s.name for s in STAGES)
 # the gates a kernel has on a GPU (validate, runtime with mpk_root=, perf), in the order the

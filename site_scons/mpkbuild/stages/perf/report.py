@@ -11,6 +11,9 @@ from mpkbuild.util.fsutil import ReadOnce
 
 REVIEW = "review.md.j2"           # this gate's section of review.md: every figure and baseline
 REVIEW_LEAD = None
+# the tier of each figure it shows, and of those its verdict judges (stages.table.FIGURE_TIERS)
+TIERS: dict = {"hot": "diagnostic", "cold": "diagnostic", "slowcta": "TIER-2", "bandwidth": "diagnostic"}
+DECIDES = "diagnostic"
 
 
 def review(res: dict, results: dict) -> dict:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 REVIEW = "review.md.j2"           # this gate's section of review.md, after its verdict line
 REVIEW_LEAD = None
+# the tier of each figure it shows, and of those its verdict judges (stages.table.FIGURE_TIERS)
+TIERS: dict = {"ncu µs": "diagnostic", "DRAM": "diagnostic", "SM": "diagnostic"}
+DECIDES = "diagnostic"
 HELPERS: dict = {}                # functions every review template may call
 FILES = None                      # no file of its own beside review.md
 

@@ -6,6 +6,9 @@ from mpkbuild.wire.incumbents import BLOCK_PREFIX
 
 REVIEW = "review.md.j2"           # this gate's section of review.md: in-runtime vs harness
 REVIEW_LEAD = "review_lead.md.j2"  # first on the page: the verdict inside MPK, head to head
+# the tier of each figure it shows, and of those its verdict judges (stages.table.FIGURE_TIERS)
+TIERS: dict = {"makespan": "TIER-1", "slowcta": "TIER-1", "median task": "TIER-1"}
+DECIDES = "TIER-1"
 HELPERS: dict = {}                # functions every review template may call
 FILES = None                      # no file of its own beside review.md
 
