@@ -164,6 +164,40 @@ def test_the_pipeline_fixture_passes_validate_on_the_gpu(tmp_path):
     assert json.loads(result.read_text())["verdict"] == "pass"
 
 
+# a fault no static audit sees: the consumers never hand stage 0 back, so the producer waits
+# forever once the ring wraps (8 steps on 3 stages); it generates and compiles as any body does
+NEVER_ARRIVES = ("if (P::lane() == 0) P::arrive(", "if (P::lane() == 0 && s != 0) P::arrive(")
+
+
+@pytest.mark.nvcc
+def test_a_role_that_never_arrives_at_runtime_is_no_fault_the_cpu_can_see(tmp_path):
+    """It passes generate and compile: only validate or the runtime gate can catch it (below)."""
+    p = fixture_project(tmp_path / "proj")
+    p.edit(BODY, *NEVER_ARRIVES)
+    p.scons("stage=compile", "kernel=pipe_copy")
+    assert '"verdict": "pass"' in p.path("build/pipe_copy/sm_90a/resources.json").read_text()
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_a_role_that_never_arrives_hangs_within_the_watchdog_and_the_gpu_stays_usable(tmp_path):
+    """validate's verdict is `hang` inside its watchdog (the process group killed), never a
+    wedged call; the mended body's next validate on the same GPU passes."""
+    import time
+    p = fixture_project(tmp_path / "proj")
+    p.edit(SPEC, "timeout_s: 120", "timeout_s: 20")
+    p.edit(BODY, *NEVER_ARRIVES)
+    started = time.monotonic()
+    p.scons("stage=validate", "kernel=pipe_copy", fake_gpu=False, check=False, timeout=900)
+    (result,) = (p.root / "build/pipe_copy/gpu").glob("*/validate.json")
+    res = json.loads(result.read_text())
+    assert res["verdict"] == "hang" and "ran past its 20 s timeout" in res["message"], res
+    assert time.monotonic() - started < 300
+    p.edit(BODY, NEVER_ARRIVES[1], NEVER_ARRIVES[0])
+    p.scons("stage=validate", "kernel=pipe_copy", fake_gpu=False, timeout=900)
+    assert json.loads(result.read_text())["verdict"] == "pass"
+
+
 @pytest.mark.nvcc
 def test_an_sm100a_kernel_waits_for_its_hardware_never_passed_never_an_error(tmp_path):
     """On a profile whose arch the spec does not target, every GPU gate is `pending TIER-1
