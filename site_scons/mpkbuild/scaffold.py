@@ -24,7 +24,7 @@ from mpkbuild.util import config
 
 SCAFFOLD_DIR = config.TEMPLATE_DIR / "scaffold"
 FAMILIES = {
-    "A": "pipeline: SMEM stages filled by cp.async while the previous stage is consumed",
+    "A": "warp-role pipeline: a producer warp fills a ring of SMEM stages with bulk copies on mbarriers, consumer warps drain it (codegen.pipeline)",
     "B": "consumer with typed SMEM regions declared in the spec",
     "C": "consumer with one monolithic SMEM region and hand-rolled offsets",
     "D": "consumer only, no SMEM (elementwise)",

@@ -143,7 +143,9 @@ def test_scaffolded_kernels_are_ordinary_kernels(catalog_build):
     for name in STARTERS:
         header = (proj.root / "build" / name / "gen" / f"{name}_spec.h").read_text()
         assert "constexpr float SCALE = 0.5f;" in header
-    assert "SMEM_STAGE_OFFSET" in (proj.root / "build" / "starter_a" / "gen" / "starter_a_spec.h").read_text()
+    a = (proj.root / "build" / "starter_a" / "gen" / "starter_a_spec.h").read_text()
+    # family A is a declared pipeline: its ring, barriers and their audit in the header
+    assert "SMEM_RING_OFFSET" in a and "struct ring {" in a and "static_assert(FULL_TX_BYTES == COPY_TILE_BYTES" in a
     assert "SMEM_TILE_OFFSET" in (proj.root / "build" / "starter_b" / "gen" / "starter_b_spec.h").read_text()
 
 

@@ -164,6 +164,21 @@ def test_the_pipeline_fixture_passes_validate_on_the_gpu(tmp_path):
     assert json.loads(result.read_text())["verdict"] == "pass"
 
 
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_the_family_a_starter_passes_validate_on_the_gpu(tmp_path):
+    """`scons new=K family=A` starts from a declared pipeline of pipe_copy's shape: it passes
+    validate as scaffolded, in the harness and in worker mode."""
+    from conftest import copy_project
+    from mpkbuild import scaffold
+    p = copy_project(tmp_path / "proj", kernels=())
+    scaffold.create(p.root, "starter_a", "A")
+    p.edit("specs/starter_a.yaml", "archs: [sm_90a, sm_100a]", "archs: [sm_90a]")
+    p.scons("stage=validate", "kernel=starter_a", fake_gpu=False, timeout=900)
+    (result,) = (p.root / "build/starter_a/gpu").glob("*/validate.json")
+    assert json.loads(result.read_text())["verdict"] == "pass"
+
+
 # a fault no static audit sees: the consumers never hand stage 0 back, so the producer waits
 # forever once the ring wraps (8 steps on 3 stages); it generates and compiles as any body does
 NEVER_ARRIVES = ("if (P::lane() == 0) P::arrive(", "if (P::lane() == 0 && s != 0) P::arrive(")
