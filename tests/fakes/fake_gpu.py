@@ -192,11 +192,9 @@ def _trial(job) -> dict:
 
 
 def _profiled(job):
-    import fnmatch
     from pathlib import Path
-    globs = job.payload["profile"]["profile"]["variants"]
-    launched = [v for v in job.payload["codegen"]["codegen"]["variants"]
-                if any(fnmatch.fnmatchcase(v, g) for g in globs)]
+    from mpkbuild.runners.facts import PROFILED
+    launched = job.payload[PROFILED]
     report = os.environ.get("FAKE_GPU_TOOL_REPORT")
     text = Path(report).read_text() if report else ncu_report(job.kernel, {v: MEMORY_BOUND for v in launched})
     result = {"verdict": "launched", "kernel": job.kernel, "launched": launched,

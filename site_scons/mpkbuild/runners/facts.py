@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TypedDict
 
 KEY = "variants"      # beside the codegen section: side[KEY][variant] is a Variant
+PROFILED = "profiled_variants"   # the profile gate's job: the variants it launches, in the spec's order
 
 
 class Tensor(TypedDict):

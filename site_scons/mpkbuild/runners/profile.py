@@ -9,19 +9,12 @@ node's), and the build adds ncu's figures and judges them (stages/profile/judge.
 """
 from __future__ import annotations
 
-import fnmatch
 import json
 
 import torch
 
 from .common import Harness, device_facts, random_tensor, run_main, tensor_specs
-
-
-def chosen(job: dict) -> list[str]:
-    """The variants the profile section's globs pick, in the spec's order."""
-    globs = job["profile"]["profile"]["variants"]
-    return [v for v in job["codegen"]["codegen"]["variants"]
-            if any(fnmatch.fnmatchcase(v, g) for g in globs)]
+from .facts import PROFILED
 
 
 def main(job: dict) -> dict:
@@ -34,7 +27,7 @@ def main(job: dict) -> dict:
     torch.cuda._sleep(0)
     torch.cuda.synchronize()
     launched = []
-    for variant in chosen(job):
+    for variant in job[PROFILED]:       # the section's globs, resolved by the build
         print(f"profile variant {variant}", flush=True)     # a crash's last line names it
         ins, outs = tensor_specs(job, variant)
         inputs = [random_tensor(shape, dtype, gens.get(name), gen) for name, shape, dtype in ins]

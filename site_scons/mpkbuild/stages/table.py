@@ -141,7 +141,8 @@ _BUILDING: tuple[Stage, ...] = (
               "latency- or launch-bound against the measured ceilings, with DRAM and SM "
               "throughput, occupancy and the top stalls; a spec's expected bounds judged (GPU)",
           gate=Gate("profile", judge="mpkbuild.stages.profile.judge", needs_pass=("validate",),
-                    uses_bandwidth=True, wrapper=("mpkbuild.stages.profile.ncu", "ncu")),
+                    uses_bandwidth=True, wrapper=("mpkbuild.stages.profile.ncu", "ncu"),
+                    job="mpkbuild.stages.profile:gate_job"),
           report="mpkbuild.stages.profile.report"),
     Stage(name="tune", reads=("tune", "generators", "validate", "perf"), after=("spec",), per="gpu",
           needs_gpu=True, judges=True, module="tune", section="mpkbuild.stages.tune.section",

@@ -13,6 +13,15 @@ from mpkbuild.stages import gates
 from mpkbuild.stages.gates import ACTIONS, predict  # noqa: F401 (the stage's own)
 
 
+def gate_job(k, build, arch: str, payload: dict):
+    """The job's variants to launch, resolved here (the runner reads no glob): the harness
+    library it loads is the gate's usual one."""
+    from mpkbuild.runners.facts import PROFILED
+    from mpkbuild.stages.profile.section import chosen
+    payload[PROFILED] = chosen(k.spec.data)
+    return k.library(arch), []
+
+
 def nodes(g, k, stage: str) -> None:
     """The gate node, for a kernel whose spec asks for a profile."""
     if "profile" not in k.spec.sections:
