@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mpkbuild.run.job import ToolMissing
+from mpkbuild.util.toolchain import toolkit_copies
 
 TOOLS = ("memcheck", "racecheck", "synccheck")
 
@@ -111,9 +112,8 @@ def find() -> str:
     on_path = shutil.which("compute-sanitizer")
     if on_path:
         return on_path
-    toolkits = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH")] + ["/usr/local/cuda"]
     wheel = _wheel_candidates()
-    candidates = wheel + [Path(t) / "bin" / "compute-sanitizer" for t in toolkits if t]
+    candidates = wheel + toolkit_copies("compute-sanitizer")
     for path in candidates:
         if _executable(path):
             if path in wheel and _lacks_launcher(path):

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 from mpkbuild.util import config
 
@@ -34,6 +35,13 @@ def _nvcc_version(nvcc: str) -> str:
     version = re.search(r"release [\d.]+, V([\d.]+)", out)
     build = re.search(r"Build (\S+)", out)
     return f"nvcc {version.group(1) if version else '?'} ({build.group(1) if build else '?'})"
+
+
+def toolkit_copies(tool: str) -> list:
+    """Where a CUDA toolkit keeps `tool` (compute-sanitizer, ncu): $CUDA_HOME, $CUDA_PATH,
+    /usr/local/cuda, each's bin/, in that order (they may not exist)."""
+    roots = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH")] + ["/usr/local/cuda"]
+    return [Path(r) / "bin" / tool for r in roots if r]
 
 
 _FLAGS = " ".join(config.NVCC_BASE_FLAGS)

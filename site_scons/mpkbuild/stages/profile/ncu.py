@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 
 from mpkbuild.run.job import ToolMissing
+from mpkbuild.util.toolchain import toolkit_copies
 
 ENV_VAR = "MPK_NCU"
 # ncu replays every profiled launch several times (one pass per group of counters), and
@@ -65,10 +66,8 @@ def find() -> str:
     found = shutil.which("ncu")
     if found:
         return found
-    toolkits = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH")] + ["/usr/local/cuda"]
-    candidates = [Path(t) / "bin" / "ncu" for t in toolkits if t]
-    candidates += sorted(Path("/opt/nvidia/nsight-compute").glob("*/ncu"), reverse=True)
-    for path in candidates:
+    newest_first = sorted(Path("/opt/nvidia/nsight-compute").glob("*/ncu"), reverse=True)
+    for path in toolkit_copies("ncu") + newest_first:
         if path.is_file() and os.access(path, os.X_OK):
             return str(path)
     raise ToolMissing(MISSING_HELP)
@@ -131,7 +130,7 @@ def parse(report_text: str) -> tuple[list[dict], list[str]]:
         body = body[1:]                               # the units row
     col = {name: i for i, name in enumerate(header)}
     wanted = {key: col[m] for key, m in METRICS.items() if m in col}
-    stalls = {STALLS.match(name).group(1): i for name, i in col.items() if STALLS.match(name)}
+    stalls = {m.group(1): i for name, i in col.items() if (m := STALLS.match(name))}
     rows = []
     for rec in body:
         if len(rec) != len(header):
@@ -165,11 +164,13 @@ def finish(option: str, report_text: str, exit_code: int, result: dict) -> dict:
                   if r["kernel"].startswith(f"{kernel}__")}
     missing = [v for v in result["launched"] if v not in by_variant]
     if not rows or missing:
-        said = next((m for m in errors if NO_COUNTERS.search(m)), None) or (errors[0] if errors else None)
-        what = ("ncu could not read the hardware counters on this machine" if said and NO_COUNTERS.search(said)
-                else f"ncu measured no launch of {', '.join(missing) or 'any variant'}")
-        return {**result, "verdict": "unavailable", "ncu_exit": exit_code,
-                "message": f"{what}: {said or 'it wrote no row for them (exit code %d)' % exit_code}",
+        no_counters = next((m for m in errors if NO_COUNTERS.search(m)), None)
+        if no_counters:
+            message = f"ncu could not read the hardware counters on this machine: {no_counters}"
+        else:
+            said = errors[0] if errors else f"it wrote no row for them (exit code {exit_code})"
+            message = f"ncu measured no launch of {', '.join(missing) or 'any variant'}: {said}"
+        return {**result, "verdict": "unavailable", "ncu_exit": exit_code, "message": message,
                 "ncu_errors": errors[:5], "report_tail": _tail(report_text)}
     variants = {v: {k: x for k, x in by_variant[v].items() if k != "kernel"} for v in result["launched"]}
     return {**result, "verdict": "profiled", "variants": variants,
