@@ -24,5 +24,5 @@ def part(inputs) -> dict:
                      "log": inputs.rel(inputs.resources[arch].with_name("compile.log")),
                      "variants": res["variants"] if res else {}})
     return {"rows": rows, "counted": [r["verdict"] for r in rows],
-            "cases": [[f"compile {r['arch']}", r["verdict"], ""] for r in rows],
+            "cases": [[f"compile {r['arch']}", r["verdict"], "", None] for r in rows],
             "cells": {"compile": ", ".join(f"{r['arch']} {r['verdict']}" for r in rows)}}

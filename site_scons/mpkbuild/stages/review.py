@@ -47,7 +47,7 @@ class ReviewInputs:
 
 # a part's fields the frame, JUnit and the summary read, besides what its template reads:
 # heading-less parts render their whole section; `counted`: verdicts the overall is made of;
-# `cases`: JUnit testcases [name, verdict, message]; `cells`: summary columns {column: text}
+# `cases`: JUnit testcases [name, verdict, message, tier or None]; `cells`: summary columns
 def _gate_part(gate: str, inputs: ReviewInputs, parsed: dict, report) -> dict | None:
     """A GPU gate's part: its verdict and message from its result, evidence links, and what
     its report adds; pending TIER-1 where this GPU profile cannot run it, never passed."""
@@ -67,7 +67,7 @@ def _gate_part(gate: str, inputs: ReviewInputs, parsed: dict, report) -> dict | 
     part = {"verdict": verdict, "message": message, "result": res or {}, "log": log, "json": js,
             "tiers": tiers, "decides": report.DECIDES, "counted": [verdict],
             "cases": [[gate, verdict, message, report.DECIDES]], "cells": {gate: verdict}}
-    if res and report is not None:
+    if res:
         extra = report.review(res, parsed)
         part["cells"].update(extra.pop("cells", {}))
         part.update(extra)
@@ -117,10 +117,9 @@ def _fmt_us(x) -> str:
 
 
 def _report(stage: str):
-    """The module of a stage's part of the review (its row's `report`), or None."""
+    """The module of a reporting stage's part of the review (its row's `report`)."""
     import importlib
-    row = BY_NAME.get(stage)
-    return importlib.import_module(row.report) if row is not None and row.report else None
+    return importlib.import_module(BY_NAME[stage].report)
 
 
 @functools.lru_cache(maxsize=None)
@@ -130,7 +129,7 @@ def _helpers() -> dict:
 
 
 def _fragment(report, name: str | None) -> Path | None:
-    return Path(report.__file__).with_name(name) if report is not None and name else None
+    return Path(report.__file__).with_name(name) if name else None
 
 
 def render_kernel(review: dict) -> str:
@@ -141,8 +140,8 @@ def render_kernel(review: dict) -> str:
     sections, leads = [], []
     for stage, p in review["parts"].items():
         report = _report(stage)
-        body = _fragment(report, report.REVIEW if report else None)
-        lead = _fragment(report, report.REVIEW_LEAD if report else None)
+        body = _fragment(report, report.REVIEW)
+        lead = _fragment(report, report.REVIEW_LEAD)
         text = render_template(body, {**context, "p": p, "g": p}) if body else ""
         if BY_NAME[stage].gate is not None:
             text = render_template(GATE_SECTION, {**context, "gate": stage, "g": p, "body": text})
@@ -164,7 +163,7 @@ def _fragment_parts() -> tuple[tuple[str, ...], ...]:
     out = []
     for row in REPORTING:
         report = _report(row.name)
-        for name in (report.REVIEW, report.REVIEW_LEAD) if report is not None else ():
+        for name in (report.REVIEW, report.REVIEW_LEAD):
             if name:
                 out.append(_fragment(report, name).resolve().relative_to(config.PACKAGE_DIR.resolve()).parts)
     return tuple(out)
@@ -177,7 +176,7 @@ def junit_xml(reviews: list[dict]) -> str:
     from xml.sax.saxutils import quoteattr, escape
     lines = ['<?xml version="1.0" encoding="UTF-8"?>', "<testsuites>"]
     for r in reviews:
-        cases = [(*c, None)[:4] for p in r["parts"].values() for c in p["cases"]]
+        cases = [tuple(c) for p in r["parts"].values() for c in p["cases"]]
         failures = sum(v in ("fail", "hang", "crash") for _, v, _, _ in cases)
         skipped = sum(v not in ("pass", "fail", "hang", "crash") for _, v, _, _ in cases)
         lines.append(f"  <testsuite name={quoteattr(r['kernel'])} tests=\"{len(cases)}\" "

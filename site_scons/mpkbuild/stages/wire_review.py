@@ -23,4 +23,4 @@ def part(inputs) -> dict | None:
     return {"verdict": verdict, "message": message, "numbers": res.get("numbers", {}),
             "fragments": sorted(res.get("fragments", {})), "json": inputs.rel(inputs.wire_result),
             # a wire verdict is the checkout's business: shown and in JUnit, not the kernel's overall
-            "counted": [], "cases": [["wire", verdict, message]], "cells": {"wire": verdict}}
+            "counted": [], "cases": [["wire", verdict, message, None]], "cells": {"wire": verdict}}

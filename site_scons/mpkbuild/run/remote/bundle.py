@@ -224,7 +224,8 @@ def load_job(folder: Path, timeout_s: float | None = None):
             raise BundleError(f"bundle file {rel} does not match its sha256: damaged in transit")
     job = GateJob(gate=meta["gate"], kernel=meta["kernel"], payload=payload,
                   workdir=folder / RUN_DIR, timeout_s=float(timeout_s or meta["timeout_s"]),
-                  root=tree, inputs=tuple(meta["inputs"]), wrapper=tuple(meta["wrapper"]) if meta.get("wrapper") else None,
+                  root=tree, inputs=tuple(meta["inputs"]),
+                  wrapper=tuple(meta["wrapper"]) if meta.get("wrapper") else None,
                   share_gpu=bool(meta.get("share_gpu")), runner_package=meta.get("runner_package"),
                   preload=tuple(meta.get("preload") or ()))
     return job, meta.get("options") or {}

@@ -3,6 +3,7 @@ the spec's two trials, the levers."""
 from __future__ import annotations
 
 from mpkbuild.stages.tune.pick import spec_measurements
+from mpkbuild.util.fsutil import read_json
 
 REVIEW = "review.md.j2"           # the tune section of review.md: winners, losers, levers
 REVIEW_LEAD = None
@@ -61,15 +62,13 @@ def review_sources(g, k) -> list[str]:
 
 def part(inputs) -> dict | None:
     """The tuned file this kernel's spec has its values from, when there is one."""
-    import os
-    from mpkbuild.util.fsutil import read_json
     k = inputs.kernel
     if k is None or not k.tuned:
         return None
     path = k.root / k.tuned["path"]
     data = tune_review(read_json(path), k.base.data["codegen"],
                        {n: l["default"] for n, l in k.spec.data["codegen"].get("levers", {}).items()},
-                       os.path.relpath(path, inputs.build_dir))
+                       inputs.rel(path))
     if data is None:
         return None
     return {**data, "counted": [], "cases": [], "cells": {}}
