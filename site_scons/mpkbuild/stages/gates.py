@@ -106,6 +106,19 @@ def waits_for(fingerprint, archs) -> str | None:
             f"runs {arch or 'no arch the tool builds for'}")
 
 
+def waiting_node(g, k, stage: str, kind: str, targets: tuple) -> bool:
+    """Where this GPU profile's arch is none of the spec's, the stage's one node waits for
+    that hardware (pending TIER-1: never declared to SCons, nothing requested of it) and
+    this is True; else False and the stage declares its nodes as usual."""
+    waits = waits_for(g.fingerprint, k.archs)
+    if waits:
+        g.add(Node(f"{stage} {k.name} {g.gpu_key}", kind, stage, k.name, targets, (), column=stage,
+                   on_gpu=True, waits=waits))
+        g.waiting.setdefault(k.name, {})[stage] = waits
+        g.requested[(k.name, stage)] = []
+    return bool(waits)
+
+
 def require_gpu(fingerprint: GpuFingerprint | None, absence: str, kernel: str, stage: str,
                 args: str = "") -> GpuFingerprint:
     """args: what the command that works needs besides kernel= and stage= (mpk_root=)."""
@@ -154,13 +167,8 @@ def gate_nodes(g, k, stage: str, library: str | None = None, extra_facts: tuple 
     row = stages.BY_NAME[stage]
     kind = row.gate
     key = g.gpu_key
-    waits = waits_for(g.fingerprint, k.archs)
-    if waits:
-        g.add(Node(f"{stage} {k.name} {key}", "gate", stage, k.name,
-                   (k.rel.gate_result(stage, key), k.rel.gate_verdict(stage, key), k.rel.gate_log(stage, key)),
-                   (), column=stage, on_gpu=True, waits=waits))
-        g.waiting.setdefault(k.name, {})[stage] = waits
-        g.requested[(k.name, stage)] = []
+    if waiting_node(g, k, stage, "gate", (k.rel.gate_result(stage, key), k.rel.gate_verdict(stage, key),
+                                          k.rel.gate_log(stage, key))):
         return
     run_arch = config.ARCH_FOR_CC.get(g.fingerprint.cc) if g.fingerprint else None
     if library is None:

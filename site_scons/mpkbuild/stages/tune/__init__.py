@@ -50,14 +50,9 @@ def nodes(g, k, stage: str) -> None:
     base = k.base
     if "tune" not in base.sections:
         return
-    from mpkbuild.stages.gates import waits_for
-    waits = waits_for(g.fingerprint, k.archs)
-    if waits:           # trials run on this GPU profile, whose arch the spec does not target
-        g.add(Node(f"tune {k.name} {g.gpu_key}", "tune", stage, k.name,
-                   (g.rel(tuned_file(g.root, g.gpu_key, k.name)),), (), column="tune", on_gpu=True,
-                   waits=waits))
-        g.waiting.setdefault(k.name, {})[stage] = waits
-        g.requested[(k.name, stage)] = []
+    from mpkbuild.stages.gates import waiting_node
+    # trials run on this GPU profile: one whose arch the spec does not target waits
+    if waiting_node(g, k, stage, "tune", (g.rel(tuned_file(g.root, g.gpu_key, k.name)),)):
         return
     run_arch = config.ARCH_FOR_CC.get(g.fingerprint.cc) if g.fingerprint else None
     arch = run_arch if run_arch in k.archs else k.archs[0]
