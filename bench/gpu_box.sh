@@ -10,7 +10,7 @@
 #   runtime  pytest -m gpu: the runtime gate in the real MPK persistent kernel, v1 and v2;
 #            needs the MPK headers carried as .mirage/ (mpk/ and v2/ include and src,
 #            cutlass/include, json/include copied from ../shared/mirage; docs/gpu-box.md)
-#   pipeline pytest -m gpu: the warp-role pipeline (pipe_copy, the family-A starter, the fault
+#   pipeline pytest -m gpu: the warp-role pipeline (pipe_copy, pipe_tma, the family-A starter, the fault
 #            that hangs) and the profile stage (ncu on linear_v2)
 #   bench    bench/rmsnorm_gates.py (with .mirage/: the runtime gate too) and bench/catalog.py
 #   review   every gate of every catalog kernel through scons (with .mirage/: wire and the

@@ -19,26 +19,30 @@ SPEC = "specs/pipe_copy.yaml"
 BODY = "kernels/pipe_copy/pipe_copy.cuh"
 
 
-def fixture_project(dest: Path) -> Project:
-    """The project's tool with the pipe_copy fixture as its only kernel."""
+def fixture_project(dest: Path, kernel: str = "pipe_copy") -> Project:
+    """The project's tool with one pipeline fixture (pipe_copy, or pipe_tma) as its only kernel."""
     dest.mkdir(parents=True)
     for name in ("SConstruct", "site_scons", "pyproject.toml"):
         src = REPO / name
         (shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
          if src.is_dir() else shutil.copy2(src, dest / name))
-    for name in ("specs", "kernels"):
-        shutil.copytree(FIXTURE / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (dest / "specs").mkdir()
+    shutil.copy2(FIXTURE / "specs" / f"{kernel}.yaml", dest / "specs")
+    shutil.copytree(FIXTURE / "kernels" / kernel, dest / "kernels" / kernel,
+                    ignore=shutil.ignore_patterns("__pycache__"))
     return Project(dest)
 
 
-def refused(tmp_path: Path, old: str, new: str) -> SpecError:
+def refused(tmp_path: Path, old: str, new: str, spec_rel: str = SPEC) -> SpecError:
     """The fixture spec with one edit, loaded: the error it is refused with."""
     root = tmp_path / "tree"
     shutil.copytree(FIXTURE, root)
-    spec = root / SPEC
+    spec = root / spec_rel
     text = spec.read_text()
-    assert old in text, old
-    spec.write_text(text.replace(old, new, 1))
+    for a, b in zip(*((old, new) if isinstance(old, tuple) else ((old,), (new,)))):
+        assert a in text, a
+        text = text.replace(a, b, 1)
+    spec.write_text(text)
     with pytest.raises(SpecError) as info:
         load_spec(spec, root)
     return info.value
@@ -86,6 +90,53 @@ def test_a_protocol_fault_is_refused_at_its_field(tmp_path, what, old, new, path
     lines = (tmp_path / "tree" / SPEC).read_text().splitlines()
     assert path[-1] in lines[err.line - 1] or str(path[-1]).isdigit() or path[-1] == "roles", \
         (what, err.line, lines[err.line - 1])
+
+
+TMA_SPEC = "specs/pipe_tma.yaml"
+TMA_COPY = "{name: box, tensor: x, box: [box_rows, box_cols], swizzle: 128, region: ring, barrier: full}"
+# TMA faults (pipe_tma): each would hang the task (tx bytes never arriving), fault the copy
+# (a box the hardware refuses, SMEM it cannot write at the swizzle) or give the runtime's
+# tma.cuh case a box it cannot compute
+TMA_FAULTS = [
+    ("tx-bytes that are not the box's", "tx_bytes: box_rows * box_cols * 2", "tx_bytes: box_rows * box_cols * 4",
+     ("codegen", "pipeline", "mbarriers", 0, "tx_bytes"), "move 4096: the phase would never complete"),
+    ("a box row wider than its swizzle", "swizzle: 128,", "swizzle: 64,",
+     ("codegen", "pipeline", "copies", 0, "box"), "128 bytes, wider than the 64-byte swizzle span"),
+    ("a box dim past 256", "box: [box_rows, box_cols]", "box: [box_rows * 16, box_cols]",
+     ("codegen", "pipeline", "copies", 0, "box"), "box[0] = 512: a TMA box dim is at most 256"),
+    ("a ring region TMA cannot write at the swizzle", "box_cols * 2, align: 1024}", "box_cols * 2, align: 128}",
+     ("codegen", "smem", "regions", 1, "align"), "lands at a multiple of 1024"),
+    ("a box written in the variant's symbols", "box: [box_rows, box_cols]", "box: [box_rows * bands, box_cols]",
+     ("codegen", "pipeline", "copies", 0, "box", 0), "all the checkout's tma.cuh case sees"),
+    ("a tensor copy with bytes of its own", "tensor: x, box:", "tensor: x, bytes: 4096, box:",
+     ("codegen", "pipeline", "copies", 0, "bytes"), "its bytes are the box's"),
+    ("a box of a tensor that is no input", "tensor: x,", "tensor: y,",
+     ("codegen", "pipeline", "copies", 0, "tensor"), "no codegen input 'y'"),
+    ("a box of a dtype the checkout cannot map", "{name: x, dtype: bf16,", "{name: x, dtype: fp32,",
+     ("codegen", "pipeline", "copies", 0, "tensor"), "makes 2-d bf16 maps"),
+    ("a ring region too small for its stages", "bytes: stages * box_rows * box_cols * 2,",
+     "bytes: 2 * box_rows * box_cols * 2,", ("codegen", "smem", "regions", 1, "bytes"),
+     "3 stages of the copies landing in ring need 12288 bytes"),
+    ("ring stages that do not keep the swizzle's alignment",
+     ("box_cols: 64 ", "box: [box_rows,", "tx_bytes: box_rows *"),
+     ("box_cols: 64\n    few: 4 ", "box: [few,", "tx_bytes: few *"),
+     ("codegen", "smem", "regions", 1, "bytes"), "stage 1 lands at 512, not a multiple of 1024"),
+    ("a tensor copy without its region", ", region: ring, barrier: full}", ", barrier: full}",
+     ("codegen", "pipeline", "copies", 0), "needs its region"),
+]
+
+
+def test_the_tma_fixture_declares_a_box_the_audit_accepts():
+    data = load_spec(FIXTURE / TMA_SPEC, FIXTURE).data["codegen"]["pipeline"]
+    assert data["copies"][0]["tensor"] == "x" and data["copies"][0]["box"] == ["box_rows", "box_cols"]
+
+
+@pytest.mark.parametrize("what,old,new,path,words", TMA_FAULTS, ids=[f[0] for f in TMA_FAULTS])
+def test_a_tma_fault_is_refused_at_its_field(tmp_path, what, old, new, path, words):
+    err = refused(tmp_path, old, new, TMA_SPEC)
+    assert err.path == path, (what, err)
+    assert words in err.message, (what, err.message)
+    assert err.file == TMA_SPEC and err.line > 1
 
 
 def _generate(tmp_path: Path, body_old: str | None = None, body_new: str = "") -> tuple[Project, object]:
@@ -161,6 +212,34 @@ def test_the_pipeline_fixture_passes_validate_on_the_gpu(tmp_path):
     run = p.scons("stage=validate", "kernel=pipe_copy", fake_gpu=False, timeout=900)
     assert "validate pipe_copy" in run.stdout
     (result,) = (p.root / "build/pipe_copy/gpu").glob("*/validate.json")
+    assert json.loads(result.read_text())["verdict"] == "pass"
+
+
+@pytest.mark.nvcc
+def test_the_tma_helpers_and_maps_compile_for_sm90a_and_sm100a(tmp_path):
+    """The box copy, the map's constants and the harness's per-task maps compile on both
+    archs; the ring's box bytes are the header's, asserted against the barrier's."""
+    p = fixture_project(tmp_path / "proj", "pipe_tma")
+    run = p.scons("stage=compile", "kernel=pipe_tma")
+    for arch in ("sm_90a", "sm_100a"):
+        assert f"compile pipe_tma {arch}" in run.stdout
+        assert '"verdict": "pass"' in p.path(f"build/pipe_tma/{arch}/resources.json").read_text()
+    header = p.path("build/pipe_tma/gen/pipe_tma_spec.h").read_text()
+    assert "struct tma_x {" in header and "static_assert(FULL_TX_BYTES == COPY_BOX_BYTES" in header
+    assert "cp.async.bulk.tensor.2d" in header
+    harness = p.path("build/pipe_tma/gen/harness.cu").read_text()
+    assert "x_tmaps + task," in harness and "pipe_tma_maps_r512_c192(inputs, maps" in harness
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_the_tma_fixture_passes_validate_on_the_gpu(tmp_path):
+    """TMA as the spec declares it on the GPU: every task's box lands where the body reads it
+    (the 128-byte swizzle undone as the map's says), in the harness and in worker mode."""
+    p = fixture_project(tmp_path / "proj", "pipe_tma")
+    run = p.scons("stage=validate", "kernel=pipe_tma", fake_gpu=False, timeout=900)
+    assert "validate pipe_tma" in run.stdout
+    (result,) = (p.root / "build/pipe_tma/gpu").glob("*/validate.json")
     assert json.loads(result.read_text())["verdict"] == "pass"
 
 

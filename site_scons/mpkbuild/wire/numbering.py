@@ -78,16 +78,23 @@ def arch_range(checkout: Checkout, entries: list[EnumEntry], arch: str) -> tuple
     return by_name[a.range_begin], by_name[a.range_end]
 
 
-def auto_candidates(checkout: Checkout, arch: str, lo: int, hi: int):
-    """Numbers "auto" may take, preferred first: the arch's auto_ranges inside (lo, hi)."""
-    ranges = checkout.surface.archs[arch].auto_ranges or ((lo + 1, hi - 1),)
-    for a, b in ranges:
+def _auto_ranges(checkout: Checkout, arch: str, lo: int, hi: int, tma: bool) -> tuple:
+    """Where "auto" looks: a task that loads with TMA only in the arch's TMA ranges (MPK's
+    generated init makes descriptors for those numbers alone), any other task in its
+    auto_ranges (the whole range where surface.yaml names none)."""
+    a = checkout.surface.archs[arch]
+    return (a.tma_ranges if tma else a.auto_ranges) or ((lo + 1, hi - 1),)
+
+
+def auto_candidates(checkout: Checkout, arch: str, lo: int, hi: int, tma: bool = False):
+    """Numbers "auto" may take, preferred first, inside (lo, hi)."""
+    for a, b in _auto_ranges(checkout, arch, lo, hi, tma):
         yield from range(max(a, lo + 1), min(b, hi - 1) + 1)
 
 
-def _ranges_text(checkout: Checkout, arch: str, lo: int, hi: int) -> str:
-    ranges = checkout.surface.archs[arch].auto_ranges or ((lo + 1, hi - 1),)
-    return ", then ".join(f"{max(a, lo + 1)}-{min(b, hi - 1)}" for a, b in ranges)
+def _ranges_text(checkout: Checkout, arch: str, lo: int, hi: int, tma: bool = False) -> str:
+    return ", then ".join(f"{max(a, lo + 1)}-{min(b, hi - 1)}"
+                          for a, b in _auto_ranges(checkout, arch, lo, hi, tma))
 
 
 def assign_numbers(checkout: Checkout, wirings: dict[str, Wiring],
@@ -117,6 +124,8 @@ def assign_numbers(checkout: Checkout, wirings: dict[str, Wiring],
         prev = held.get((k, a))
         if prev is None or not lo < prev < hi:
             continue
+        if wirings[k].maps and not checkout.surface.archs[a].in_tma(prev):
+            continue                      # it loads with TMA now: the second pass moves it
         if prev not in set(taken) | set(explicit) | set(used):
             out[k][a] = prev
             used[prev] = (k, a)
@@ -129,10 +138,12 @@ def assign_numbers(checkout: Checkout, wirings: dict[str, Wiring],
             continue
         lo, hi = arch_range(checkout, entries, a)
         busy = set(taken) | set(explicit) | set(used)
-        n = next((i for i in auto_candidates(checkout, a, lo, hi) if i not in busy), None)
+        tma = bool(wirings[k].maps)
+        n = next((i for i in auto_candidates(checkout, a, lo, hi, tma) if i not in busy), None)
         if n is None:
             raise NoFreeNumber(f"{rel}: no free TaskType number left for kernel {k} ({a}) in "
-                               f"{_ranges_text(checkout, a, lo, hi)}; free one, extend the "
+                               f"{_ranges_text(checkout, a, lo, hi, tma)}"
+                               f"{' (it loads with TMA)' if tma else ''}; free one, extend the "
                                "range, or give an explicit wiring.number")
         out[k][a] = n
         used[n] = (k, a)
@@ -171,6 +182,13 @@ def _explicit_in_range(checkout: Checkout, entries, rel: str, taken: dict, k: st
             f"specs/{k}.yaml: wiring.number.{a} = {n} is outside the {a} range: "
             f"strictly between {ar.range_begin} = {lo} and {ar.range_end} = {hi} in "
             f"{rel}; pick a number in range or \"auto\"")
+    ar = checkout.surface.archs[a]
+    if w.maps and not ar.in_tma(n):
+        raise NumberOutOfRange(
+            f"specs/{k}.yaml: wiring.number.{a} = {n} is outside the {a} TMA ranges "
+            f"{[list(r) for r in ar.tma_ranges]}, and {k} loads {', '.join(m['tensor'] for m in w.maps)} "
+            "with TMA: MPK's generated init makes a task's descriptors only for those numbers; "
+            "pick one there or \"auto\"")
     if n in taken:
         e = taken[n]
         raise NumberClash(

@@ -14,7 +14,7 @@ import keyword
 import re
 from dataclasses import dataclass
 
-from ..util import config, expr
+from ..util import config, expr, tma
 from .errors import SectionError
 from .surface import Surface, load_surface
 from ..model.section import Section as ModelSection
@@ -96,10 +96,6 @@ WIRING_SCHEMA: dict = {
                                         "the body's task index is it; false: the body reads no "
                                         "task index (the call passes 0), and the kernel wires "
                                         "into a checkout whose TaskMetadata has no task_offset"},
-        "tma_descriptors": {"type": "integer", "minimum": 0, "default": 0,
-                            "description": "TMA descriptors the task needs: only 0 can be "
-                                           "wired (a TMA-range number gets tma.cuh cases "
-                                           "that build none)"},
         "call": {
             "type": "object", "additionalProperties": False,
             "description": "the call the register function emits with a CodeKeeper",
@@ -152,7 +148,7 @@ class Wiring:
     dims: tuple              # dicts {symbol, source, note}
     call_lines: tuple        # dicts {fmt, args}
     tile_indexed: bool
-    tma_descriptors: int
+    maps: tuple              # dicts {tensor, index, box, swizzle, swizzle_code}: TMA-loaded inputs
     test: dict               # {variant, grid, threads}
     runtime: str = "v1"      # the runtime these targets are (archs: v1's, or ("v2",))
     port: str | None = None  # wiring.port: the existing layer it takes over on Runtime-V2
@@ -240,11 +236,11 @@ def _resolve(spec: dict, surface: Surface, problems: list, runtime: str = "v1") 
     tensors, params = _tensors(cg, w, runtime_inputs, problems)
     tail, guard, state = _call_arguments(kernel, w, surface, runtime_inputs, metadata, problems)
     dims, call_lines = _call(spec, w, tensors, [p["name"] for p in params], problems, tail, guard,
-                             [t.get("name") for t in every_input], state)
-    if w.get("tma_descriptors", 0):
-        problems.append(("wiring.tma_descriptors", f"{w['tma_descriptors']}: the wire stage "
-                         "cannot write TMA descriptor code; a task in a TMA range gets cases "
-                         "that build none, so the body must load without TMA (set it to 0)"))
+                             [t.get("name") for t in every_input], state, _maps(cg, tensors))
+    maps = _maps(cg, tensors)
+    if maps and runtime != "v1":
+        problems.append(("codegen.pipeline.copies", f"{kernel} loads {maps[0]['tensor']} with TMA: "
+                         "the Runtime-V2 wiring makes no tensor maps yet (wire it for v1)"))
     test = _test(spec, w, tensors, problems, surface.python.get("block_dim"))
     if problems:
         return None
@@ -254,7 +250,7 @@ def _resolve(spec: dict, surface: Surface, problems: list, runtime: str = "v1") 
                   num_outputs=sum(t["role"] == "output" for t in tensors), tensors=tuple(tensors),
                   params=tuple(params), dims=tuple(dims), call_lines=tuple(call_lines),
                   tile_indexed=bool(w.get("tile_indexed", True)),
-                  tma_descriptors=int(w.get("tma_descriptors", 0)), test=test, runtime=runtime,
+                  maps=tuple(maps), test=test, runtime=runtime,
                   port=port, runtime_inputs=tuple(runtime_inputs.items()),
                   task_metadata=tuple(metadata))
 
@@ -404,9 +400,22 @@ def _call_arguments(kernel: str, w: dict, surface: Surface, runtime_inputs: dict
     return tail, guard, state
 
 
-def _call(spec, w, tensors, pnames, problems, tail_default, guard=None, input_order=(), state=None):
+def _maps(cg: dict, tensors: list) -> list[dict]:
+    """Each input the body loads with TMA: its index among the task's inputs (the slot of
+    its descriptor, task_desc->input_tma_desc_ptrs[index][0]) and its box as C++ over the
+    TensorDesc the runtime hands tma.cuh (the task's tile: dim[0] rows, dim[1] cols)."""
+    inputs = [t["name"] for t in tensors if t["role"] == "input"]
+    return [{"tensor": name, "index": inputs.index(name),
+             **tma.box_cpp(tma.copy_of(cg, name), cg.get("params") or {},
+                           ("tensor_desc.dim[0]", "tensor_desc.dim[1]"))}
+            for name in tma.tensors(cg) if name in inputs]
+
+
+def _call(spec, w, tensors, pnames, problems, tail_default, guard=None, input_order=(), state=None,
+          maps=()):
     """The dims the register function reads and the CodeKeeper lines of the emitted call:
-    the body's arguments in its order, the inputs (a runtime one as `state` has it) first."""
+    the body's arguments in its order, the inputs (a runtime one as `state` has it) first,
+    the outputs, then each TMA-loaded input's tensor map."""
     kernel, cg, call = spec.get("kernel", ""), spec.get("codegen") or {}, w.get("call") or {}
     targs = call.get("template_args", cg.get("template_params") or [])
     tpath = "wiring.call.template_args" if "template_args" in call else "codegen.template_params"
@@ -463,6 +472,7 @@ def _call(spec, w, tensors, pnames, problems, tail_default, guard=None, input_or
     items = [state[n] if n in state else pointer[("input", n)] for n in input_order
              if n in state or ("input", n) in pointer]
     items += [pointer[k] for k in pointer if k[0] == "output"]
+    items += [f"task_desc->input_tma_desc_ptrs[{m['index']}][0]" for m in maps]
     items += list(call.get("tail_args", tail_default))
     for j, item in enumerate(items):
         lines.append({"fmt": f"    {item}{');' if j == len(items) - 1 else ','}", "args": []})

@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from mpkbuild.util import config, expr
+from mpkbuild.util import config, expr, tma
 from mpkbuild.util.config import CTYPES
 from mpkbuild.model.graph import Node
 from mpkbuild.util.fsutil import write_atomic
@@ -117,6 +117,7 @@ def _variant_views(codegen: dict) -> list[dict]:
                                 "task_stride": per_task})
         views.append({
             "name": name, "grid": grid, "binding": codegen["variants"][name],
+            "tma": _variant_maps(codegen, symbols, tensors),
             "min_blocks": int(expr.evaluate(codegen["min_blocks_per_sm"], symbols)),
             "smem": smem_plan(codegen, name),
             "template_args": [codegen["variants"][name][p] for p in codegen["template_params"]],
@@ -129,6 +130,18 @@ def _variant_views(codegen: dict) -> list[dict]:
                        for i, r in enumerate(codegen["tiling"])],
         })
     return views
+
+
+def _variant_maps(codegen: dict, symbols: dict, tensors: list[dict]) -> list[dict]:
+    """Each TMA-loaded input's per-task map as the runtime makes it: the task's tile (rows,
+    cols), the whole tensor's row stride, where a task's tile starts (elements)."""
+    out = []
+    for name in tma.tensors(codegen):
+        i = next(j for j, t in enumerate(tensors) if t["name"] == name)
+        rows, cols = (int(expr.evaluate(d, symbols)) for d in pipeline.tile_texts(codegen, name))
+        out.append({"tensor": name, "input": i, "rows": rows, "cols": cols,
+                    "row_stride": tensors[i]["shape"][1], "task_stride": tensors[i]["task_stride"]})
+    return out
 
 
 def context(section: dict, spec_file: str) -> dict:

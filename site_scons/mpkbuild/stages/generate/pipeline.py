@@ -11,12 +11,15 @@ checks it for every variant (`problems`) and gives the header what makes the bod
 (`view`): `pipeline::begin(bars)` re-initialises every mbarrier by its arriving role at task
 start, fences, and meets every body thread before anyone waits; arrive, expect-tx, wait on a
 phase, the bulk copy that completes on a barrier, the ring's slot and phase of a step, and
-one `sync_<group>()` per named barrier group, whose id the tool assigns per runtime.
+one `sync_<group>()` per named barrier group, whose id the tool assigns per runtime. A copy
+may load a box of an input through a TMA tensor map (`tensor`, `box`, `swizzle`, `region`):
+the audit holds the box to what the hardware and the checkout's tma.cuh can make, the header
+gives `copy_box` and the map's box (util/tma.py renders it for the harness and the wire too).
 """
 from __future__ import annotations
 
 from mpkbuild.model.schema import C_IDENT, INT_OR_EXPR
-from mpkbuild.util import expr
+from mpkbuild.util import config, expr, tma
 from mpkbuild.wire.barriers import PIPELINE_BARRIERS
 
 MBARRIER_BYTES = 8            # one mbarrier: a 64-bit word in SMEM
@@ -50,13 +53,28 @@ SCHEMA: dict = {
                                           "stage fills per task (the K loop); any count, "
                                           "a multiple of stages or not"}}},
         "copies": {"type": "array", "maxItems": 8, "default": [], "items": {
-            "type": "object", "additionalProperties": False, "required": ["name", "bytes", "barrier"],
+            "type": "object", "additionalProperties": False, "required": ["name", "barrier"],
             "properties": {"name": {"type": "string", "pattern": C_IDENT},
-                           "bytes": {**INT_OR_EXPR, "description": "bytes of one fill, a multiple of 16"},
+                           "bytes": {**INT_OR_EXPR, "description": "bytes of one fill, a multiple "
+                                     "of 16 (a flat bulk copy; a tensor copy's are its box's)"},
                            "barrier": {"type": "string", "pattern": C_IDENT,
-                                       "description": "the per-stage mbarrier it completes on"}}},
-            "description": "the bulk copies that fill one stage, each completing on a "
-                           "transaction-counted mbarrier"},
+                                       "description": "the per-stage mbarrier it completes on"},
+                           "tensor": {"type": "string", "pattern": C_IDENT, "description":
+                                      "a TMA tensor copy: the codegen input (bf16, 2-d) it loads a "
+                                      "box of, through the tensor map MPK's tma.cuh makes per task "
+                                      "(the body takes it as <tensor>_tmap)"},
+                           "box": {"type": "array", "minItems": 2, "maxItems": 2, "items": INT_OR_EXPR,
+                                   "description": "the box [rows, cols] one fill loads: expressions "
+                                                  "of rows and cols (the task's tile of the tensor, "
+                                                  "all the checkout's tma.cuh case sees) and params"},
+                           "swizzle": {"enum": tma.SWIZZLES, "description":
+                                       "the box's SMEM swizzle in bytes (0: none; 128 if unsaid)"},
+                           "region": {"type": "string", "pattern": C_IDENT, "description":
+                                      "the SMEM region holding the ring's stages of this copy "
+                                      "(required for a tensor copy: its alignment is checked)"}}},
+            "description": "the copies that fill one stage, each completing on a "
+                           "transaction-counted mbarrier: flat bulk copies (bytes) or TMA "
+                           "tensor copies (tensor, box, swizzle, region)"},
         "mbarriers": {"type": "array", "minItems": 1, "maxItems": 8, "items": {
             "type": "object", "additionalProperties": False,
             "required": ["name", "arrive", "arrivals", "wait"],
@@ -110,6 +128,10 @@ def problems(cg: dict, consts: dict):
         yield (*where, "roles"), (f"the roles have {threads} threads and the body {cg['threads']} "
                                   "(codegen.threads): every body thread needs exactly one role")
     yield from _barrier_problems(p, roles, where)
+    tensor_faults = list(_tensor_copy_problems(cg, p, where))
+    yield from tensor_faults
+    if tensor_faults:
+        return
     names = [b["name"] for b in p["mbarriers"]] + [g["name"] for g in p["named_barriers"]]
     if len(set(names)) != len(names):
         yield (*where, "mbarriers"), "a barrier name is used twice (mbarriers and named_barriers share them)"
@@ -127,7 +149,9 @@ def _instantiation_problems(cg: dict, p: dict, consts: dict, where: tuple):
     instantiated per their values): its expressions name only those, threads and params."""
     known = set(cg["template_params"]) | set(consts)
     fields = [(("ring", "stages"), p["ring"]["stages"]), (("ring", "steps"), p["ring"]["steps"])]
-    fields += [(("copies", i, "bytes"), c["bytes"]) for i, c in enumerate(p["copies"])]
+    fields += [(("copies", i, "bytes"), c["bytes"]) for i, c in enumerate(p["copies"]) if "bytes" in c]
+    fields += [(("copies", i, "tensor"), dim) for i, c in enumerate(p["copies"]) if "tensor" in c
+               for dim in _tile_used(cg, c) if dim != "0"]
     fields += [(("mbarriers", i, "tx_bytes"), b["tx_bytes"]) for i, b in enumerate(p["mbarriers"])
                if "tx_bytes" in b]
     for path, text in fields:
@@ -197,12 +221,22 @@ def _variant_problems(cg: dict, p: dict, symbols: dict, vname: str, where: tuple
     if why:
         yield (*where, "ring", "steps"), f"variant {vname}: {why}"
         return
-    landing = {}
+    landing, in_region = {}, {}
     for i, c in enumerate(p["copies"]):
+        if "tensor" in c:
+            n, fault = _tensor_copy_bytes(cg, c, symbols)
+            if fault:
+                yield (*where, "copies", i, fault[0]), f"variant {vname}: {fault[1]}"
+                return
+            in_region.setdefault(c["region"], []).append(n)
+            landing[c["barrier"]] = landing.get(c["barrier"], 0) + n
+            continue
         n, why = _value(c["bytes"], symbols, f"copy {c['name']}")
         if why:
             yield (*where, "copies", i, "bytes"), f"variant {vname}: {why}"
             return
+        if "region" in c:
+            in_region.setdefault(c["region"], []).append(n)
         if n % BULK_ALIGN:
             yield (*where, "copies", i, "bytes"), (
                 f"variant {vname}: copy {c['name']} moves {n} bytes, not a multiple of {BULK_ALIGN} "
@@ -219,6 +253,7 @@ def _variant_problems(cg: dict, p: dict, symbols: dict, vname: str, where: tuple
                 f"variant {vname}: {b['name']} expects {n} transaction bytes per phase, and the "
                 f"copies completing on it move {landing.get(b['name'], 0)}: the phase would "
                 + ("never complete" if n > landing.get(b["name"], 0) else "complete early"))
+    yield from _ring_region_problems(cg, p, symbols, stages, in_region, vname)
     need = MBARRIER_BYTES * count(p, stages)
     region = next((r for r in cg["smem"]["regions"] if r["name"] == MBARRIER_REGION), None)
     if region is None:
@@ -233,6 +268,133 @@ def _variant_problems(cg: dict, p: dict, symbols: dict, vname: str, where: tuple
                                f"region {MBARRIER_REGION} has {size}")
     if region.get("align", 16) % MBARRIER_BYTES:
         yield (*at, "align"), f"an mbarrier is {MBARRIER_BYTES}-byte aligned"
+
+
+def tile_texts(cg: dict, tensor: str) -> list[str]:
+    """The task's tile of a 2-d input as expressions of the variant's symbols: a dim split
+    over grid x is its extent over the grid, as the runtime's TensorDesc has it per task."""
+    t = next(t for t in cg["inputs"] if t["name"] == tensor)
+    return [f"({dim}) // ({cg['grid'][0]})" if part == 0 else str(dim)
+            for dim, part in zip(t["shape"], t["partition"])]
+
+
+def _tile_used(cg: dict, c: dict) -> list[str]:
+    """The tile dims a copy's box is written in (the others "0"): what the ring's C++ must
+    know of the variant to size a box."""
+    used = set().union(*(expr.symbols(d) for d in c["box"]))
+    return [text if name in used else "0" for name, text in zip(tma.TILE, tile_texts(cg, c["tensor"]))]
+
+
+def _tensor_copy_problems(cg: dict, p: dict, where: tuple):
+    """What a TMA tensor copy needs whatever the variant: a 2-d bf16 input of the layer,
+    split over grid x or whole, loaded through one tensor map, its box in the tile's terms."""
+    inputs = {t["name"]: t for t in cg["inputs"]}
+    regions = {r["name"] for r in cg["smem"]["regions"]}
+    loaded: dict[str, tuple] = {}
+    for i, c in enumerate(p["copies"]):
+        at = (*where, "copies", i)
+        if c.get("region") is not None and c["region"] not in regions:
+            yield (*at, "region"), f"no SMEM region {c['region']!r} (regions: {', '.join(sorted(regions))})"
+        if "tensor" not in c:
+            if "bytes" not in c:
+                yield at, f"copy {c['name']} says neither its bytes (a flat bulk copy) nor its tensor (a TMA box)"
+            for field in ("box", "swizzle"):
+                if field in c:
+                    yield (*at, field), f"{field} is a tensor copy's: copy {c['name']} names no tensor"
+            continue
+        if "bytes" in c:
+            yield (*at, "bytes"), (f"copy {c['name']} loads a box of {c['tensor']}: its bytes are the "
+                                   "box's, drop bytes")
+            continue
+        for field in ("box", "region"):
+            if field not in c:
+                yield at, f"copy {c['name']} (a TMA box of {c['tensor']}) needs its {field}"
+        t = inputs.get(c["tensor"])
+        if t is None:
+            yield (*at, "tensor"), (f"no codegen input {c['tensor']!r} (inputs: "
+                                    f"{', '.join(inputs) or 'none'}): TMA loads an input of the task")
+            continue
+        if t.get("runtime"):
+            yield (*at, "tensor"), f"{c['tensor']} is runtime state ({t['runtime']}), not a tensor of the task"
+        elif t["dtype"] not in tma.DTYPES or len(t["shape"]) != 2:
+            yield (*at, "tensor"), (f"{c['tensor']} is {t['dtype']} with {len(t['shape'])} dims: the "
+                                    f"checkout's fill_tma_desc makes 2-d {'/'.join(tma.DTYPES)} maps")
+        elif any(part not in (-1, 0) for part in t["partition"]):
+            yield (*at, "tensor"), (f"{c['tensor']}'s partition {t['partition']} splits a dim over "
+                                    "another grid axis than x: its tile is not one the map covers")
+        elif any(c["tensor"] in rule["partition"] for rule in cg.get("overrides", [])):
+            yield (*at, "tensor"), (f"codegen.overrides repartitions {c['tensor']}: a tensor map's tile "
+                                    "is one for every variant")
+        shape = (c.get("swizzle", 128), tuple(map(str, c.get("box", ()))))
+        if loaded.setdefault(c["tensor"], shape) != shape:
+            yield (*at, "box"), (f"{c['tensor']} is loaded through one tensor map a task: every copy "
+                                 "of it has the same box and swizzle")
+        known = set(tma.TILE) | {k for k, v in cg["params"].items() if not isinstance(v, bool)}
+        for j, text in enumerate(c.get("box", ())):
+            try:
+                unknown = sorted(expr.symbols(text) - known)
+            except expr.ExprError as exc:
+                yield (*at, "box", j), str(exc)
+                continue
+            if unknown:
+                yield (*at, "box", j), (
+                    f"{text!r} uses {unknown[0]!r}: a box is written in rows and cols (the task's "
+                    "tile of the tensor) and params, all the checkout's tma.cuh case sees of a task")
+
+
+def _tensor_copy_bytes(cg: dict, c: dict, symbols: dict):
+    """(bytes of one box, None) or (None, (field, why)) for one variant's symbols."""
+    tile = [expr.evaluate(d, symbols) for d in tile_texts(cg, c["tensor"])]
+    box = []
+    for j, text in enumerate(c["box"]):
+        v, why = _value(text, {**symbols, **dict(zip(tma.TILE, tile))}, f"box[{j}]")
+        if why:
+            return None, ("box", why)
+        if v > tma.BOX_MAX:
+            return None, ("box", f"box[{j}] = {v}: a TMA box dim is at most {tma.BOX_MAX} elements")
+        box.append(v)
+    elem = config.DTYPES["bf16"]["bytes"]
+    inner, swizzle = box[1] * elem, c.get("swizzle", 128)
+    if inner % BULK_ALIGN:
+        return None, ("box", f"a box row is {box[1]} elements = {inner} bytes, not a multiple of "
+                             f"{BULK_ALIGN} (TMA's inner box extent)")
+    if swizzle and inner > swizzle:
+        return None, ("box", f"a box row is {inner} bytes, wider than the {swizzle}-byte swizzle span "
+                             "(split the box, or swizzle wider)")
+    if (tile[1] * elem) % BULK_ALIGN:
+        return None, ("tensor", f"{c['tensor']}'s rows are {tile[1] * elem} bytes apart, not a multiple of "
+                                f"{BULK_ALIGN} (a tensor map's row stride)")
+    return box[0] * box[1] * elem, None
+
+
+def _ring_region_problems(cg: dict, p: dict, symbols: dict, stages: int, in_region: dict, vname: str):
+    """A ring region holds every stage of the copies landing in it, each box where TMA can
+    write it: the region aligned to the box's swizzle pattern, and every copy sharing it a
+    whole number of those patterns, so the next one starts aligned too."""
+    regions = cg["smem"]["regions"]
+    for name, sizes in in_region.items():
+        i = next(j for j, r in enumerate(regions) if r["name"] == name)
+        at = ("codegen", "smem", "regions", i)
+        size, why = _value(regions[i]["bytes"], symbols, f"region {name}")
+        if why is None and size < stages * sum(sizes):
+            yield (*at, "bytes"), (f"variant {vname}: {stages} stages of the copies landing in {name} "
+                                   f"need {stages * sum(sizes)} bytes, the region has {size}")
+        boxes = [c for c in p["copies"] if "tensor" in c and c["region"] == name]
+        if not boxes:
+            continue
+        need = max(tma.SMEM_ALIGN, *(8 * c.get("swizzle", 128) for c in boxes))
+        if regions[i].get("align", 16) < need:
+            yield (*at, "align"), (f"region {name} is {regions[i].get('align', 16)}-byte aligned; a "
+                                   f"TMA box lands at a multiple of {need} (its swizzle's whole "
+                                   "pattern, 8 rows of the span)")
+        if len(sizes) > 1 and any(n % need for n in sizes):
+            yield (*at, "bytes"), (f"variant {vname}: the copies sharing {name} are {sizes} bytes a "
+                                   f"stage; each must be a multiple of {need} for the next box to "
+                                   "land aligned (give the odd one a region of its own)")
+        elif stages > 1 and sum(sizes) % need:
+            yield (*at, "bytes"), (f"variant {vname}: a stage of {name} is {sum(sizes)} bytes, so stage "
+                                   f"1 lands at {sum(sizes)}, not a multiple of {need}: swizzle less "
+                                   "or make a stage's boxes a whole number of swizzle patterns")
 
 
 def count(p: dict, stages: int) -> int:
@@ -268,9 +430,21 @@ def view(cg: dict) -> dict | None:
                      "tx": _cpp(b["tx_bytes"], cg) if "tx_bytes" in b else None,
                      "copies": [c["name"].upper() for c in p["copies"] if c["barrier"] == b["name"]]})
         index = f"{b['name'].upper()} + {b['name'].upper()}_COUNT"
+    copies = []
+    for c in p["copies"]:
+        if "tensor" in c:
+            tile = ", ".join(_cpp(d, cg) for d in _tile_used(cg, c))
+            m = f"tma_{c['tensor']}"
+            nbytes = (f"{m}::box_rows({tile}) * {m}::box_cols({tile}) * "
+                      f"{config.DTYPES['bf16']['bytes']}u")
+        else:
+            nbytes = _cpp(c["bytes"], cg)
+        copies.append({"NAME": c["name"].upper(), "bytes": nbytes})
     return {"roles": [{"name": n, "NAME": n.upper(), **r} for n, r in roles.items()],
             "named_barriers": groups, "semaphores": p["semaphores"],
             "region": MBARRIER_REGION.upper(), "template_params": cg["template_params"],
             "stages": _cpp(p["ring"]["stages"], cg), "steps": _cpp(p["ring"]["steps"], cg),
-            "mbarriers": bars, "last": bars[-1]["NAME"],
-            "copies": [{"NAME": c["name"].upper(), "bytes": _cpp(c["bytes"], cg)} for c in p["copies"]]}
+            "mbarriers": bars, "last": bars[-1]["NAME"], "copies": copies,
+            "maps": [{"tensor": name, **tma.box_cpp(tma.copy_of(cg, name), cg["params"], tma.TILE)}
+                     for name in tma.tensors(cg)]}
+

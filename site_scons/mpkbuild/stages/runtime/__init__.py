@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 
 from mpkbuild.model.graph import Node
-from mpkbuild.util import config
+from mpkbuild.util import config, tma
 from mpkbuild.util.console import say
 from mpkbuild.util.fsutil import write_atomic
 from mpkbuild.stages.runtime.megakernel import (compile_megakernel, companions_for,
@@ -55,14 +55,21 @@ def shadow_dir(k) -> Path:
     return runtime_dir(k) / "shadow"
 
 
-def source_files(k, runtime: str = "v1") -> dict[str, Path]:
-    """render_all's names -> the megakernel node's targets."""
-    from mpkbuild.stages.runtime.megakernel import DISPATCH_V2, ENTRY_HEADER, TASK_HEADER
+def source_files(k, runtime: str = "v1", companions=()) -> dict[str, Path]:
+    """render_all's names -> the megakernel node's targets (a kernel the graphs run that
+    loads with TMA brings the shadow's tma.cuh)."""
+    from mpkbuild.stages.runtime.megakernel import DISPATCH_V2, ENTRY_HEADER, TASK_HEADER, TMA_HEADER
     files = {"megakernel.cu": source_path(k), f"shadow/{TASK_HEADER}": shadow_dir(k) / TASK_HEADER,
              f"shadow/{ENTRY_HEADER}": shadow_dir(k) / ENTRY_HEADER}
     if runtime == "v2":
         files[f"shadow/{DISPATCH_V2}"] = shadow_dir(k) / DISPATCH_V2
+    if loads_with_tma(k, companions):
+        files[f"shadow/{TMA_HEADER}"] = shadow_dir(k) / TMA_HEADER
     return files
+
+
+def loads_with_tma(k, companions=()) -> bool:
+    return any(tma.tensors(x.spec.data["codegen"]) for x in (k, *companions))
 
 
 # ---------------------------------------------------------------- the stage's nodes
@@ -93,7 +100,12 @@ def nodes(g, k, stage: str) -> None:
     from mpkbuild.wire.incumbents import REGISTER_FILE
     register = [g.rel(checkout.root / REGISTER_FILE)] if (checkout.root / REGISTER_FILE).is_file() else []
     from mpkbuild.stages.runtime.megakernel import ENTRY_HEADER
-    targets = tuple(g.rel(p) for p in source_files(k, runtime).values())
+    targets = tuple(g.rel(p) for p in source_files(k, runtime, companions).values())
+    # with TMA the shadow's tma.cuh is the checkout's with the wire stage's cases
+    tma_inputs = (g.rel(checkout.runtime_dir / "tma.cuh"),
+                  *(g.rel(r / "templates" / t) for r in config.wiring_roots(g.root)
+                    for t in ("tma_fill_case.cuh.j2", "tma_create_case.cuh.j2")
+                    if (r / "templates" / t).is_file())) if loads_with_tma(k, companions) else ()
     v2_inputs = ()
     if runtime == "v2":
         # the v2 driver, its dispatch (the shadow's is made from it) and the v2 task headers
@@ -108,7 +120,7 @@ def nodes(g, k, stage: str) -> None:
                       k.rel.section_file("runtime"), *register, *gen, *extra,
                       g.rel(checkout.runtime_dir / ENTRY_HEADER),
                       g.pkg("templates", "megakernel.cu.j2"), g.pkg("templates", "task_header.cuh.j2"),
-                      g.pkg("templates", "megakernel_parts.cu.j2"), *v2_inputs,
+                      g.pkg("templates", "megakernel_parts.cu.j2"), *v2_inputs, *tma_inputs,
                       *(g.rel(r / config.WIRING_SURFACE) for r in config.wiring_roots(g.root)
                         if (r / config.WIRING_SURFACE).is_file())),
                      (fact, g.code_fact("megakernel", (f"{__name__}.megakernel",))),
@@ -136,7 +148,8 @@ def run_source(build, info, target, source) -> int:
                            companions_for(k, build.kernels), build.runtime_request.runtime)
     except TemplateError as exc:
         return build.fail(str(exc))
-    for name, path in source_files(k, build.runtime_request.runtime).items():
+    for name, path in source_files(k, build.runtime_request.runtime,
+                                   companions_for(k, build.kernels)).items():
         write_atomic(path, files[name], only_if_changed=True)
     return 0
 
@@ -162,9 +175,9 @@ def predict(node, k, predictor) -> dict:
     from mpkbuild.model.graph import CHANGED
     if node.kind == "megakernel":
         runtime = predictor.runtime_request.runtime
-        files = render_all(k, predictor.wiring_root, predictor.runtime_request.root,
-                           companions_for(k, predictor.kernels), runtime)
-        return {t: files[name] for t, name in zip(node.targets, source_files(k, runtime))}
+        companions = companions_for(k, predictor.kernels)
+        files = render_all(k, predictor.wiring_root, predictor.runtime_request.root, companions, runtime)
+        return {t: files[name] for t, name in zip(node.targets, source_files(k, runtime, companions))}
     if node.kind in ("gate", "check"):
         from mpkbuild.stages import gates
         return gates.predict(node, k, predictor)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mpkbuild.runners import facts
 from mpkbuild.util.expr import variant_facts
-from mpkbuild.util import config
+from mpkbuild.util import config, tma
 from mpkbuild.util.config import V2_MARKER
 from mpkbuild.util.fsutil import temp_name, write_atomic
 from mpkbuild.util.nvcc_steps import split_compile
@@ -197,6 +197,9 @@ def _layer(spec: dict, variant: str, dispatch_id: int, tensor_index: list[int]) 
     outs = [t for t, _ in kept if t["kind"] == "outputs"]
     dtypes = {t["name"]: t["dtype"] for t in spec["codegen"]["inputs"] + spec["codegen"]["outputs"]}
     metadata = config.task_metadata(spec["codegen"])
+    # a TMA-loaded input's TensorDesc as MPK's init fills it (the task's tile, the whole
+    # tensor's row stride): the checkout's create_tma_desc_by_task makes its map from it
+    maps = {m["tensor"]: m for m in view["tma"]}
     return {"id": dispatch_id, "kernel": spec["kernel"], "variant": variant,
             "metadata": sum(1 << i for i, m in enumerate(config.TASK_METADATA) if m in metadata),
             # the graph tensor of each of the spec's inputs and outputs (the runner makes
@@ -205,8 +208,10 @@ def _layer(spec: dict, variant: str, dispatch_id: int, tensor_index: list[int]) 
             "task_type": "MPKB_TASK_TYPE", "tasks": view["grid"], "grid_x": view["grid"],
             "num_inputs": len(ins), "num_outputs": len(outs), "tensors": [at for _, at in kept],
             "strides": [t["task_stride"] * config.DTYPE_BYTES[dtypes[t["name"]]] for t in ins + outs],
-            "strides_y": [0] * (len(ins) + len(outs)), "tma": False,
-            "tma_dims": [[0, 0]] * (len(ins) + len(outs)), "row_strides": [0] * (len(ins) + len(outs)),
+            "strides_y": [0] * (len(ins) + len(outs)), "tma": bool(maps),
+            "tma_dims": [[maps[t["name"]]["rows"], maps[t["name"]]["cols"]] if t["name"] in maps
+                         else [0, 0] for t in ins + outs],
+            "row_strides": [maps[t["name"]]["row_stride"] if t["name"] in maps else 0 for t in ins + outs],
             "tensor_names": [t["name"] for t in ins + outs]}
 
 
@@ -600,7 +605,35 @@ def render_all(k, wiring_root: Path, mpk_root: Path | None, companions=(),
         out[f"shadow/{ENTRY_HEADER}"] = entry.read_bytes() if entry.is_file() else b""
         if runtime == "v2":
             out[f"shadow/{DISPATCH_V2}"] = v2_dispatch_header(mpk_root, p["task_headers"])
+        tma_kernels = [spec for spec in (k.spec.data, *(c.spec.data for c in companions))
+                       if tma.tensors(spec["codegen"])]
+        if tma_kernels:
+            out[f"shadow/{TMA_HEADER}"] = gate_tma_header(mpk_root, tma_kernels, wiring_root, p["task_type"])
     return out
+
+
+TMA_HEADER = "tma.cuh"
+TMA_LABEL = "MPKB_TMA_TASK"
+
+
+def gate_tma_header(mpk_root: Path, specs: list[dict], wiring_root: Path, number: int) -> bytes:
+    """The checkout's tma.cuh with the wire stage's two cases of the one kernel the gate runs
+    that loads with TMA, as the wire writes them, under the gate's task type: its
+    create_tma_desc_by_task then makes our task's maps as MPK's init does (and our blocks,
+    where the checkout is wired, are left out: they name the wired task type)."""
+    from mpkbuild.stages.generate import TemplateError
+    from mpkbuild.wire.patch import gate_tma_text
+    from mpkbuild.wire.errors import WireError
+    if len({s["kernel"] for s in specs}) > 1:
+        raise TemplateError(f"the runtime gate's megakernel runs one kernel that loads with TMA, "
+                            f"not {len(specs)} ({', '.join(s['kernel'] for s in specs)}): its "
+                            "tasks share one task type")
+    declared = (f"// the runtime gate's task type for {specs[0]['kernel']} (megakernel.cu: MPKB_TASK_TYPE)\n"
+                f"constexpr TaskType {TMA_LABEL} = static_cast<TaskType>({number});\n\n")
+    try:
+        return gate_tma_text(mpk_root, specs[0], wiring_root, TMA_LABEL, declared).encode()
+    except WireError as exc:
+        raise TemplateError(f"{Checkout.runtime_dir_of(mpk_root) / TMA_HEADER}: {exc}") from None
 
 
 def companions_for(k, kernels: dict) -> list:

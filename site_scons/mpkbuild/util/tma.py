@@ -1,0 +1,43 @@
+"""TMA as the tool uses it: the facts of a 2-d tensor map that the spec's audit
+(stages/generate/pipeline.py), the spec header, the harness and the wire stage's tma.cuh
+cases all read, so a box is written once (codegen.pipeline.copies) and rendered the same
+everywhere."""
+from __future__ import annotations
+
+from mpkbuild.util import expr
+
+# cuTensorMapEncodeTiled and cp.async.bulk.tensor: a box dim is 1..256 elements, its inner
+# extent a multiple of 16 bytes and at most the swizzle span; the SMEM it lands in is aligned
+# to 128 bytes, to the swizzle's whole pattern (8 rows of the span) when swizzled
+SWIZZLES = [0, 32, 64, 128]      # bytes; the index is fill_tma_desc's B (0 none .. 3 128B)
+BOX_MAX = 256
+SMEM_ALIGN = 128
+DTYPES = ("bf16",)               # fill_tma_desc encodes bf16 on every pinned MPK branch
+TILE = ("rows", "cols")          # the symbols a box is written in: the task's tile of the tensor
+
+
+def tensors(codegen: dict) -> list[str]:
+    """The inputs a body loads with TMA (codegen.pipeline.copies naming a tensor), in
+    codegen.inputs order: after its tensors, the body takes each one's tensor map
+    (`<name>_tmap`, a `void const*`: the runtime's task_desc->input_tma_desc_ptrs[i][0])."""
+    loaded = {c["tensor"] for c in (codegen.get("pipeline") or {}).get("copies", []) if "tensor" in c}
+    return [t["name"] for t in codegen.get("inputs") or [] if t.get("name") in loaded]
+
+
+def copy_of(codegen: dict, tensor: str) -> dict:
+    """The first copy of a TMA-loaded tensor (the audit holds every copy of it to one box)."""
+    return next(c for c in codegen["pipeline"]["copies"] if c.get("tensor") == tensor)
+
+
+def box_cpp(copy: dict, params: dict, tile: tuple[str, str]) -> dict:
+    """A tensor copy's map as C++: its box over the tile's two dims (the C++ `tile` names
+    them), the params as their values (the checkout's tma.cuh sees no spec header), and
+    its swizzle (bytes, and fill_tma_desc's code: 0 none, 1 32B, 2 64B, 3 128B)."""
+    names = dict(zip(TILE, tile))
+    values = {k: v for k, v in params.items() if not isinstance(v, bool)}
+    swizzle = copy.get("swizzle", 128)
+
+    def cpp(text):
+        return expr.to_cpp(text, lambda s: names.get(s) or repr(values[s]))
+    return {"box": [cpp(d) for d in copy["box"]], "swizzle": swizzle,
+            "swizzle_code": SWIZZLES.index(swizzle)}

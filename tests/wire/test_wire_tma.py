@@ -1,0 +1,255 @@
+"""TMA as MPK does it (issue 58 item 2): a kernel that loads an input with TMA
+(codegen.pipeline.copies naming a tensor) gets real tma.cuh cases in a real checkout --
+the fill case builds the map with the checkout's own fill_tma_desc over the task's tile,
+the create case makes it with create_tma_desc_for_tensor -- its registered call passes the
+descriptor, and its TaskType number lies where MPK's init makes descriptors. The harness,
+the wired checkout and the runtime gate's megakernel encode the same map for the same task
+(checked on the generated code, with a recording cuTensorMapEncodeTiled: no GPU needed).
+The fixture is tests/fixtures/pipeline's pipe_tma, given a wiring section here."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from mpkbuild import wire
+from mpkbuild.model.kernel import Kernel
+from mpkbuild.stages import load_kernel
+from mpkbuild.stages.runtime import megakernel
+from mpkbuild.stages.wire import task_sources
+from mpkbuild.util import config
+from test_wire_real import (CLANG_FORMAT, MIRAGE, NVCC, check_clang_format_and_unwire, copy_tree,
+                            execute_task_tu, nvcc, snapshot, wired_calls)
+
+FIXTURE = REPO / "tests" / "fixtures" / "pipeline"
+WIRING = config.SHIPPED_WIRING
+WIRED = """
+wiring:
+  params:
+    - {name: bands, test_value: 2}
+    - {name: stages, test_value: 3}
+  test_variant: r256_c256
+"""
+
+pytestmark = pytest.mark.skipif(not MIRAGE.is_dir(), reason=f"{MIRAGE} is absent (the pinned "
+                                "Mirage trees are only on machines that carry ../shared)")
+
+
+def project(dest: Path, extra: str = WIRED) -> Kernel:
+    """The pipe_tma fixture with a wiring section, as a project of its own."""
+    dest.mkdir(parents=True)
+    shutil.copytree(FIXTURE / "kernels", dest / "kernels")
+    (dest / "specs").mkdir()
+    (dest / "specs/pipe_tma.yaml").write_text((FIXTURE / "specs/pipe_tma.yaml").read_text() + extra)
+    return load_kernel(dest, "pipe_tma", write_cache=False)
+
+
+@pytest.fixture(scope="module", params=["mpk", "main"])
+def applied(request, tmp_path_factory):
+    base = tmp_path_factory.mktemp(f"tma_{request.param}")
+    k = project(base / "proj")
+    root = copy_tree(request.param, base)
+    pristine = snapshot(root)
+    p = wire.plan(root, [k.spec.data], WIRING, ["pipe_tma"], sources={"pipe_tma": task_sources(k)})
+    assert p.problems == [], p.problems
+    wire.apply(p)
+    return {"branch": request.param, "root": root, "pristine": pristine, "plan": p, "kernel": k}
+
+
+def test_a_tma_kernel_gets_real_cases_a_descriptor_argument_and_a_tma_number(applied, tmp_path):
+    root, p, k = applied["root"], applied["plan"], applied["kernel"]
+    # MPK's init makes descriptors only for types in a TMA range: on SM100 that is 232-255,
+    # not the 257-and-up a task without TMA takes first
+    assert 150 < p.numbers["pipe_tma"]["sm_90a"] < 198
+    assert 232 <= p.numbers["pipe_tma"]["sm_100a"] <= 255
+    tma = (root / "include/mirage/persistent_kernel/tma.cuh").read_text()
+    fill = re.search(r">>>mpk-wire:pipe_tma/sm_90a/tma_fill.*?<<<mpk-wire", tma, re.S).group(0)
+    assert "if (param_id == 0) {" in fill and "static_cast<uint32_t>(32)" in fill
+    assert "fill_tma_desc<bfloat16, 3, 3, 3, 2>(tma_desc," in fill      # 128-byte swizzle
+    create = re.search(r">>>mpk-wire:pipe_tma/sm_90a/tma_create.*?<<<mpk-wire", tma, re.S).group(0)
+    assert "create_tma_desc_for_tensor(task_desc, task_desc.inputs[0], 0, 0);" in create
+    (task, code), = wired_calls(root, [k.spec.data])
+    assert task == "TASK_PIPE_TMA_HOPPER"
+    assert "task_desc->input_tma_desc_ptrs[0][0]," in code
+    # applied twice identically, unwired byte-exactly
+    again = wire.plan(root, [k.spec.data], WIRING, ["pipe_tma"], sources={"pipe_tma": task_sources(k)})
+    assert again.empty
+    other = tmp_path / "u"
+    shutil.copytree(root, other)
+    wire.unwire(other, ["pipe_tma"], WIRING)
+    assert snapshot(other) == applied["pristine"]
+
+
+@pytest.mark.skipif(CLANG_FORMAT is None, reason="clang-format (15, pip install -e .[test]) not on PATH")
+def test_the_tma_cases_are_clang_format_clean(applied, tmp_path):
+    check_clang_format_and_unwire(applied["root"], applied["branch"], applied["plan"], ["pipe_tma"], tmp_path)
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA 12.x/13.x) not on PATH")
+def test_the_wired_tma_cases_and_call_compile_in_the_real_tree(applied, tmp_path):
+    """tma.cuh and _execute_task with the wired call, under nvcc as the runtime compiles them,
+    with no diagnostic the pristine tree does not have."""
+    root, k = applied["root"], applied["kernel"]
+    pristine = copy_tree(applied["branch"], tmp_path)
+    tu = execute_task_tu(wired_calls(root, [k.spec.data]))
+    jobs = [(root, "exec", tu), (pristine, "exec", execute_task_tu([])),
+            (root, "tma", '#include "tma.cuh"\n'), (pristine, "tma", '#include "tma.cuh"\n')]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        exec_a, exec_p, tma_a, tma_p = pool.map(lambda j: nvcc(*j, tmp_path), jobs)
+    assert tma_a - tma_p == set(), sorted(tma_a - tma_p)
+    assert exec_a - exec_p == set(), sorted(exec_a - exec_p)
+
+
+def test_a_tma_kernel_refuses_a_number_outside_the_tma_ranges(tmp_path):
+    k = project(tmp_path / "proj", WIRED + "  number: {sm_90a: auto, sm_100a: 260}\n")
+    root = copy_tree("mpk", tmp_path)
+    before = snapshot(root)
+    with pytest.raises(wire.NumberOutOfRange, match=r"outside the sm_100a TMA ranges \[\[232, 255\]\]"):
+        wire.plan(root, [k.spec.data], WIRING, ["pipe_tma"], sources={"pipe_tma": task_sources(k)})
+    assert snapshot(root) == before
+
+
+# ------------------------------------------------------------ the same map on every side
+# A recording encoder: each call prints what the driver would be asked to encode, the base
+# address as an offset from the tensor's (the three sides place the tensor at BASE)
+RECORDER = r"""
+#include <cstdio>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <cuda.h>
+#include <cuda_runtime.h>
+static const uintptr_t BASE = 0x10000000;
+extern "C" CUresult cuTensorMapEncodeTiled(CUtensorMap *, CUtensorMapDataType type, cuuint32_t rank,
+    void *address, const cuuint64_t *dim, const cuuint64_t *strides, const cuuint32_t *box,
+    const cuuint32_t *element_strides, CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+    CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+  printf("type %d rank %u at +%lu dims", (int)type, rank, (unsigned long)((uintptr_t)address - BASE));
+  for (cuuint32_t i = 0; i < rank; i++) printf(" %lu", (unsigned long)dim[i]);
+  printf(" strides");
+  for (cuuint32_t i = 0; i + 1 < rank; i++) printf(" %lu", (unsigned long)strides[i]);
+  printf(" box");
+  for (cuuint32_t i = 0; i < rank; i++) printf(" %u", box[i]);
+  printf(" element_strides");
+  for (cuuint32_t i = 0; i < rank; i++) printf(" %u", element_strides[i]);
+  printf(" interleave %d swizzle %d l2 %d oob %d\n", (int)interleave, (int)swizzle, (int)l2, (int)oob);
+  return CUDA_SUCCESS;
+}
+extern "C" CUresult cuGetErrorString(CUresult, const char **text) {
+  *text = "recorded";
+  return CUDA_SUCCESS;
+}
+"""
+
+# the harness without a driver: its entry-point lookup finds the recorder, its device
+# allocation and copy are host memory, and no capture is running
+HARNESS_SIDE = RECORDER + r"""
+static cudaError_t fake_entry_point(const char *, void **fn, unsigned int, unsigned long long,
+                                    cudaDriverEntryPointQueryResult *found) {
+  *fn = reinterpret_cast<void *>(&cuTensorMapEncodeTiled);
+  *found = cudaDriverEntryPointSuccess;
+  return cudaSuccess;
+}
+static cudaError_t fake_is_capturing(cudaStream_t, cudaStreamCaptureStatus *status) {
+  *status = cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+#define cudaGetDriverEntryPointByVersion fake_entry_point
+#define cudaStreamIsCapturing fake_is_capturing
+#define cudaMalloc(p, n) (*(p) = static_cast<CUtensorMap *>(malloc(n)), cudaSuccess)
+#define cudaMemcpy(d, s, n, kind) (memcpy((d), (s), (n)), cudaSuccess)
+#include "harness.cu"
+int main() {
+  void *inputs[1] = {reinterpret_cast<void *>(BASE)};
+  const CUtensorMap *maps[1];
+  return pipe_tma_maps_@variant@(inputs, maps, nullptr);
+}
+"""
+
+# MPK's side: a task's TensorDesc as the runtime gate's megakernel fills it (its layer
+# plan), handed to the checkout's fill_tma_desc_by_task under `task_type`
+MPK_SIDE = RECORDER + r"""
+#include "tma.cuh"
+using namespace mirage::runtime;
+int main() {
+  for (int t = 0; t < @tasks@; t++) {
+    FullTaskDesc task(static_cast<TaskType>(@task_type@), 0);
+    TensorDesc desc;
+    desc.num_dims = 2;
+    desc.base_ptr = reinterpret_cast<char *>(BASE) + static_cast<size_t>(t) * @stride@;
+    desc.dim[0] = @rows@;
+    desc.dim[1] = @cols@;
+    desc.stride[0] = @row_stride@;
+    desc.stride[1] = 1;
+    CUtensorMap map;
+    fill_tma_desc_by_task(&map, task, desc, 0);
+  }
+  return 0;
+}
+"""
+
+
+def run_side(name: str, source: str, values: dict, includes: list[Path], tmp_path: Path) -> list[str]:
+    """One side's program (its @name@ filled from values), built and run: its encoder calls."""
+    for key, value in values.items():
+        source = source.replace(f"@{key}@", str(value))
+    tu = tmp_path / f"{name}.cu"
+    tu.write_text(source)
+    exe = tmp_path / name
+    r = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90a", "-DMIRAGE_BACKEND_USE_CUDA", "-DMPK_ENABLE_TMA",
+                        "--expt-relaxed-constexpr", *(f"-I{d}" for d in includes),
+                        f"-I{MIRAGE}/deps/cutlass/include", f"-I{MIRAGE}/deps/json/include",
+                        "-o", str(exe), str(tu)], capture_output=True, text=True)
+    assert r.returncode == 0, f"{name}:\n{r.stderr[-3000:]}"
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.splitlines()
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA 12.x/13.x) not on PATH")
+def test_the_harness_the_wired_checkout_and_the_gate_encode_the_same_map(tmp_path):
+    """For every task of a variant: the harness's map, the map the wired checkout's
+    fill_tma_desc_by_task makes from the TensorDesc the runtime gate's megakernel fills, and
+    the one the gate's own tma.cuh (the wire's cases under the gate's task type) makes,
+    are the same encoder call: rank, dims, byte strides, box, swizzle, everything."""
+    from mpkbuild.stages import generate
+    k = project(tmp_path / "proj")
+    root = copy_tree("mpk", tmp_path)
+    p = wire.plan(root, [k.spec.data], WIRING, ["pipe_tma"], sources={"pipe_tma": task_sources(k)})
+    wire.apply(p)
+    gen = tmp_path / "gen"
+    gen.mkdir()
+    for role in ("harness", "spec_header", "body"):
+        text = generate.render_file(role, k.spec.sections["codegen"], k.spec.file, k.body_source, k.root)
+        (gen / Path(k.rel.generated[role]).name).write_text(text)
+    # the gate's shadow tma.cuh, beside which nothing else is: its quoted includes find the
+    # checkout's headers through -I
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "tma.cuh").write_bytes(megakernel.gate_tma_header(root, [k.spec.data], WIRING, 461))
+    runtime_dir = root / "include/mirage/persistent_kernel"
+    for variant in k.spec.data["codegen"]["variants"]:
+        layer = megakernel._layer(k.spec.data, variant, 0, [0, 1])
+        assert layer["tma"] and layer["tensor_names"][0] == "x"
+        values = {"tasks": layer["tasks"], "stride": layer["strides"][0], "rows": layer["tma_dims"][0][0],
+                  "cols": layer["tma_dims"][0][1], "row_stride": layer["row_strides"][0]}
+        harness = run_side(f"harness_{variant}", HARNESS_SIDE, {"variant": variant}, [gen], tmp_path)
+        wired = run_side(f"wired_{variant}", MPK_SIDE, {**values, "task_type": "TASK_PIPE_TMA_HOPPER"},
+                         [root / "include", runtime_dir], tmp_path)
+        gate = run_side(f"gate_{variant}", MPK_SIDE, {**values, "task_type": 461},
+                        [shadow, root / "include", runtime_dir], tmp_path)
+        assert len(harness) == layer["tasks"] > 1
+        assert harness == wired == gate, (variant, harness, wired, gate)
+        # the map is the one the spec says: bf16 (type 9), rank 5, the task's rows at its
+        # own offset, a 32 x 64 box, 128-byte swizzle (3)
+        rows, cols = values["rows"], values["cols"]
+        assert harness[1] == (f"type 9 rank 5 at +{values['stride']} dims {cols} {rows} 1 1 1 strides "
+                              f"{values['row_stride'] * 2} 0 0 0 box 64 32 1 1 1 element_strides 1 1 1 1 1 "
+                              "interleave 0 swizzle 3 l2 0 oob 0")
