@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, Project
 from mpkbuild import wire
 from mpkbuild.model.kernel import Kernel
 from mpkbuild.stages import load_kernel
@@ -253,3 +253,33 @@ def test_the_harness_the_wired_checkout_and_the_gate_encode_the_same_map(tmp_pat
         assert harness[1] == (f"type 9 rank 5 at +{values['stride']} dims {cols} {rows} 1 1 1 strides "
                               f"{values['row_stride'] * 2} 0 0 0 box 64 32 1 1 1 element_strides 1 1 1 1 1 "
                               "interleave 0 swizzle 3 l2 0 oob 0")
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA 12.x/13.x) not on PATH")
+def test_the_runtime_gate_builds_a_tma_kernel_into_the_real_persistent_kernel(tmp_path):
+    """`stage=runtime` with mpk_root= up to the megakernel's compile: the shadow tma.cuh holds
+    the wire's two cases under the gate's task type, the layer fills the TensorDesc the map
+    is made from, the library builds; -n predicts the shadow header with the rest and an edit
+    of the box re-makes it."""
+    k = project(tmp_path / "proj")
+    for name in ("SConstruct", "site_scons", "pyproject.toml"):
+        src = REPO / name
+        (shutil.copytree(src, k.root / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+         if src.is_dir() else shutil.copy2(src, k.root / name))
+    proj = Project(k.root)
+    mpk = f"mpk_root={MIRAGE / 'mpk'}"
+    proj.scons("-k", "stage=runtime", "kernel=pipe_tma", mpk, check=False, timeout=900)
+    shadow = (k.root / "build/pipe_tma/runtime/shadow/tma.cuh").read_text()
+    assert shadow.count("case MPKB_TMA_TASK: {") == 2
+    assert "constexpr TaskType MPKB_TMA_TASK = static_cast<TaskType>(" in shadow
+    source = (k.root / "build/pipe_tma/runtime/megakernel.cu").read_text()
+    assert "task_desc->input_tma_desc_ptrs[0][0]" in source
+    assert (k.root / "build/pipe_tma/runtime/sm_90a/libpipe_tma_mpk.so").is_file()
+    # a box edit the audit accepts: the shadow header and the megakernel are re-made, as -n says
+    proj.edit("specs/pipe_tma.yaml", "box_rows: 32", "box_rows: 64")
+    run = proj.scons("-n", "stage=runtime", "kernel=pipe_tma", mpk, check=False)
+    listed = run.stdout.splitlines()
+    assert "megakernel pipe_tma" in listed and "megakernel-compile pipe_tma sm_90a" in listed, run.stdout + run.stderr
+    proj.scons("-k", "stage=runtime", "kernel=pipe_tma", mpk, check=False, timeout=900)
+    assert "static_cast<uint32_t>(64)," in (k.root / "build/pipe_tma/runtime/shadow/tma.cuh").read_text()
