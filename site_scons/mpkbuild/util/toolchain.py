@@ -16,11 +16,29 @@ NVCC_ENV_FLAGS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
 
 
 def toolchain_fingerprint(nvcc: str = "nvcc") -> str:
-    """'nvcc 13.0.88 (cuda_13.0.r13.0/compiler.36424714_0)', or 'nvcc: not found'; with
-    ' with NVCC_APPEND_FLAGS=...' when the environment adds flags, since they change what
-    nvcc builds as much as a flag on the command line does (status names the change)."""
+    """'nvcc 13.0.88 (cuda_13.0.r13.0/compiler.36424714_0), host gcc (Debian 12.2.0-14) 12.2.0',
+    or 'nvcc: not found'; with ' with NVCC_APPEND_FLAGS=...' when the environment adds flags,
+    since they change what nvcc builds as much as a flag on the command line does (status
+    names the change). The host compiler is nvcc's (NVCC_CCBIN, else the gcc on PATH): it
+    builds the host side and its version is handed to the device front end (cicc's
+    --gnu_version), so two machines with one nvcc and another gcc build different binaries."""
     extra = [f"{name}={value}" for name in NVCC_ENV_FLAGS if (value := os.environ.get(name, "")).strip()]
-    return _nvcc_version(nvcc) + (f" with {' '.join(extra)}" if extra else "")
+    ccbin = os.environ.get("NVCC_CCBIN") or "gcc"
+    host = shutil.which(os.path.join(ccbin, "gcc") if os.path.isdir(ccbin) else ccbin)
+    return (_nvcc_version(nvcc) + f", host {_host_version(host)}"
+            + (f" with {' '.join(extra)}" if extra else ""))
+
+
+@functools.lru_cache(maxsize=None)
+def _host_version(exe: str | None) -> str:
+    """The first line of the host compiler's --version (per executable: PATH may change)."""
+    if exe is None:
+        return "gcc: not found"
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{os.path.basename(exe)}: unusable ({exc})"
+    return (out.splitlines() or ["?"])[0].strip()
 
 
 @functools.lru_cache(maxsize=None)
