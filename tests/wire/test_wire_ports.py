@@ -8,6 +8,7 @@ import copy
 
 import pytest
 
+from mpkbuild.util import tma
 from mpkbuild import wire
 from mpkbuild.wire.errors import AnchorNotFound, NameClash
 
@@ -24,7 +25,8 @@ def _specs(**ports):
     for s in specs:
         if s["kernel"] in ports:
             s["wiring"]["port"] = ports[s["kernel"]]
-    return specs, sources, sorted(s["kernel"] for s in specs)
+    # planned on v2: every catalog kernel but one that loads with TMA (refused there)
+    return specs, sources, sorted(s["kernel"] for s in specs if not tma.tensors(s["codegen"]))
 
 
 def _method(tree: ast.Module, name: str) -> ast.FunctionDef:

@@ -23,6 +23,7 @@ from mpkbuild.model.kernel import Kernel
 from mpkbuild.stages.wire import task_sources
 from mpkbuild.wire.errors import NameClash, NumberClash, TargetMissing
 from mpkbuild.stages import load_kernel
+from mpkbuild.util import tma
 
 from conftest import REPO
 from test_wire_real import (CLANG_FORMAT, CUDA_INCLUDES, MIRAGE, NVCC, WIRING,
@@ -33,10 +34,13 @@ pytestmark = pytest.mark.skipif(not (MIRAGE / "v2").is_dir(), reason=f"{MIRAGE}/
                                 "(the pinned Runtime-V2 tree is only where ../shared is)")
 # every catalog kernel (rmsnorm_v2, silu_mul_v2 and embedding_v2 are also upstream v2 tasks'
 # names: our files are installed under the surface's install_stem)
-FREE = tuple(sorted(p.stem for p in (REPO / "specs").glob("*.yaml")))
+# (a kernel that loads with TMA is not wired on Runtime-V2: its wiring makes no maps yet)
+FREE = tuple(sorted(p.stem for p in (REPO / "specs").glob("*.yaml")
+                   if not tma.tensors(load_kernel(REPO, p.stem, write_cache=False).spec.data["codegen"])))
+TMA_KERNELS = tuple(sorted(set(p.stem for p in (REPO / "specs").glob("*.yaml")) - set(FREE)))
 
 
-def _catalog(names=FREE):
+def _catalog(names=FREE + TMA_KERNELS):
     ks = [load_kernel(REPO, n, write_cache=False) for n in names]
     return [k.spec.data for k in ks], {k.name: task_sources(k) for k in ks}
 
@@ -51,6 +55,18 @@ def applied(tmp_path_factory):
     assert p.problems == [], p.problems
     wire.apply(p)
     return {"root": root, "pristine": pristine, "plan": p, "specs": specs, "sources": sources}
+
+
+def test_a_kernel_that_loads_with_tma_is_refused_on_v2_and_nothing_changes(tmp_path):
+    """Its v2 wiring would make no tensor maps: one clear refusal, the checkout untouched
+    (other kernels plan on v2 with its spec among theirs: test above)."""
+    assert TMA_KERNELS
+    root = copy_tree("v2", tmp_path)
+    before = snapshot(root)
+    specs, sources = _catalog()
+    with pytest.raises(wire.Unsupported, match="the Runtime-V2 wiring makes no tensor maps yet"):
+        wire.plan(root, specs, WIRING, list(TMA_KERNELS), sources=sources, runtime="v2")
+    assert snapshot(root) == before
 
 
 def test_v2_registration_applies_twice_identically_and_unwires_to_the_snapshot(applied, tmp_path):
@@ -130,7 +146,7 @@ def test_the_v2_dispatch_unit_compiles_for_sm100a_with_no_new_diagnostic(applied
     check reaches the installed bodies."""
     root = applied["root"]
     pristine = copy_tree("v2", tmp_path / "p")
-    calls = wired_calls(root, applied["specs"], "v2")
+    calls = wired_calls(root, [s for s in applied["specs"] if s["kernel"] in FREE], "v2")
     tu = execute_task_tu(calls, v2=True)
     broken = tu.replace("argmax_v2_task<129280>", "argmax_v2_task<129281>")
     assert broken != tu

@@ -344,6 +344,11 @@ def plan(mpk_root, specs: list[dict], wiring_root, kernels: list[str],
         raise WireError(f"no spec for kernel(s) {', '.join(missing)} among "
                         f"{', '.join(sorted(wirings)) or 'none'}")
     kernels = sorted(set(kernels))
+    for k in kernels:
+        if runtime != "v1" and wirings[k].maps:
+            raise Unsupported(f"{k} loads {', '.join(m['tensor'] for m in wirings[k].maps)} with TMA: "
+                              "the Runtime-V2 wiring makes no tensor maps yet; wire it for v1 "
+                              "(without runtime=). Nothing was changed")
     if runtime == "v2" and not co.path(V2_MARKER).is_file():
         raise TargetMissing(f"{V2_MARKER}: missing in mpk_root "
                             f"{co.root}: runtime=v2 wires into Runtime-V2, which this checkout "

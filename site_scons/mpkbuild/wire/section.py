@@ -238,9 +238,6 @@ def _resolve(spec: dict, surface: Surface, problems: list, runtime: str = "v1") 
     dims, call_lines = _call(spec, w, tensors, [p["name"] for p in params], problems, tail, guard,
                              [t.get("name") for t in every_input], state, _maps(cg, tensors))
     maps = _maps(cg, tensors)
-    if maps and runtime != "v1":
-        problems.append(("codegen.pipeline.copies", f"{kernel} loads {maps[0]['tensor']} with TMA: "
-                         "the Runtime-V2 wiring makes no tensor maps yet (wire it for v1)"))
     test = _test(spec, w, tensors, problems, surface.python.get("block_dim"))
     if problems:
         return None
