@@ -432,18 +432,46 @@ def _judged(res: dict, thresholds: list, variants: list[str]) -> dict:
 
 def test_ours_and_the_incumbent_are_set_up_side_by_side_and_launched_in_turn(head_to_head):
     """Ours passes its iterations, the incumbent is set up beside it, checked once against
-    ours, then the two are launched A B A B from their kept setups, and both are freed."""
+    ours, ours is set up a second time (the A/A side), then the three are launched from their
+    kept setups in alternating order (0 1 2 | 2 1 0), and all are freed."""
     res = head_to_head(task_us={"ours": 1.0, "rmsnorm_hopper": 1.0})
     assert res["verdict"] == "pass", res["message"]
     h = res["variants"]["decode_r1_h4096"]["head_to_head"]
-    assert h["pairs"] == 9 and len(h["ours"]["makespan_us"]) == 9
+    assert h["pairs"] == 9 and len(h["ours"]["makespan_us"]) == 9 and len(h["aa"]["makespan_us"]) == 9
+    assert list(h["incumbents"]) == ["rmsnorm_hopper"]            # the A/A side is no incumbent
+    assert h["order"].startswith("alternating: ours rmsnorm_hopper A/A | A/A rmsnorm_hopper ours")
     inc = h["incumbents"]["rmsnorm_hopper"]
     assert inc["registers"] == ["register_rmsnorm_hopper_task"] and inc["tasks"] == 1
     assert inc["numerics"]["rmsnorm_v2.output"]["ours_vs_incumbent"]["cos"] == pytest.approx(1.0)
     calls = head_to_head.made[-1].calls
     timed = [c for c in calls if c.startswith("restore")]
-    assert timed[:18] == ["restore 0", "restore 1"] * 9
-    assert calls[-4:] == ["restore 0", "finalize 0", "restore 1", "finalize 1"]
+    assert timed[:27] == ["restore 0", "restore 1", "restore 2", "restore 2", "restore 1", "restore 0"] * 4 \
+        + ["restore 0", "restore 1", "restore 2"]
+    # each slot torn down (the stand-in logs the graph a setup runs: the A/A's is ours, 0)
+    assert calls[-6:] == ["restore 0", "finalize 0", "restore 1", "finalize 1", "restore 2", "finalize 0"]
+
+
+def test_the_a_a_floor_widens_every_ratio_so_faster_is_said_only_beyond_it():
+    """Ours against ours reads 0.96-1.04x: a 0.98x ratio against the incumbent, faster on
+    its own interval, is `same` once widened by that floor, and a 1.0 limit is unsure, not
+    passed; the message names the floor. Without an A/A side the floor is 0."""
+    from mpkbuild.stages.runtime import judge
+    ours = [10.0 + 0.01 * (i % 3) for i in range(20)]
+    spread = [0.96, 1.04, 1.0, 0.97, 1.03] * 4
+    h2h = {"ours": {"makespan_us": ours, "slowcta_us": ours},
+           "aa": {"makespan_us": [o / r for o, r in zip(ours, spread)],
+                  "slowcta_us": [o / r for o, r in zip(ours, spread)]},
+           "incumbents": {"inc": {"makespan_us": [o / 0.98 for o in ours], "slowcta_us": [o / 0.98 for o in ours]}}}
+    res = {"verdict": "pass", "message": "ran", "variants": {"v": {"verdict": "pass", "head_to_head": h2h}}}
+    out = judge.judge(copy.deepcopy(res), [{"variants": "v", "max_vs_incumbent": 1.0, "incumbent": "inc"}], ["v"])
+    h = out["variants"]["v"]["head_to_head"]
+    assert 0.03 <= h["floor"]["makespan"] <= 0.05, h["floor"]
+    c = h["incumbents"]["inc"]["vs"]["makespan"]
+    assert c["ratio"] == pytest.approx(0.98) and c["lo"] < 0.96 and c["hi"] > 1.0
+    assert out["verdict"] == "unsure" and "with the A/A floor of" in out["unsure"][0], out
+    del res["variants"]["v"]["head_to_head"]["aa"]
+    bare = judge.judge(copy.deepcopy(res), [{"variants": "v", "max_vs_incumbent": 1.0, "incumbent": "inc"}], ["v"])
+    assert bare["verdict"] == "pass" and bare["variants"]["v"]["head_to_head"]["floor"]["makespan"] == 0.0
 
 
 @pytest.mark.parametrize("ours_us, verdict, word", [(2.0, "fail", "slower"), (0.5, "pass", "faster")])

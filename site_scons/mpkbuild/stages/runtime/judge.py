@@ -10,9 +10,12 @@ p of the incumbent), faster / slower / same / unsure. A `runtime.thresholds` rul
 when the whole interval is within `max_vs_incumbent`, fails when the whole of it is over,
 is unsure otherwise; a rule with nothing to judge (the incumbent cannot run on this
 checkout) fails and says why; a rule naming an incumbent of the other runtime (v1 or
-Runtime-V2) is not this run's to judge. No capture floor: every sample is one launch (on
-Runtime-V2 one iteration of a launch), timed by the runtime's own profiler (on v2 the
-megakernel's marks). Standard library only.
+Runtime-V2) is not this run's to judge. Every sample is one launch (on Runtime-V2 the median
+of its iterations), timed by the runtime's own profiler (on v2 the megakernel's marks). The
+floor is the gate's own: ours against ours set up separately in the same megakernel (the A/A
+side), whose ratio should be 1; how far its interval reaches from 1 widens every ratio's
+interval each side, as perf's capture floor does, so "faster" and "slower" are said only
+beyond what the gate cannot tell apart from itself. Standard library only.
 """
 from __future__ import annotations
 
@@ -23,12 +26,27 @@ FIGURES = ("makespan", "slowcta")
 
 
 def figures(h2h: dict) -> None:
-    """Intervals and comparisons into the head to head record, in place."""
+    """Intervals and comparisons into the head to head record, in place: the A/A floor of
+    each figure (0 where the record has no A/A side), then every ratio widened by it."""
     ours = h2h["ours"]
     h2h["ours_figures"] = {f: stats.median_interval(ours[f"{f}_us"]) for f in FIGURES}
+    h2h["floor"] = {f: 0.0 for f in FIGURES}
+    if h2h.get("aa"):
+        aa = h2h["aa"]
+        aa["vs"] = {f: stats.ratio_figure(ours[f"{f}_us"], aa[f"{f}_us"], floor=0.0) for f in FIGURES}
+        h2h["floor"] = {f: aa_floor(aa["vs"][f]) for f in FIGURES}
     for x in h2h["incumbents"].values():
         x["figures"] = {f: stats.median_interval(x[f"{f}_us"]) for f in FIGURES}
-        x["vs"] = {f: stats.ratio_figure(ours[f"{f}_us"], x[f"{f}_us"], floor=0.0) for f in FIGURES}
+        x["vs"] = {f: stats.ratio_figure(ours[f"{f}_us"], x[f"{f}_us"], floor=h2h["floor"][f])
+                   for f in FIGURES}
+
+
+def aa_floor(c: dict) -> float:
+    """How far ours-against-ours reaches from 1: its interval's farther end (its median's
+    distance where no interval came out), as a fraction."""
+    if c["ratio"] is None:
+        return 0.0
+    return round(max(abs(c["ratio"] - 1.0), c["hi"] - 1.0, 1.0 - c["lo"]), 4)
 
 
 def _no_figure(name: str, r: dict, incumbent: str | None) -> str:
@@ -53,9 +71,11 @@ def rule_outcomes(name: str, r: dict, rule: dict) -> list[tuple[str, str]]:
             continue
         verdict = stats.at_most(c["lo"], c["hi"], limit)
         ours_med, theirs_med = h2h["ours_figures"][fig]["median"], x["figures"][fig]["median"]
+        floor = (h2h.get("floor") or {}).get(fig, 0.0)
         out.append((verdict, f"{name}: in-runtime {fig} {ours_med:.2f} us is {c['ratio']:.3f}x "
                              f"{inc}'s {theirs_med:.2f} us (limit {limit}x; 95% CI "
-                             f"{c['lo']:.3f}-{c['hi']:.3f}x, n={c['n']})"))
+                             f"{c['lo']:.3f}-{c['hi']:.3f}x with the A/A floor of "
+                             f"{100 * floor:.1f}%, n={c['n']})"))
     return out
 
 

@@ -89,6 +89,7 @@ def head_to_head_table(rt: dict, perf: dict | None) -> list[dict]:
                    "makespan": _interval(ours.get("makespan")), "incumbent_makespan": _interval(figs.get("makespan")),
                    "slowcta": _interval(ours.get("slowcta")), "incumbent_slowcta": _interval(figs.get("slowcta")),
                    "vs_makespan": vs.get("makespan"), "vs_slowcta": vs.get("slowcta"),
+                   "floor": (h2h.get("floor") or {}).get("makespan"),
                    "numerics": {out: n.get("ours_vs_incumbent") for out, n in (x.get("numerics") or {}).items()},
                    "harness": h, "flag": ""}
             verdict = (vs.get("makespan") or {}).get("verdict")
