@@ -27,6 +27,11 @@ GENERATOR = {
         # round normal/uniform draws to multiples of step: equal values on purpose (ties)
         # in a dtype finer than the spacing the kernel's rule must be tested on
         "step": {"type": "number", "exclusiveMinimum": 0},
+        # rows of very different magnitude: each row (the last dim) times a factor drawn
+        # log-uniformly from [low, high], so an eps or a scaling rule is exercised on rows
+        # near zero as on large ones
+        "row_scales": {"type": "array", "minItems": 2, "maxItems": 2,
+                       "items": {"type": "number", "exclusiveMinimum": 0}},
     },
 }
 

@@ -70,6 +70,12 @@ def generator_problems(where: tuple, gens: dict, input_names: dict):
             yield (*where, gname), "low must be below high"
         if "step" in gen and gen["dist"] == "randint":
             yield (*where, gname, "step"), "step rounds normal or uniform draws; randint is already whole"
+        if "row_scales" in gen:
+            lo, hi = gen["row_scales"]
+            if gen["dist"] == "randint":
+                yield (*where, gname, "row_scales"), "row_scales scales float draws; randint is ids or counts"
+            elif not lo < hi:
+                yield (*where, gname, "row_scales"), f"[{lo}, {hi}]: the low scale must be below the high one"
         dtype = input_names[gname]["dtype"]
         is_int = dtype.startswith("int")
         if is_int != (gen["dist"] == "randint"):

@@ -10,6 +10,7 @@ import functools
 import importlib.util
 import inspect
 import json
+import math
 import sys
 import traceback
 from pathlib import Path
@@ -165,6 +166,10 @@ def random_tensor(shape, dtype, gen_spec: dict | None, generator, lead=(), devic
         t.normal_(gen_spec["mean"], gen_spec["std"], generator=generator)
     else:
         t.uniform_(gen_spec["low"], gen_spec["high"], generator=generator)
+    if "row_scales" in gen_spec and t.dim() >= 1:
+        lo, hi = (math.log(v) for v in gen_spec["row_scales"])
+        rows = torch.empty(t.shape[:-1] + (1,), dtype=torch.float32, device=device)
+        t.mul_(rows.uniform_(lo, hi, generator=generator).exp_())
     if "step" in gen_spec:
         t.div_(gen_spec["step"]).round_().mul_(gen_spec["step"])
     return t.to(dtype)

@@ -455,7 +455,10 @@ def rival_tensors(recipes: list[dict], ours: list[torch.Tensor]) -> list[torch.T
 
 def _against(ours_out, theirs, recipe: dict, ours: list[torch.Tensor], vcfg: dict):
     """(numbers, problem) of our output against the incumbent's on the same inputs, by the
-    spec's tolerances; an index output by the values it picks."""
+    spec's tolerances, also row by row (each row against its own largest value: the head to
+    head's inputs have rows of very different magnitude); an index output by the values it
+    picks."""
+    vcfg = {**vcfg, "per_row": True}
     if "compare_values_of" in recipe:
         src = ours[recipe["compare_values_of"]]
         pick = lambda idx: src.gather(-1, idx.reshape(*src.shape[:-1], 1).clamp(0, src.shape[-1] - 1))
@@ -589,7 +592,7 @@ def _on_head_to_head_inputs(lib: Megakernel, job: dict, graph: dict, tensors: li
     rt = job["runtime"]
     layer = graph["layers"][0]
     side = rt["kernels"][layer["kernel"]]
-    gens = (rt.get("generators") or {}) if graph.get("role") == "ours" else {}
+    gens = head_to_head_generators(side, rt.get("generators") or {}) if graph.get("role") == "ours" else {}
     ins, _ = tensor_specs(side, layer["variant"])
     n_in = len(ins)
     for i, (name, shape, dtype) in enumerate(ins):
@@ -599,7 +602,7 @@ def _on_head_to_head_inputs(lib: Megakernel, job: dict, graph: dict, tensors: li
     if not gens:
         return launches, refs, None
     reference = load_function(job["root"], side["validate"]["reference"])
-    refs = dict(zip((i for i, _ in checks),
+    refs.update(zip((i for i, _ in checks),          # in place: the setup's references were these inputs'
                     call_with_params(reference, [tensors[i].to(torch.float64) for i in range(n_in)],
                                      side["codegen"]["params"])))
     for i, _ in checks:
@@ -615,8 +618,29 @@ def _on_head_to_head_inputs(lib: Megakernel, job: dict, graph: dict, tensors: li
             lib.lib.mpkb_finalize()
             return launches, refs, {"verdict": "fail", "check": "numeric",
                                     "message": f"{graph['name']} on the head to head's inputs "
-                                               f"(runtime.generators): {problem}"}
+                                               f"(rows of varied magnitude, or runtime.generators): {problem}"}
     return launches, refs, None
+
+
+# the head to head's float inputs have rows of very different magnitude (down to near zero),
+# unless runtime.generators says otherwise: an incumbent with another eps or scaling rule
+# then differs from ours where the validate inputs (rows alike) hide it
+ROW_SCALES = [1e-3, 1e2]
+
+
+def head_to_head_generators(side: dict, declared: dict) -> dict:
+    """Input name -> generator for the head to head: runtime.generators' where it names one,
+    else the top-level generator with ROW_SCALES (integer inputs keep theirs: ids, counts)."""
+    out = {}
+    for t in side["codegen"]["inputs"]:
+        name = t["name"]
+        if name in declared:
+            out[name] = declared[name]
+            continue
+        base = (side.get("generators") or {}).get(name) or {"dist": "normal", "mean": 0.0, "std": 1.0}
+        if base["dist"] != "randint" and not t.get("runtime"):
+            out[name] = {**base, "row_scales": ROW_SCALES}
+    return out
 
 
 def _set_up_incumbent(lib: Megakernel, rt: dict, graph: dict, slot: int, ri: int, rg: dict, grid,

@@ -53,6 +53,20 @@ def compare(out: torch.Tensor, ref: torch.Tensor, vcfg: dict) -> tuple[dict, str
         return numbers, f"cos {cos:.6f} < cos_min {vcfg['cos_min']}"
     if not rel <= vcfg["rel_max"]:
         return numbers, f"rel {rel:.3e} > rel_max {vcfg['rel_max']:.3e} (max |out-ref| / max |ref|)"
+    if vcfg.get("per_row") and out.dim() >= 2:
+        # each row against its own largest value: a row far smaller than the largest (a
+        # near-zero row of a norm) hides a wrong eps or scale from the figures above
+        o2 = o.reshape(-1, out.shape[-1])
+        r2 = r.reshape(-1, out.shape[-1])
+        scale = r2.abs().amax(dim=1)
+        scale = torch.where(scale > 0, scale, torch.full_like(scale, ref_max or 1.0))
+        per_row = (o2 - r2).abs().amax(dim=1) / scale
+        worst = int(per_row.argmax())
+        numbers.update(row_rel=per_row[worst].item(), worst_row=worst)
+        if not per_row[worst].item() <= vcfg["rel_max"]:
+            return numbers, (f"row {worst}: rel {per_row[worst].item():.3e} > rel_max "
+                             f"{vcfg['rel_max']:.3e} (max |out-ref| / max |ref| within the row; "
+                             f"its largest |ref| is {scale[worst].item():.3e}, the output's {ref_max:.3e})")
     return numbers, None
 
 
