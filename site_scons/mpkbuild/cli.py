@@ -84,7 +84,7 @@ class Build:
                 f"{real.signature() if real else 'no GPU'}: run it on that GPU (or take it from a "
                 "shared cache). Nothing was marked passed.")
         root = self.runtime_request.root if self.runtime_request else None
-        args = f" mpk_root={root}" if stage == "runtime" and root is not None else ""
+        args = f" mpk_root={root}" if stages.BY_NAME[stage].needs_checkout and root is not None else ""
         return require_gpu(self.fingerprint, self.executor.absence(), kernel_name, stage, args)
 
     def run_gate(self, job):
@@ -151,8 +151,8 @@ def parse_request(build: Build) -> tuple[list[str], str, bool]:
     stage = ARGUMENTS.get("stage")
     defaulted = False
     if stage is None:
-        stage = "review" if build.gpu_here else "compile"
-        defaulted = stage == "compile"
+        stage = stages.DEFAULT_STAGE["gpu" if build.gpu_here else "cpu"]
+        defaulted = not build.gpu_here
     if stage not in stages.NAMES:
         fail_early(f"unknown stage {stage!r}{_nearest(stage, stages.NAMES)} (stages: {', '.join(stages.NAMES)})")
     return names, stage, defaulted
@@ -199,8 +199,8 @@ def runtime_request(request: WireRequest, stage: str):
     rather than build nothing."""
     from mpkbuild.stages.runtime.megakernel import RuntimeRequest
     resolved = RuntimeRequest.resolve(request.mpk_root, request.runtime)
-    if stage == "runtime" and resolved.checkout is None:
-        fail_early(resolved.why_none or "stage=runtime needs mpk_root=PATH (an MPK checkout: the runtime "
+    if stages.BY_NAME[stage].needs_checkout and resolved.checkout is None:
+        fail_early(resolved.why_none or f"stage={stage} needs mpk_root=PATH (an MPK checkout: the runtime "
                    "gate compiles each kernel into its persistent kernel; e.g. mpk_root=../shared/mirage/mpk)")
     return resolved
 
@@ -609,14 +609,14 @@ def plan(env, should_stop) -> tuple[Build, graph_mod.Graph, list[str], dict]:
     if command is None and "why" in ARGUMENTS:
         command = "why"
     if command is not None and "stage" not in ARGUMENTS:
-        ARGUMENTS["stage"] = "review"      # status and friends look at everything by default
+        ARGUMENTS["stage"] = stages.EVERYTHING    # status and friends look at everything by default
     names, stage, defaulted = parse_request(build)
     build.wire_request = wire_request()
     if GetOption("help"):
         return build, None, [], {}
     build.runtime_request = runtime_request(build.wire_request, stage)
     load_kernels(build, names)
-    with_summary = stage == "review" and ARGUMENTS.get("kernel", "all") == "all"
+    with_summary = stage == stages.EVERYTHING and ARGUMENTS.get("kernel", "all") == "all"
     kernels = [build.kernels[n] for n in names]
     members = kernels + load_companions(build, root, kernels)
     from mpkbuild import sconsign as sconsign_mod

@@ -250,3 +250,18 @@ def test_every_figure_says_its_tier_and_the_headline_comes_from_tier1_where_it_r
     del results["runtime"]
     r = review.kernel_review("k", tmp_path, [], "h200", {}, results)
     assert r["overall"] == "fail" and r["decided_by"]["text"] == "diagnostic (event time, standalone): perf"
+
+
+def test_a_wire_that_failed_fails_the_overall_and_one_not_run_leaves_it_to_the_gates(tmp_path):
+    """It never lies: a kernel whose registration into the checkout failed (a clash) does not
+    work on that tree, so its overall is fail whatever the gates say; without mpk_root= the
+    wire stage only renders, and the overall is the gates'."""
+    for gate in ("validate", "perf"):
+        (tmp_path / f"{gate}.json").write_text(json.dumps({"verdict": "pass", "message": "ok"}))
+    results = {g: tmp_path / f"{g}.json" for g in ("validate", "perf")}
+    wire = tmp_path / "wire.json"
+    wire.write_text(json.dumps({"verdict": "fail", "message": "TaskType number 160 is taken"}))
+    r = review.kernel_review("k", tmp_path, [], "h200", {}, results, wire_result=wire)
+    assert r["overall"] == "fail" and r["parts"]["wire"]["verdict"] == "fail"
+    wire.write_text(json.dumps({"verdict": "pass", "message": "5 fragments rendered", "mode": "render"}))
+    assert review.kernel_review("k", tmp_path, [], "h200", {}, results, wire_result=wire)["overall"] == "pass"

@@ -9,8 +9,9 @@ from __future__ import annotations
 import functools
 import importlib
 
-from mpkbuild.stages.table import (BANDWIDTH, BY_NAME, GPU_GATES, NAMES, STAGES, TRIAL,  # noqa: F401
-                                   Gate, Stage, StageModule, closure, runner_names)
+from mpkbuild.stages.table import (BANDWIDTH, BY_NAME, DEFAULT_STAGE, EVERYTHING, GPU_GATES,  # noqa: F401
+                                   NAMES, STAGES, TRIAL, Gate, Stage, StageModule, closure,
+                                   runner_names)
 
 
 def modules() -> list:

@@ -73,6 +73,8 @@ class Stage:
     note: str | None = None         # "module:function" giving status's line about its gate node
     summary: str | None = None      # function of its module saying a result in the verdict table
                                     # (default: the verdict and the message's first line)
+    needs_checkout: bool = False    # it runs inside an MPK checkout (mpk_root=): asked for without
+                                    # one it is an error before anything is written
     report: str | None = None       # module of its part of review.md (stages/review.py): REVIEW (its
                                     # section's template beside it, or None), REVIEW_LEAD (or None);
                                     # a gate's review(res, results) -> what its result adds, any
@@ -121,7 +123,7 @@ _BUILDING: tuple[Stage, ...] = (
     # is not launched inside the persistent kernel)
     Stage(name="runtime", reads=("codegen", "generators", "validate", "wiring", "runtime"),
           after=("generate", "validate"), per="gpu", needs_gpu=True, judges=True, module="runtime",
-          section="mpkbuild.stages.runtime.section",
+          section="mpkbuild.stages.runtime.section", needs_checkout=True,
           doc="every variant as tasks of the real MPK persistent kernel of mpk_root= at the "
               "production grid, 3+ iterations, then head to head with the MPK task it would "
               "replace (makespan and slowCTA from the runtime's profiler, judged) (GPU)",
@@ -168,6 +170,13 @@ FIGURE_TIERS = {
     "TIER-2": "harness slowCTA, corroboration",
     "diagnostic": "event time, standalone",
 }
+
+# the stage whose closure is every other (the review of every gate, and the verdict table
+# over all kernels): what status, -n and dag look at by default
+EVERYTHING = STAGES[-1].name
+# what `scons` builds without stage=: where a GPU is, everything; elsewhere the compile and
+# its resource gate (wire's render is there for stage=wire)
+DEFAULT_STAGE = {"gpu": EVERYTHING, "cpu": "compile"}
 
 BY_NAME = {s.name: s for s in STAGES}
 NAMES = tuple(s.name for s in STAGES)

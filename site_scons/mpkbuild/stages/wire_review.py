@@ -22,5 +22,8 @@ def part(inputs) -> dict | None:
     message = res.get("message", "the wire stage has not run")
     return {"verdict": verdict, "message": message, "numbers": res.get("numbers", {}),
             "fragments": sorted(res.get("fragments", {})), "json": inputs.rel(inputs.wire_result),
-            # a wire verdict is the checkout's business: shown and in JUnit, not the kernel's overall
-            "counted": [], "cases": [["wire", verdict, message, None]], "cells": {"wire": verdict}}
+            # a wire that ran and failed (a clash, a checkout it cannot wire into) fails the
+            # kernel's overall: it does not work on that tree; one not run (no mpk_root=, or
+            # render only) leaves the overall to the gates
+            "counted": [verdict] if verdict == "fail" else [],
+            "cases": [["wire", verdict, message, None]], "cells": {"wire": verdict}}
