@@ -451,6 +451,26 @@ def test_ours_and_the_incumbent_are_set_up_side_by_side_and_launched_in_turn(hea
     assert calls[-6:] == ["restore 0", "finalize 0", "restore 1", "finalize 1", "restore 2", "finalize 0"]
 
 
+def test_a_cold_head_to_head_judges_launches_after_the_l2_is_written_over_and_keeps_hot_beside(head_to_head):
+    """runtime.memory: cold (issue 59 item 6): each side is launched hot and then cold in
+    every round; the judged samples are the cold ones, the hot ones a diagnostic judged
+    alike (no rule), and the record says which memory state it measured."""
+    from mpkbuild.stages.runtime import judge
+    head_to_head.payload["memory"] = "cold"
+    res = head_to_head(task_us={"ours": 1.0, "rmsnorm_hopper": 2.0})
+    h = res["variants"]["decode_r1_h4096"]["head_to_head"]
+    assert h["memory"].startswith("cold: the L2 written over before each launch")
+    assert len(h["ours"]["makespan_us"]) == 9 and len(h["hot"]["ours"]["makespan_us"]) == 9
+    assert list(h["hot"]["incumbents"]) == ["rmsnorm_hopper"] and len(h["hot"]["aa"]["makespan_us"]) == 9
+    launches = [c for c in head_to_head.made[-1].calls if c.startswith("restore")]
+    assert launches[:6] == ["restore 0", "restore 0", "restore 1", "restore 1", "restore 2", "restore 2"]
+    out = judge.judge(res, [{"variants": "decode_*", "max_vs_incumbent": 1.0}], ["decode_r1_h4096"])
+    h = out["variants"]["decode_r1_h4096"]["head_to_head"]
+    assert h["incumbents"]["rmsnorm_hopper"]["vs"]["makespan"]["verdict"] == "faster"
+    assert h["hot"]["incumbents"]["rmsnorm_hopper"]["vs"]["makespan"]["verdict"] == "faster"
+    assert out["verdict"] == "pass" and len(out["variants"]["decode_r1_h4096"]["limits"]) == 1
+
+
 def test_the_a_a_floor_widens_every_ratio_so_faster_is_said_only_beyond_it():
     """Ours against ours reads 0.96-1.04x: a 0.98x ratio against the incumbent, faster on
     its own interval, is `same` once widened by that floor, and a 1.0 limit is unsure, not

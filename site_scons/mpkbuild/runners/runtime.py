@@ -529,14 +529,26 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
     if failed:
         return failed
     t_pairs = time.perf_counter()
-    samples, failed = _timed_pairs(lib, rt, slots, prof, launches)
+    flush = None
+    if rt.get("memory") == "cold":       # more than the L2 written between launches
+        flush = torch.empty(max(2 * int(device_facts().get("l2_bytes") or 0), 1), dtype=torch.uint8,
+                            device=DEVICE)
+    samples, hot, failed = _timed_pairs(lib, rt, slots, prof, launches, flush)
     if failed:
         return failed
     _spent("head to head: the timed pairs", time.perf_counter() - t_pairs)
     slots.finalize_all()
     sides = " ".join(w for _, w, _, _ in slots.order)
+    extra = {}
+    if hot is not None:                  # the judged figures are cold; hot is a diagnostic
+        extra["hot"] = {"ours": hot["ours"], "aa": hot[AA],
+                        "incumbents": {w: hot[w] for _, w, _, _ in slots.order[1:] if w != AA}}
     return {"pairs": rt["pairs"], "iterations_per_launch": per_launch(lib, rt["iterations"]),
             "order": f"alternating: {sides} | {' '.join(reversed(sides.split(' ')))} ...",
+            "memory": ("cold: the L2 written over before each launch (a decode step streams its "
+                       "weights from DRAM); hot, the data the launch before left in L2, beside it"
+                       if hot is not None else "hot: the data the launch before left in L2"),
+            **extra,
             "ours": {**samples["ours"], **({"layers": [f"{l['kernel']}.{l['variant']}" for l in graph["layers"]]}
                                           if len(graph["layers"]) > 1 else {})},
             "aa": samples[AA],
@@ -685,30 +697,40 @@ def _set_up_incumbent(lib: Megakernel, rt: dict, graph: dict, slot: int, ri: int
     return held, None
 
 
-def _timed_pairs(lib: Megakernel, rt: dict, slots: _Slots, prof: torch.Tensor,
-                 launches: int) -> tuple[dict, dict | None]:
+def _timed_pairs(lib: Megakernel, rt: dict, slots: _Slots, prof: torch.Tensor, launches: int,
+                 flush: torch.Tensor | None = None) -> tuple[dict, dict | None, dict | None]:
     """The interleaved launches, `pairs` rounds: (per side its samples: makespan, slowCTA and
-    a block's per-layer figures; a verdict that ends the head to head or None)."""
-    samples = {whose: {"makespan_us": [], "slowcta_us": []} for _, whose, _, _ in slots.order}
+    a block's per-layer figures; with `flush` those of launches after the L2 was written
+    over, and then the hot ones (each side launched hot, then cold) or None; a verdict that
+    ends the head to head or None)."""
+    states = ["hot"] + (["cold"] if flush is not None else [])
+    by_state = {st: {whose: {"makespan_us": [], "slowcta_us": []} for _, whose, _, _ in slots.order}
+                for st in states}
+    # the setup's launches before these: ours' iterations (and one on the head to head's
+    # inputs), or the incumbent's and the A/A's check
+    done = {whose: launches if whose == "ours" else 1 for _, whose, _, _ in slots.order}
     for p in range(rt["pairs"]):
-        for slot, whose, g, types in pair_order(slots.order, p):
+        for (slot, whose, g, types), state in ((side, st) for side in pair_order(slots.order, p)
+                                               for st in states):
+            samples = by_state[state]
             lib.lib.mpkb_restore(slot)
             prof.zero_()
+            if state == "cold":
+                flush.fill_(p % 251)
             _sync()
-            # launch p + 1 of the pairs: the setup's launches before it were ours' iterations
-            # (and one on the head to head's inputs), or the incumbent's check
-            hung = launch(lib, rt, g, (launches if whose == "ours" else 1) + p + 1)
+            done[whose] += 1
+            hung = launch(lib, rt, g, done[whose])
             if hung:
-                return samples, hung
+                return samples, None, hung
             rec = task_records(prof, types)
             n = per_launch(lib, rt["iterations"])
             counts = [l["tasks"] for l in g["layers"]]
             want = sum(counts) * n
             if len(rec) != want:
                 slots.finalize_all()
-                return samples, {"verdict": "fail", "check": "profile",
-                                 "message": f"{g['name']} pair {p + 1}: the profiler saw {len(rec)} task "
-                                            f"spans, the graph has {want} tasks"}
+                return samples, None, {"verdict": "fail", "check": "profile",
+                                       "message": f"{g['name']} pair {p + 1}: the profiler saw {len(rec)} "
+                                                  f"task spans, the graph has {want} tasks"}
             # a launch is one sample: on v2, where a launch runs every iteration, the median
             # of its iterations' figures (its iterations are not independent samples)
             chunks = by_iteration(rec, n)
@@ -720,7 +742,9 @@ def _timed_pairs(lib: Megakernel, rt: dict, slots: _Slots, prof: torch.Tensor,
                 samples[whose].setdefault("layers_us", []).append(
                     [[round(statistics.median(it[i][0] for it in per_layer), 4),
                       round(statistics.median(it[i][1] for it in per_layer), 4)] for i in range(len(counts))])
-    return samples, None
+    if flush is not None:
+        return by_state["cold"], by_state["hot"], None
+    return by_state["hot"], None, None
 
 
 def span_stats(per_iteration: list[list[float]]) -> dict:

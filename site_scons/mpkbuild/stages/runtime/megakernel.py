@@ -703,5 +703,6 @@ def job_payload(k, build=None, wiring_root: Path | None = None,
     section = k.spec.data["runtime"]
     return {"graphs": p["graphs"], "kernels": kernels, "iterations": max(ITERATIONS, steps),
             "flags": LAUNCH_FLAGS, "launch_timeout_s": LAUNCH_TIMEOUT_S,
-            "pairs": section["pairs"], "generators": section.get("generators", {}),
+            "pairs": section["pairs"], "memory": section["memory"],
+            "generators": section.get("generators", {}),
             "missing": p["missing"], "runtime": runtime}

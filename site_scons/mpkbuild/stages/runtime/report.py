@@ -17,7 +17,8 @@ def review(res: dict, results: dict) -> dict:
     """What the review shows of a runtime result beyond its verdict, beside perf's (results:
     every gate result the review reads, by stage)."""
     perf = results.get("perf")
-    return {"table": runtime_table(res, perf), "head_to_head": head_to_head_table(res, perf)}
+    cold = any((r.get("head_to_head") or {}).get("hot") for r in (res.get("variants") or {}).values())
+    return {"table": runtime_table(res, perf), "head_to_head": head_to_head_table(res, perf), "cold": cold}
 
 
 def _range(values) -> list[float] | None:
@@ -90,6 +91,8 @@ def head_to_head_table(rt: dict, perf: dict | None) -> list[dict]:
                    "slowcta": _interval(ours.get("slowcta")), "incumbent_slowcta": _interval(figs.get("slowcta")),
                    "vs_makespan": vs.get("makespan"), "vs_slowcta": vs.get("slowcta"),
                    "floor": (h2h.get("floor") or {}).get("makespan"),
+                   "hot_vs_makespan": (((h2h.get("hot") or {}).get("incumbents") or {}).get(inc) or {})
+                   .get("vs", {}).get("makespan"),
                    "numerics": {out: n.get("ours_vs_incumbent") for out, n in (x.get("numerics") or {}).items()},
                    "harness": h, "flag": ""}
             verdict = (vs.get("makespan") or {}).get("verdict")
