@@ -88,9 +88,9 @@ def applies(site: Site, w: Wiring) -> bool:
 def _wanted(site: Site, w: Wiring, surface: Surface, arch: str | None, numbers: dict) -> bool:
     if not applies(site, w):
         return False
-    if site.when == "tma":
+    if site.when == "tma":              # a kernel that loads with TMA is numbered in a TMA range
         n = numbers.get(arch)
-        return isinstance(n, int) and surface.archs[arch].in_tma(n)
+        return bool(w.maps) or (isinstance(n, int) and surface.archs[arch].in_tma(n))
     return True
 
 
@@ -122,7 +122,8 @@ def render(spec: dict, wiring_root, numbers: dict | None = None,
     """Fragments by file name (`enum.sm_90a.h`, `layer.py`, ...): pure and deterministic.
 
     `numbers` ({arch: int}) fills "auto" TaskType numbers; without it an auto entry renders
-    with a placeholder comment and no tma.cuh case (the number decides whether one is due).
+    with a placeholder comment and no tma.cuh case (the number decides whether one is due),
+    except for a kernel that loads with TMA, whose number is always in a TMA range.
     """
     surface = load_surface(wiring_root)
     w = resolve(spec, surface, runtime)
