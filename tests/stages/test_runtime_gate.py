@@ -471,6 +471,43 @@ def test_a_cold_head_to_head_judges_launches_after_the_l2_is_written_over_and_ke
     assert out["verdict"] == "pass" and len(out["variants"]["decode_r1_h4096"]["limits"]) == 1
 
 
+@needs_tree
+def test_the_gate_says_what_worker_it_measured_in_and_a_new_variant_is_in_it():
+    """Issue 59 item 2: the composition is part of every result (the task bodies the worker
+    holds, ours by variant, the incumbents by task) with the worker's registers and stack
+    from its compile; a variant added to the spec joins the composition, and the review says
+    which worker the verdict was measured in."""
+    k = load_kernel(REPO, "rmsnorm_v2", write_cache=False)
+    payload = runtime.job_payload(k, checkout_root=PINNED)
+    assert "rmsnorm_v2.decode_r1_h4096" in payload["composition"]
+    assert "rmsnorm_hopper (incumbent)" in payload["composition"]
+    more = copy.deepcopy(k.spec.data)
+    more["codegen"]["variants"]["decode_r3_h4096"] = dict(more["codegen"]["variants"]["decode_r1_h4096"], rows=3)
+    grown = runtime.composition(runtime.plan(more, config.wiring_roots(REPO), {}, PINNED)["dispatch"])
+    assert set(grown) - set(payload["composition"]) == {"rmsnorm_v2.decode_r3_h4096"}
+    log = ("ptxas info    : Compiling entry function '_Z13worker_kernelN6mirage7runtime13RuntimeConfigE' for 'sm_90a'\n"
+           "ptxas info    : Function properties for _Z13worker_kernelN6mirage7runtime13RuntimeConfigE\n"
+           "    16 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Used 167 registers, used 5 barriers, 16 bytes cumulative stack size\n")
+    worker = runtime.worker_facts(log)
+    assert worker["registers"] == 167 and worker["stack_bytes"] == 16
+    from mpkbuild.stages import review
+    res = {"verdict": "pass", "message": "ok", "grid": {"workers": 128, "schedulers": 16},
+           "worker": {**worker, "composition": payload["composition"]},
+           "variants": {"decode_r1_h4096": {"verdict": "pass", "tasks": 1, "head_to_head": {
+               "ours": {"makespan_us": [1.0] * 9, "slowcta_us": [1.0] * 9},
+               "incumbents": {"rmsnorm_hopper": {"tasks": 1, "makespan_us": [2.0] * 9, "slowcta_us": [2.0] * 9,
+                                                 "numerics": {}}}}}}}
+    from mpkbuild.stages.runtime import judge
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "runtime.json"
+        path.write_text(json.dumps(judge.judge(res, [], ["decode_r1_h4096"])))
+        page = review.render_kernel(review.kernel_review("rmsnorm_v2", Path(d), [], "h200", {}, {"runtime": path}))
+    assert (f"Measured in a worker of 167 registers (16 B stack, no spills) holding "
+            f"{len(payload['composition'])} task bodies: ") in page
+
+
 def test_the_a_a_floor_widens_every_ratio_so_faster_is_said_only_beyond_it():
     """Ours against ours reads 0.96-1.04x: a 0.98x ratio against the incumbent, faster on
     its own interval, is `same` once widened by that floor, and a 1.0 limit is unsure, not

@@ -8,6 +8,7 @@ the wired checkout and the runtime gate's megakernel encode the same map for the
 The fixture is tests/fixtures/pipeline's pipe_tma, given a wiring section here."""
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -276,6 +277,9 @@ def test_the_runtime_gate_builds_a_tma_kernel_into_the_real_persistent_kernel(tm
     source = (k.root / "build/pipe_tma/runtime/megakernel.cu").read_text()
     assert "task_desc->input_tma_desc_ptrs[0][0]" in source
     assert (k.root / "build/pipe_tma/runtime/sm_90a/libpipe_tma_mpk.so").is_file()
+    # the worker as built, which every figure of the gate is measured in
+    worker = json.loads((k.root / "build/pipe_tma/runtime/sm_90a/worker.json").read_text())
+    assert "worker_kernel" in worker["entry"] and worker["registers"] > 0, worker
     # a box edit the audit accepts: the shadow header and the megakernel are re-made, as -n says
     proj.edit("specs/pipe_tma.yaml", "box_rows: 32", "box_rows: 64")
     run = proj.scons("-n", "stage=runtime", "kernel=pipe_tma", mpk, check=False)

@@ -828,6 +828,9 @@ def main(job: dict) -> dict:
                                           else "fail")
     return {"verdict": verdict, "device": facts, "grid": {"workers": grid[0], "schedulers": grid[1]},
             "runtime": f"v{lib.runtime}", "iterations": job["runtime"]["iterations"],
+            # what every figure was measured in: the worker as built, the task bodies it holds
+            "worker": {**(job["runtime"].get("worker") or {}),
+                       "composition": job["runtime"].get("composition") or []},
             "variants": graphs, "elapsed_run_s": round(time.perf_counter() - clock, 3),
             "phases_s": {k: round(v, 3) for k, v in PHASES.items()},
             "message": "; ".join(f["message"] for f in failed) if failed else

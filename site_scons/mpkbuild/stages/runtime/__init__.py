@@ -25,15 +25,16 @@ megakernel source) is megakernel.py; this module is the stage: its nodes and act
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from mpkbuild.model.graph import Node
 from mpkbuild.util import config, tma
 from mpkbuild.util.console import say
-from mpkbuild.util.fsutil import write_atomic
+from mpkbuild.util.fsutil import read_json, write_atomic
 from mpkbuild.stages.runtime.megakernel import (compile_megakernel, companions_for,
-                                                job_payload, render_all, runtime_fact)
+                                                job_payload, render_all, runtime_fact, worker_facts)
 
 
 # ---------------------------------------------------------------- paths
@@ -47,6 +48,11 @@ def source_path(k) -> Path:
 
 def library_path(k, arch: str = "sm_90a") -> Path:
     return runtime_dir(k) / arch / f"lib{k.name}_mpk.so"
+
+
+def worker_path(k, arch: str = "sm_90a") -> Path:
+    """The worker's registers, stack and spills as the megakernel's compile built it."""
+    return runtime_dir(k) / arch / "worker.json"
 
 
 def shadow_dir(k) -> Path:
@@ -131,13 +137,13 @@ def nodes(g, k, stage: str) -> None:
     headers, include_facts = include_inputs(g, k)
     runtime_headers = tuple(g.rel(p) for p in checkout.headers())
     comp = g.add(Node(f"megakernel-compile {k.name} sm_90a", "megakernel_compile", stage, k.name,
-                      (g.rel(lib), g.rel(lib.parent / "compile.log")),
+                      (g.rel(lib), g.rel(lib.parent / "compile.log"), g.rel(worker_path(k))),
                       tuple(dict.fromkeys((*src.targets, *gen, *[p for p in extra if p.endswith((".h", ".cuh"))],
                                            *runtime_headers, *headers))),
                       (toolchain_fact(), fact, g.code_fact("megakernel", (f"{__name__}.megakernel",)),
                        *include_facts), column="megakernel-compile"))
     gates.gate_nodes(g, k, stage, library=comp.targets[0], extra_facts=(fact,),
-                     extra_sources=gate_extra)
+                     extra_sources=(*gate_extra, comp.targets[2]))
 
 
 def run_source(build, info, target, source) -> int:
@@ -167,6 +173,7 @@ def run_compile(build, info, target, source) -> int:
         return build.fail(f"megakernel-compile {k.name}: nvcc failed ({took:.0f} s), see "
                           f"{os.path.relpath(target[1].abspath, build.root)}\n"
                           + "\n".join(l for l in text.splitlines() if "error" in l)[:4000])
+    write_atomic(Path(target[2].abspath), json.dumps(worker_facts(text), indent=1, sort_keys=True) + "\n")
     say(f"          megakernel {k.name}: compiled in {took:.1f} s")
     return 0
 
@@ -195,5 +202,6 @@ def gate_job(k, build, arch: str, payload: dict) -> tuple[Path, list[Path]]:
     from mpkbuild.stages import table as stages
     library = library_path(k, arch)
     payload.update(library=str(library), runtime=job_payload(k, build))
+    payload["runtime"]["worker"] = read_json(worker_path(k, arch)) or {}
     kind = stages.BY_NAME["runtime"].gate
     return library, [p for c in companions_for(k, build.kernels) for p in gates.python_files(c, kind)]

@@ -671,6 +671,29 @@ def compile_megakernel(checkout: Checkout, source: Path, gen_dirs: list[Path], o
     return True, text, took
 
 
+def worker_facts(log_text: str) -> dict:
+    """The persistent kernel's worker as ptxas built it (from the compile's -Xptxas -v):
+    registers, stack and spills of the entry that runs the tasks (v1's worker_kernel; v2's
+    one persistent kernel), the figures a task body's speed depends on besides its own
+    code, which every task compiled into the worker moves (issue 59)."""
+    from mpkbuild.stages.compile import parse_ptxas
+    entries = parse_ptxas(log_text)
+    if not entries:
+        return {}
+    name = next((n for n in entries if "worker_kernel" in n), None) or \
+        max(entries, key=lambda n: entries[n]["registers"])
+    e = entries[name]
+    return {"entry": name, "registers": e["registers"], "stack_bytes": e["stack"],
+            "spill_stores": e["spill_stores"], "spill_loads": e["spill_loads"]}
+
+
+def composition(dispatch: list) -> list[str]:
+    """The task bodies compiled into the worker, as its dispatch has them: ours as
+    kernel.variant, an incumbent by its task (whatever the graph runs, the worker holds all)."""
+    return sorted({f"{d['kernel']}.{d['variant']}" if d.get("spec") else f"{d['kernel']} (incumbent)"
+                   for d in dispatch})
+
+
 # ---------------------------------------------------------------- the job
 # mpkb_setup's flags (megakernel.cu.j2 says what each does; 1 warm-up and 4 one persistent
 # kernel are there for experiments): PRELOAD loads every kernel and sizes the stack before
@@ -705,4 +728,4 @@ def job_payload(k, build=None, wiring_root: Path | None = None,
             "flags": LAUNCH_FLAGS, "launch_timeout_s": LAUNCH_TIMEOUT_S,
             "pairs": section["pairs"], "memory": section["memory"],
             "generators": section.get("generators", {}),
-            "missing": p["missing"], "runtime": runtime}
+            "missing": p["missing"], "runtime": runtime, "composition": composition(p["dispatch"])}
