@@ -148,8 +148,11 @@ extern "C" CUresult cuGetErrorString(CUresult, const char **text) {
 }
 """
 
+# each input of a program sits at its own span from BASE, so a map names its tensor
+SPAN = 1 << 32
+
 # the harness without a driver: its entry-point lookup finds the recorder, its device
-# allocation and copy are host memory, and no capture is running
+# allocation and copy are host memory, and no capture is running; every variant's maps
 HARNESS_SIDE = RECORDER + r"""
 static cudaError_t fake_entry_point(const char *, void **fn, unsigned int, unsigned long long,
                                     cudaDriverEntryPointQueryResult *found) {
@@ -167,29 +170,41 @@ static cudaError_t fake_is_capturing(cudaStream_t, cudaStreamCaptureStatus *stat
 #define cudaMemcpy(d, s, n, kind) (memcpy((d), (s), (n)), cudaSuccess)
 #include "harness.cu"
 int main() {
-  void *inputs[1] = {reinterpret_cast<void *>(BASE)};
-  const CUtensorMap *maps[1];
-  return pipe_tma_maps_@variant@(inputs, maps, nullptr);
+  void *inputs[@inputs@];
+  for (int i = 0; i < @inputs@; i++) inputs[i] = reinterpret_cast<void *>(BASE + static_cast<uintptr_t>(i) * @span@ull);
+  const CUtensorMap *maps[8];
+@calls@
+  return 0;
 }
 """
 
-# MPK's side: a task's TensorDesc as the runtime gate's megakernel fills it (its layer
-# plan), handed to the checkout's fill_tma_desc_by_task under `task_type`
+# MPK's side: each task's TensorDesc as the runtime gate's megakernel fills it (its layer
+# plan), handed to the checkout's fill_tma_desc_by_task under `task_type`, for every map of
+# every variant in the harness's order
 MPK_SIDE = RECORDER + r"""
 #include "tma.cuh"
 using namespace mirage::runtime;
+struct Map { const char *variant; int param, input, tasks; long stride, rows, cols, row_stride; };
+static const Map kMaps[] = {
+@maps@
+};
 int main() {
-  for (int t = 0; t < @tasks@; t++) {
-    FullTaskDesc task(static_cast<TaskType>(@task_type@), 0);
-    TensorDesc desc;
-    desc.num_dims = 2;
-    desc.base_ptr = reinterpret_cast<char *>(BASE) + static_cast<size_t>(t) * @stride@;
-    desc.dim[0] = @rows@;
-    desc.dim[1] = @cols@;
-    desc.stride[0] = @row_stride@;
-    desc.stride[1] = 1;
-    CUtensorMap map;
-    fill_tma_desc_by_task(&map, task, desc, 0);
+  const char *last = "";
+  for (const Map &m : kMaps) {
+    if (strcmp(last, m.variant) != 0) printf("variant %s\n", last = m.variant);
+    for (int t = 0; t < m.tasks; t++) {
+      FullTaskDesc task(static_cast<TaskType>(@task_type@), 0);
+      TensorDesc desc;
+      desc.num_dims = 2;
+      desc.base_ptr = reinterpret_cast<char *>(BASE + static_cast<uintptr_t>(m.input) * @span@ull) +
+                      static_cast<size_t>(t) * m.stride;
+      desc.dim[0] = m.rows;
+      desc.dim[1] = m.cols;
+      desc.stride[0] = m.row_stride;
+      desc.stride[1] = 1;
+      CUtensorMap map;
+      fill_tma_desc_by_task(&map, task, desc, m.param);
+    }
   }
   return 0;
 }
@@ -200,9 +215,9 @@ def run_side(name: str, source: str, values: dict, includes: list[Path], tmp_pat
     """One side's program (its @name@ filled from values), built and run: its encoder calls."""
     for key, value in values.items():
         source = source.replace(f"@{key}@", str(value))
-    tu = tmp_path / f"{name}.cu"
+    tu = tmp_path / f"{name}_side.cu"         # not harness.cu: it includes that one
     tu.write_text(source)
-    exe = tmp_path / name
+    exe = tmp_path / f"{name}_side"
     r = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90a", "-DMIRAGE_BACKEND_USE_CUDA", "-DMPK_ENABLE_TMA",
                         "--expt-relaxed-constexpr", *(f"-I{d}" for d in includes),
                         f"-I{MIRAGE}/deps/cutlass/include", f"-I{MIRAGE}/deps/json/include",
@@ -213,18 +228,14 @@ def run_side(name: str, source: str, values: dict, includes: list[Path], tmp_pat
     return run.stdout.splitlines()
 
 
-@pytest.mark.nvcc
-@pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA 12.x/13.x) not on PATH")
-def test_the_harness_the_wired_checkout_and_the_gate_encode_the_same_map(tmp_path):
-    """For every task of a variant: the harness's map, the map the wired checkout's
-    fill_tma_desc_by_task makes from the TensorDesc the runtime gate's megakernel fills, and
-    the one the gate's own tma.cuh (the wire's cases under the gate's task type) makes,
-    are the same encoder call: rank, dims, byte strides, box, swizzle, everything."""
+def same_maps(k: Kernel, task_type: str, tmp_path: Path) -> dict[str, list[str]]:
+    """The encoder calls of the three sides for every map of every variant of k:
+    {"harness": [...], "wired": [...], "gate": [...]}, each a 'variant V' line before a
+    variant's calls."""
     from mpkbuild.stages import generate
-    k = project(tmp_path / "proj")
+    from mpkbuild.util import tma
     root = copy_tree("mpk", tmp_path)
-    p = wire.plan(root, [k.spec.data], WIRING, ["pipe_tma"], sources={"pipe_tma": task_sources(k)})
-    wire.apply(p)
+    wire.apply(wire.plan(root, [k.spec.data], WIRING, [k.name], sources={k.name: task_sources(k)}))
     gen = tmp_path / "gen"
     gen.mkdir()
     for role in ("harness", "spec_header", "body"):
@@ -235,25 +246,62 @@ def test_the_harness_the_wired_checkout_and_the_gate_encode_the_same_map(tmp_pat
     shadow = tmp_path / "shadow"
     shadow.mkdir()
     (shadow / "tma.cuh").write_bytes(megakernel.gate_tma_header(root, [k.spec.data], WIRING, 461))
+    cg = k.spec.data["codegen"]
+    names = [t["name"] for t in cg["inputs"]]
+    n = len(cg["inputs"]) + len(cg["outputs"])
+    calls, maps = [], []
+    for variant in cg["variants"]:
+        calls.append(f'  printf("variant {variant}\\n");\n'
+                     f"  if ({k.name}_maps_{variant}(inputs, maps, nullptr) != 0) return 1;")
+        layer = megakernel._layer(k.spec.data, variant, 0, list(range(n)))
+        assert layer["tma"]
+        for name in tma.tensors(cg):
+            i = layer["tensor_names"].index(name)
+            maps.append(f'  {{"{variant}", {i}, {names.index(name)}, {layer["tasks"]}, {layer["strides"][i]}, '
+                        f'{layer["tma_dims"][i][0]}, {layer["tma_dims"][i][1]}, {layer["row_strides"][i]}}},')
     runtime_dir = root / "include/mirage/persistent_kernel"
-    for variant in k.spec.data["codegen"]["variants"]:
-        layer = megakernel._layer(k.spec.data, variant, 0, [0, 1])
-        assert layer["tma"] and layer["tensor_names"][0] == "x"
-        values = {"tasks": layer["tasks"], "stride": layer["strides"][0], "rows": layer["tma_dims"][0][0],
-                  "cols": layer["tma_dims"][0][1], "row_stride": layer["row_strides"][0]}
-        harness = run_side(f"harness_{variant}", HARNESS_SIDE, {"variant": variant}, [gen], tmp_path)
-        wired = run_side(f"wired_{variant}", MPK_SIDE, {**values, "task_type": "TASK_PIPE_TMA_HOPPER"},
-                         [root / "include", runtime_dir], tmp_path)
-        gate = run_side(f"gate_{variant}", MPK_SIDE, {**values, "task_type": 461},
-                        [shadow, root / "include", runtime_dir], tmp_path)
-        assert len(harness) == layer["tasks"] > 1
-        assert harness == wired == gate, (variant, harness, wired, gate)
-        # the map is the one the spec says: bf16 (type 9), rank 5, the task's rows at its
-        # own offset, a 32 x 64 box, 128-byte swizzle (3)
-        rows, cols = values["rows"], values["cols"]
-        assert harness[1] == (f"type 9 rank 5 at +{values['stride']} dims {cols} {rows} 1 1 1 strides "
-                              f"{values['row_stride'] * 2} 0 0 0 box 64 32 1 1 1 element_strides 1 1 1 1 1 "
-                              "interleave 0 swizzle 3 l2 0 oob 0")
+    common = {"span": SPAN}
+    return {"harness": run_side("harness", HARNESS_SIDE, {**common, "inputs": len(names), "calls": "\n".join(calls)},
+                                [gen], tmp_path),
+            "wired": run_side("wired", MPK_SIDE, {**common, "maps": "\n".join(maps), "task_type": task_type},
+                              [root / "include", runtime_dir], tmp_path),
+            "gate": run_side("gate", MPK_SIDE, {**common, "maps": "\n".join(maps), "task_type": 461},
+                             [shadow, root / "include", runtime_dir], tmp_path)}
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA 12.x/13.x) not on PATH")
+def test_the_harness_the_wired_checkout_and_the_gate_encode_the_same_map(tmp_path):
+    """For every task of every variant: the harness's map, the map the wired checkout's
+    fill_tma_desc_by_task makes from the TensorDesc the runtime gate's megakernel fills, and
+    the one the gate's own tma.cuh (the wire's cases under the gate's task type) makes,
+    are the same encoder call: rank, dims, byte strides, box, swizzle, everything."""
+    k = project(tmp_path / "proj")
+    sides = same_maps(k, "TASK_PIPE_TMA_HOPPER", tmp_path)
+    assert sides["harness"] == sides["wired"] == sides["gate"], sides
+    # the map is the one the spec says: bf16 (type 9), rank 5, the task's rows at its own
+    # offset, a 32 x 64 box, 128-byte swizzle (3); r256_c256's second task
+    first = sides["harness"].index("variant r256_c256")
+    assert sides["harness"][first + 2] == ("type 9 rank 5 at +32768 dims 256 64 1 1 1 strides 512 0 0 0 "
+                                           "box 64 32 1 1 1 element_strides 1 1 1 1 1 "
+                                           "interleave 0 swizzle 3 l2 0 oob 0")
+    assert len(sides["harness"]) == 2 + 4 + 4                     # two variants of 4 tasks
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA 12.x/13.x) not on PATH")
+def test_the_tma_linear_s_maps_are_the_same_on_every_side(tmp_path):
+    """The catalog's TMA linear (two maps a task: x unswizzled, W 128-byte swizzled): the
+    same check over every variant, the harness against the checkout and the gate."""
+    k = load_kernel(REPO, "linear_tma_v2", write_cache=False)
+    sides = same_maps(k, "TASK_LINEAR_TMA_V2_HOPPER", tmp_path)
+    assert sides["harness"] == sides["wired"] == sides["gate"]
+    first = sides["harness"].index("variant decode_m8_n4096_k4096")
+    x, w = sides["harness"][first + 1], sides["harness"][first + 1 + 128]  # 128 tasks of 32 rows
+    assert x == ("type 9 rank 5 at +0 dims 4096 8 1 1 1 strides 8192 0 0 0 box 64 8 1 1 1 "
+                 "element_strides 1 1 1 1 1 interleave 0 swizzle 0 l2 0 oob 0")
+    assert w == (f"type 9 rank 5 at +{SPAN} dims 4096 32 1 1 1 strides 8192 0 0 0 box 64 32 1 1 1 "
+                 "element_strides 1 1 1 1 1 interleave 0 swizzle 3 l2 0 oob 0")
 
 
 @pytest.mark.nvcc
