@@ -3,7 +3,7 @@
 # each fits one 10-minute device call (the whole GPU suite did not: on one H200, 2026-12-01,
 # 35 of its 37 tests took 575 s, with noise-driven sampling and the torch.compile baselines).
 #
-#   bash bench/gpu_box.sh OUTDIR PART      PART: gates | catalog | runtime | pipeline | bench | review | tune
+#   bash bench/gpu_box.sh OUTDIR PART      PART: gates | catalog | runtime | pipeline | linear | bench | review | tune
 #
 #   gates    pytest -m gpu: the fault verdicts, rmsnorm_v2's gates, the context flags
 #   catalog  pytest -m gpu: every catalog kernel's validate and perf thresholds
@@ -12,6 +12,9 @@
 #            cutlass/include, json/include copied from ../shared/mirage; docs/gpu-box.md)
 #   pipeline pytest -m gpu: the warp-role pipeline (pipe_copy, pipe_tma, the family-A starter, the fault
 #            that hangs) and the profile stage (ncu on linear_v2)
+#   linear   the two linears through scons, every gate (validate, perf, profile; with .mirage/
+#            the runtime gate against MPK's TMA linear, cold): linear_tma_v2 (issue 58's TMA
+#            pipeline) beside linear_v2, the reviews in OUTDIR/linear.tgz
 #   bench    bench/rmsnorm_gates.py (with .mirage/: the runtime gate too) and bench/catalog.py
 #   review   every gate of every catalog kernel through scons (with .mirage/: wire and the
 #            runtime gate too), the reviews in OUTDIR/review.tgz
@@ -21,8 +24,8 @@
 # Each test's name and outcome is in OUTDIR/PART.log as it runs (-v), so a call cut short
 # still says which tests passed; `timeout` ends a part that would outlive the call.
 set -uo pipefail
-out=${1:?usage: gpu_box.sh OUTDIR gates|catalog|runtime|pipeline|bench|review|tune}
-part=${2:?usage: gpu_box.sh OUTDIR gates|catalog|runtime|pipeline|bench|review|tune}
+out=${1:?usage: gpu_box.sh OUTDIR gates|catalog|runtime|pipeline|linear|bench|review|tune}
+part=${2:?usage: gpu_box.sh OUTDIR gates|catalog|runtime|pipeline|linear|bench|review|tune}
 limit=${PART_TIMEOUT_S:-560}
 work=/tmp/mpk-gpu-box
 mkdir -p "$out" "$work"
@@ -49,8 +52,13 @@ case "$part" in
     mpk=(); [ -d .mirage/mpk/include ] && mpk=(mpk_root=.mirage/mpk)
     timeout "$limit" python3 -m SCons -Q -k -j16 kernel=all stage=review "${mpk[@]}" 2>&1 | tee "$out/review.log" | sed -n '/^verdicts:/,$p'
     tar czf "$out/review.tgz" build/review.md build/*/review.* build/*/junit.xml build/*/gpu/*/*.json 2>/dev/null ;;
+  linear)
+    mpk=(); [ -d .mirage/mpk/include ] && mpk=(mpk_root=.mirage/mpk)
+    timeout "$limit" python3 -m SCons -Q -k -j16 kernel=linear_tma_v2,linear_v2 stage=review "${mpk[@]}" 2>&1 | tee "$out/linear.log" | sed -n '/^verdicts:/,$p'
+    for k in linear_tma_v2 linear_v2; do sed -n '1,40p' "build/$k/review.md"; done
+    tar czf "$out/linear.tgz" build/linear*/review.* build/linear*/junit.xml build/linear*/gpu/*/*.json build/linear*/gpu/*/*.log 2>/dev/null ;;
   tune)
     timeout "$limit" python3 bench/tune_bench.py -j16 2>&1 | tee "$out/tune.txt"
     cp -r tuned "$out/" ;;
-  *) echo "unknown part $part (gates, catalog, runtime, pipeline, bench, review, tune)"; exit 2 ;;
+  *) echo "unknown part $part (gates, catalog, runtime, pipeline, linear, bench, review, tune)"; exit 2 ;;
 esac
