@@ -506,6 +506,22 @@ def test_the_gate_says_what_worker_it_measured_in_and_a_new_variant_is_in_it():
         page = review.render_kernel(review.kernel_review("rmsnorm_v2", Path(d), [], "h200", {}, {"runtime": path}))
     assert (f"Measured in a worker of 167 registers (16 B stack, no spills) holding "
             f"{len(payload['composition'])} task bodies: ") in page
+    # measured again after a variant joined: the result says what changed since the verdict
+    # before, and the review leads with it
+    from mpkbuild.runners.runtime import worker_record
+    record = worker_record({"worker": dict(worker, registers=252), "composition": grown,
+                            "worker_before": {**worker, "composition": payload["composition"]}})
+    assert record["changed"] == {"registers": [167, 252], "stack_bytes": [16, 16],
+                                 "added": ["rmsnorm_v2.decode_r3_h4096"], "removed": []}
+    assert "changed" not in worker_record({"worker": worker, "composition": grown,
+                                           "worker_before": {**worker, "composition": grown}})
+    res["worker"] = record
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "runtime.json"
+        path.write_text(json.dumps(judge.judge(res, [], ["decode_r1_h4096"])))
+        page = review.render_kernel(review.kernel_review("rmsnorm_v2", Path(d), [], "h200", {}, {"runtime": path}))
+    assert ("**The worker changed since the verdict before** (167 → 252 registers, 16 → 16 B stack; "
+            "added: rmsnorm_v2.decode_r3_h4096): every variant was measured again in it.") in page
 
 
 def test_the_a_a_floor_widens_every_ratio_so_faster_is_said_only_beyond_it():

@@ -797,6 +797,20 @@ def hang_phase_v2(state: str, graph: dict, iterations: int) -> str:
             "layer finished in it)")
 
 
+def worker_record(rt: dict) -> dict:
+    """The worker this run measured in (its build's figures and the task bodies compiled in)
+    and, where the last verdict was measured in another, what changed: the registers and
+    stack then and now, the task bodies added and removed."""
+    now = {**(rt.get("worker") or {}), "composition": rt.get("composition") or []}
+    before = rt.get("worker_before") or {}
+    if before and {k: before.get(k) for k in now} != now:
+        now["changed"] = {"registers": [before.get("registers"), now.get("registers")],
+                          "stack_bytes": [before.get("stack_bytes"), now.get("stack_bytes")],
+                          "added": sorted(set(now["composition"]) - set(before.get("composition") or [])),
+                          "removed": sorted(set(before.get("composition") or []) - set(now["composition"]))}
+    return now
+
+
 def main(job: dict) -> dict:
     clock = time.perf_counter()
     PHASES.clear()
@@ -829,8 +843,7 @@ def main(job: dict) -> dict:
     return {"verdict": verdict, "device": facts, "grid": {"workers": grid[0], "schedulers": grid[1]},
             "runtime": f"v{lib.runtime}", "iterations": job["runtime"]["iterations"],
             # what every figure was measured in: the worker as built, the task bodies it holds
-            "worker": {**(job["runtime"].get("worker") or {}),
-                       "composition": job["runtime"].get("composition") or []},
+            "worker": worker_record(job["runtime"]),
             "variants": graphs, "elapsed_run_s": round(time.perf_counter() - clock, 3),
             "phases_s": {k: round(v, 3) for k, v in PHASES.items()},
             "message": "; ".join(f["message"] for f in failed) if failed else

@@ -203,5 +203,9 @@ def gate_job(k, build, arch: str, payload: dict) -> tuple[Path, list[Path]]:
     library = library_path(k, arch)
     payload.update(library=str(library), runtime=job_payload(k, build))
     payload["runtime"]["worker"] = read_json(worker_path(k, arch)) or {}
+    # the worker the last verdict was measured in: a new variant (or any other task body
+    # compiled in) moves every variant's figures, and the result says so
+    last = read_json(k.root / k.rel.gate_result("runtime", build.fingerprint.key)) or {}
+    payload["runtime"]["worker_before"] = last.get("worker") or {}
     kind = stages.BY_NAME["runtime"].gate
     return library, [p for c in companions_for(k, build.kernels) for p in gates.python_files(c, kind)]
