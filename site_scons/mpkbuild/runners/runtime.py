@@ -581,13 +581,20 @@ def _set_up_aa(lib: Megakernel, rt: dict, graph: dict, gi: int, slot: int, grid,
     if code != 0:
         slots.finalize_all()
         raise CudaFault(f"{graph['name']} ({AA}): setup failed: {lib.error(code) if code > 0 else code}")
-    lib.lib.mpkb_save(slot)
+    save(lib, slot, f"{graph['name']} ({AA})", slots)
     slots.live.append(slot)
     hung = launch(lib, rt, graph, 1)
     if hung:
         return hung
     slots.order.append((slot, AA, graph, {lib.task_type}))
     return None
+
+
+def save(lib: Megakernel, slot: int, what: str, slots: _Slots) -> None:
+    """The current setup kept in `slot` (the library holds MPKB_SLOTS of them)."""
+    if lib.lib.mpkb_save(slot) != 0:
+        slots.finalize_all()
+        raise CudaFault(f"{what}: the library has no setup slot {slot} (megakernel.cu.j2 MPKB_SLOTS)")
 
 
 def pair_order(order: list, p: int) -> list:
@@ -673,7 +680,7 @@ def _set_up_incumbent(lib: Megakernel, rt: dict, graph: dict, slot: int, ri: int
     if code != 0:
         slots.finalize_all()
         raise CudaFault(f"{what}: setup failed: {lib.error(code) if code > 0 else code}")
-    lib.lib.mpkb_save(slot)
+    save(lib, slot, what, slots)
     slots.live.append(slot)
     hung = launch(lib, rt, rg, 1)
     if hung:
