@@ -93,7 +93,6 @@ def test_a_protocol_fault_is_refused_at_its_field(tmp_path, what, old, new, path
 
 
 TMA_SPEC = "specs/pipe_tma.yaml"
-TMA_COPY = "{name: box, tensor: x, box: [box_rows, box_cols], swizzle: 128, region: ring, barrier: full}"
 # TMA faults (pipe_tma): each would hang the task (tx bytes never arriving), fault the copy
 # (a box the hardware refuses, SMEM it cannot write at the swizzle) or give the runtime's
 # tma.cuh case a box it cannot compute

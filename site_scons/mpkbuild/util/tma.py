@@ -4,7 +4,7 @@ cases all read, so a box is written once (codegen.pipeline.copies) and rendered 
 everywhere."""
 from __future__ import annotations
 
-from mpkbuild.util import expr
+from mpkbuild.util import config, expr
 
 # cuTensorMapEncodeTiled and cp.async.bulk.tensor: a box dim is 1..256 elements, its inner
 # extent a multiple of 16 bytes and at most the swizzle span; the SMEM it lands in is aligned
@@ -13,7 +13,14 @@ SWIZZLES = [0, 32, 64, 128]      # bytes; the index is fill_tma_desc's B (0 none
 BOX_MAX = 256
 SMEM_ALIGN = 128
 DTYPES = ("bf16",)               # fill_tma_desc encodes bf16 on every pinned MPK branch
+ELEMENT_BYTES = config.DTYPES["bf16"]["bytes"]
 TILE = ("rows", "cols")          # the symbols a box is written in: the task's tile of the tensor
+DEFAULT_SWIZZLE = 128            # a copy that says none
+
+
+def swizzle(copy: dict) -> int:
+    """A tensor copy's swizzle in bytes (0: none)."""
+    return copy.get("swizzle", DEFAULT_SWIZZLE)
 
 
 def tensors(codegen: dict) -> list[str]:
@@ -35,9 +42,8 @@ def box_cpp(copy: dict, params: dict, tile: tuple[str, str]) -> dict:
     its swizzle (bytes, and fill_tma_desc's code: 0 none, 1 32B, 2 64B, 3 128B)."""
     names = dict(zip(TILE, tile))
     values = {k: v for k, v in params.items() if not isinstance(v, bool)}
-    swizzle = copy.get("swizzle", 128)
+    span = swizzle(copy)
 
     def cpp(text):
         return expr.to_cpp(text, lambda s: names.get(s) or repr(values[s]))
-    return {"box": [cpp(d) for d in copy["box"]], "swizzle": swizzle,
-            "swizzle_code": SWIZZLES.index(swizzle)}
+    return {"box": [cpp(d) for d in copy["box"]], "swizzle": span, "swizzle_code": SWIZZLES.index(span)}

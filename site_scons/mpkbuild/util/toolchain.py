@@ -29,27 +29,29 @@ def toolchain_fingerprint(nvcc: str = "nvcc") -> str:
             + (f" with {' '.join(extra)}" if extra else ""))
 
 
+def _ask_version(exe: str | None, name: str) -> tuple[str | None, str | None]:
+    """(`exe --version`'s output, None), or (None, why there is none: '<name>: not found'
+    or '<name>: unusable (...)')."""
+    if exe is None:
+        return None, f"{name}: not found"
+    try:
+        return subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60).stdout, None
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"{name}: unusable ({exc})"
+
+
 @functools.lru_cache(maxsize=None)
 def _host_version(exe: str | None) -> str:
     """The first line of the host compiler's --version (per executable: PATH may change)."""
-    if exe is None:
-        return "gcc: not found"
-    try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"{os.path.basename(exe)}: unusable ({exc})"
-    return (out.splitlines() or ["?"])[0].strip()
+    out, why = _ask_version(exe, os.path.basename(exe) if exe else "gcc")
+    return why or (out.splitlines() or ["?"])[0].strip()
 
 
 @functools.lru_cache(maxsize=None)
 def _nvcc_version(nvcc: str) -> str:
-    exe = shutil.which(nvcc)
-    if exe is None:
-        return "nvcc: not found"
-    try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"nvcc: unusable ({exc})"
+    out, why = _ask_version(shutil.which(nvcc), "nvcc")
+    if why:
+        return why
     version = re.search(r"release [\d.]+, V([\d.]+)", out)
     build = re.search(r"Build (\S+)", out)
     return f"nvcc {version.group(1) if version else '?'} ({build.group(1) if build else '?'})"

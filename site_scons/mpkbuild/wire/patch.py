@@ -433,8 +433,7 @@ def gate_tma_text(mpk_root, spec: dict, wiring_root, label: str, declaration: st
     for b in sorted(co.markers.find(lines, rel), key=lambda b: -b.start):
         if b.kernel == w.kernel:
             del lines[b.start:b.end + 1]
-    blocks = {b.site.id: b for b in render_blocks(w, surface, {arch: min(surface.archs[arch].tma_ranges)[0]})
-              if b.arch == arch and b.site.when == "tma"}
+    blocks = {b.site.id: b for b in render_blocks(w, surface) if b.arch == arch and b.site.when == "tma"}
     first = None
     for site in sites:
         ctx = {"arch": surface.archs[arch].as_dict(), "kernel": w.kernel, "port": None}

@@ -235,9 +235,9 @@ def _resolve(spec: dict, surface: Surface, problems: list, runtime: str = "v1") 
                          f"{metadata[0]})"))
     tensors, params = _tensors(cg, w, runtime_inputs, problems)
     tail, guard, state = _call_arguments(kernel, w, surface, runtime_inputs, metadata, problems)
-    dims, call_lines = _call(spec, w, tensors, [p["name"] for p in params], problems, tail, guard,
-                             [t.get("name") for t in every_input], state, _maps(cg, tensors))
     maps = _maps(cg, tensors)
+    dims, call_lines = _call(spec, w, tensors, [p["name"] for p in params], problems, tail, guard,
+                             [t.get("name") for t in every_input], state, maps)
     test = _test(spec, w, tensors, problems, surface.python.get("block_dim"))
     if problems:
         return None

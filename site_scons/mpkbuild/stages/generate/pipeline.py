@@ -19,7 +19,7 @@ gives `copy_box` and the map's box (util/tma.py renders it for the harness and t
 from __future__ import annotations
 
 from mpkbuild.model.schema import C_IDENT, INT_OR_EXPR
-from mpkbuild.util import config, expr, tma
+from mpkbuild.util import expr, tma
 from mpkbuild.wire.barriers import PIPELINE_BARRIERS
 
 MBARRIER_BYTES = 8            # one mbarrier: a 64-bit word in SMEM
@@ -325,7 +325,7 @@ def _tensor_copy_problems(cg: dict, p: dict, where: tuple):
         elif any(c["tensor"] in rule["partition"] for rule in cg.get("overrides", [])):
             yield (*at, "tensor"), (f"codegen.overrides repartitions {c['tensor']}: a tensor map's tile "
                                     "is one for every variant")
-        shape = (c.get("swizzle", 128), tuple(map(str, c.get("box", ()))))
+        shape = (tma.swizzle(c), tuple(map(str, c.get("box", ()))))
         if loaded.setdefault(c["tensor"], shape) != shape:
             yield (*at, "box"), (f"{c['tensor']} is loaded through one tensor map a task: every copy "
                                  "of it has the same box and swizzle")
@@ -353,8 +353,8 @@ def _tensor_copy_bytes(cg: dict, c: dict, symbols: dict):
         if v > tma.BOX_MAX:
             return None, ("box", f"box[{j}] = {v}: a TMA box dim is at most {tma.BOX_MAX} elements")
         box.append(v)
-    elem = config.DTYPES["bf16"]["bytes"]
-    inner, swizzle = box[1] * elem, c.get("swizzle", 128)
+    elem = tma.ELEMENT_BYTES
+    inner, swizzle = box[1] * elem, tma.swizzle(c)
     if inner % BULK_ALIGN:
         return None, ("box", f"a box row is {box[1]} elements = {inner} bytes, not a multiple of "
                              f"{BULK_ALIGN} (TMA's inner box extent)")
@@ -382,7 +382,7 @@ def _ring_region_problems(cg: dict, p: dict, symbols: dict, stages: int, in_regi
         boxes = [c for c in p["copies"] if "tensor" in c and c["region"] == name]
         if not boxes:
             continue
-        need = max(tma.SMEM_ALIGN, *(8 * c.get("swizzle", 128) for c in boxes))
+        need = max(tma.SMEM_ALIGN, *(8 * tma.swizzle(c) for c in boxes))
         if regions[i].get("align", 16) < need:
             yield (*at, "align"), (f"region {name} is {regions[i].get('align', 16)}-byte aligned; a "
                                    f"TMA box lands at a multiple of {need} (its swizzle's whole "
@@ -436,7 +436,7 @@ def view(cg: dict) -> dict | None:
             tile = ", ".join(_cpp(d, cg) for d in _tile_used(cg, c))
             m = f"tma_{c['tensor']}"
             nbytes = (f"{m}::box_rows({tile}) * {m}::box_cols({tile}) * "
-                      f"{config.DTYPES['bf16']['bytes']}u")
+                      f"{tma.ELEMENT_BYTES}u")
         else:
             nbytes = _cpp(c["bytes"], cg)
         copies.append({"NAME": c["name"].upper(), "bytes": nbytes})
