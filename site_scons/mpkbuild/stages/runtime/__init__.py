@@ -107,11 +107,15 @@ def nodes(g, k, stage: str) -> None:
     register = [g.rel(checkout.root / REGISTER_FILE)] if (checkout.root / REGISTER_FILE).is_file() else []
     from mpkbuild.stages.runtime.megakernel import ENTRY_HEADER
     targets = tuple(g.rel(p) for p in source_files(k, runtime, companions).values())
-    # with TMA the shadow's tma.cuh is the checkout's with the wire stage's cases
-    tma_inputs = (g.rel(checkout.runtime_dir / "tma.cuh"),
-                  *(g.rel(r / "templates" / t) for r in config.wiring_roots(g.root)
-                    for t in ("tma_fill_case.cuh.j2", "tma_create_case.cuh.j2")
-                    if (r / "templates" / t).is_file())) if loads_with_tma(k, companions) else ()
+    # with TMA the shadow's tma.cuh is the checkout's with the cases of the surface's tma sites
+    tma_inputs = ()
+    if loads_with_tma(k, companions):
+        from mpkbuild.wire.surface import load_surface
+        roots = config.wiring_roots(g.root)
+        cases = [site.template for site in load_surface(roots).sites if site.when == "tma"]
+        tma_inputs = (g.rel(checkout.runtime_dir / "tma.cuh"),
+                      *(g.rel(r / "templates" / t) for r in roots for t in cases
+                        if (r / "templates" / t).is_file()))
     v2_inputs = ()
     if runtime == "v2":
         # the v2 driver, its dispatch (the shadow's is made from it) and the v2 task headers
