@@ -483,7 +483,7 @@ def test_the_gate_says_what_worker_it_measured_in_and_a_new_variant_is_in_it():
     assert "rmsnorm_hopper (incumbent)" in payload["composition"]
     more = copy.deepcopy(k.spec.data)
     more["codegen"]["variants"]["decode_r3_h4096"] = dict(more["codegen"]["variants"]["decode_r1_h4096"], rows=3)
-    grown = runtime.composition(runtime.plan(more, config.wiring_roots(REPO), {}, PINNED)["dispatch"])
+    grown = runtime.task_bodies(runtime.plan(more, config.wiring_roots(REPO), {}, PINNED)["dispatch"])
     assert set(grown) - set(payload["composition"]) == {"rmsnorm_v2.decode_r3_h4096"}
     log = ("ptxas info    : Compiling entry function '_Z13worker_kernelN6mirage7runtime13RuntimeConfigE' for 'sm_90a'\n"
            "ptxas info    : Function properties for _Z13worker_kernelN6mirage7runtime13RuntimeConfigE\n"
@@ -493,7 +493,7 @@ def test_the_gate_says_what_worker_it_measured_in_and_a_new_variant_is_in_it():
     assert worker["registers"] == 167 and worker["stack_bytes"] == 16
     from mpkbuild.stages import review
     res = {"verdict": "pass", "message": "ok", "grid": {"workers": 128, "schedulers": 16},
-           "worker": {**worker, "composition": payload["composition"]},
+           "worker": {**worker, "composition": payload["composition"], "kind": payload["composition_kind"]},
            "variants": {"decode_r1_h4096": {"verdict": "pass", "tasks": 1, "head_to_head": {
                "ours": {"makespan_us": [1.0] * 9, "slowcta_us": [1.0] * 9},
                "incumbents": {"rmsnorm_hopper": {"tasks": 1, "makespan_us": [2.0] * 9, "slowcta_us": [2.0] * 9,
@@ -505,7 +505,8 @@ def test_the_gate_says_what_worker_it_measured_in_and_a_new_variant_is_in_it():
         path.write_text(json.dumps(judge.judge(res, [], ["decode_r1_h4096"])))
         page = review.render_kernel(review.kernel_review("rmsnorm_v2", Path(d), [], "h200", {}, {"runtime": path}))
     assert (f"Measured in a worker of 167 registers (16 B stack, no spills) holding "
-            f"{len(payload['composition'])} task bodies: ") in page
+            f"{len(payload['composition'])} task bodies (production-shaped: the qwen3 builder's decode "
+            "tasks on Hopper (batch 8, hidden 4096") in page
     # measured again after a variant joined: the result says what changed since the verdict
     # before, and the review leads with it
     from mpkbuild.runners.runtime import worker_record

@@ -808,7 +808,8 @@ def worker_record(rt: dict) -> dict:
     """The worker this run measured in (its build's figures and the task bodies compiled in)
     and, where the last verdict was measured in another, what changed: the registers and
     stack then and now, the task bodies added and removed."""
-    now = {**(rt.get("worker") or {}), "composition": rt.get("composition") or []}
+    now = {**(rt.get("worker") or {}), "composition": rt.get("composition") or [],
+           "kind": rt.get("composition_kind")}
     before = rt.get("worker_before") or {}
     if before and {k: before.get(k) for k in now} != now:
         now["changed"] = {"registers": [before.get("registers"), now.get("registers")],

@@ -319,11 +319,23 @@ def layout(name: str, op: str, shapes: dict, dtypes: dict, params: dict, text: s
     if text is None:
         raise NoIncumbent(f"the checkout has no {REGISTER_FILE}")
     tensors, layers = LAYOUTS[name](shapes, params)
+    _with_calls(inc, layers, text)
+    return {"incumbent": name, "tensors": tensors, "layers": layers, "headers": list(inc.headers)}
+
+
+def _with_calls(inc: Incumbent, layers: list[dict], text: str) -> list[dict]:
+    """Each layer given the call its register function emits for its values."""
     for reg, lay in zip(inc.registers, layers):
         lay["call"], lay["task_type"] = call_lines(text, reg, lay.pop("values"), inc.skip,
-                                                            inc.task_type)
+                                                   inc.task_type)
         lay["register"] = reg
-    return {"incumbent": name, "tensors": tensors, "layers": layers, "headers": list(inc.headers)}
+    return layers
+
+
+def task_calls(name: str, shapes: dict, params: dict, text: str) -> list[dict]:
+    """The calls (register, call, task type) incumbent `name` is dispatched with at these
+    shapes, its tensors aside: a model's task compiled into the worker, not run."""
+    return _with_calls(TABLE[name], LAYOUTS[name](shapes, params)[1], text)
 
 
 # ---------------------------------------------------------------- the spec's runtime section

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mpkbuild.runners import facts
+from mpkbuild.stages.runtime import composition
 from mpkbuild.util.expr import variant_facts
 from mpkbuild.util import config, tma
 from mpkbuild.util.config import V2_MARKER
 from mpkbuild.util.fsutil import temp_name, write_atomic
+from mpkbuild.wire.incumbents import NoIncumbent
 from mpkbuild.util.nvcc_steps import split_compile
 
 
@@ -487,7 +489,9 @@ def plan(spec: dict, wiring_root: Path, companions: dict | None = None,
                                          text, runtime, wiring_root, checkout_root is not None)
     graphs += blocks + rivals + chains
     missing.update(lost)
-    dispatch = _one_branch_per_call(dispatch, rivals + chains)
+    fillers, filler_headers = _production_tasks(spec, companions or {}, text, runtime,
+                                                checkout_root, len(dispatch))
+    dispatch = _one_branch_per_call(dispatch + fillers, rivals + chains)
     includes = [f"{name}{suffix}" for name in block_kernels(spec) + [kernel]
                 for suffix in ("_spec.h", ".cuh")]
     max_tensors = max(len(l["tensors"]) for g in graphs for l in g["layers"])
@@ -510,7 +514,26 @@ def plan(spec: dict, wiring_root: Path, companions: dict | None = None,
             "meta_slots": META_SLOTS,
             "task_metadata_names": list(config.TASK_METADATA),
             "max_layers": max(len(g["layers"]) for g in graphs),
-            "task_headers": sorted({h for g in rivals + chains for h in g["headers"]})}
+            "task_headers": sorted({h for g in rivals + chains for h in g["headers"]} | set(filler_headers)),
+            "composition": composition.describe(composition.declared(spec) if checkout_root else None,
+                                                runtime)}
+
+
+def _production_tasks(spec: dict, companions: dict, text: str | None, runtime: str,
+                      checkout_root: Path | None, first_id: int) -> tuple[list, list]:
+    """The production worker's other tasks (composition.py), compiled in and never run: v1
+    with a checkout and runtime.composition not minimal; else none."""
+    model = composition.declared(spec)
+    if checkout_root is None or runtime != "v1" or model is None:
+        return [], []
+    ops = {spec["op"], *(c["op"] for c in companions.values())}
+    try:
+        return composition.production_calls(model, ops, text, first_id)
+    except NoIncumbent as exc:
+        from mpkbuild.stages.generate import TemplateError
+        raise TemplateError(f"{config.SPEC_DIRNAME}/{spec['kernel']}.yaml: runtime.composition: "
+                            f"the {model['model']} worker cannot be made on {checkout_root}: {exc} "
+                            "(runtime.composition: minimal runs without it)") from None
 
 
 # the checkout's runtime entry header and the header of every task it includes, which the
@@ -687,10 +710,12 @@ def worker_facts(log_text: str) -> dict:
             "spill_stores": e["spill_stores"], "spill_loads": e["spill_loads"]}
 
 
-def composition(dispatch: list) -> list[str]:
+def task_bodies(dispatch: list) -> list[str]:
     """The task bodies compiled into the worker, as its dispatch has them: ours as
-    kernel.variant, an incumbent by its task (whatever the graph runs, the worker holds all)."""
-    return sorted({f"{d['kernel']}.{d['variant']}" if d.get("spec") else f"{d['kernel']} (incumbent)"
+    kernel.variant, an incumbent by its task, a production task by its model layer
+    (whatever the graph runs, the worker holds all)."""
+    return sorted({f"{d['kernel']}.{d['variant']}" if d.get("spec") else
+                   f"{d['kernel']} ({d['variant']})" if d.get("filler") else f"{d['kernel']} (incumbent)"
                    for d in dispatch})
 
 
@@ -728,4 +753,5 @@ def job_payload(k, build=None, wiring_root: Path | None = None,
             "flags": LAUNCH_FLAGS, "launch_timeout_s": LAUNCH_TIMEOUT_S,
             "pairs": section["pairs"], "memory": section["memory"],
             "generators": section.get("generators", {}),
-            "missing": p["missing"], "runtime": runtime, "composition": composition(p["dispatch"])}
+            "missing": p["missing"], "runtime": runtime, "composition": task_bodies(p["dispatch"]),
+            "composition_kind": p["composition"]}

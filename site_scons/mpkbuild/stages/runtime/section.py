@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from mpkbuild.model.schema import C_IDENT, GENERATOR, VARIANT_GLOB
 from mpkbuild.model.section import Section, generator_problems
+from mpkbuild.stages.runtime import composition
 from mpkbuild.wire import incumbents
 
 RUNTIME_THRESHOLD = {
@@ -84,6 +85,18 @@ SCHEMA: dict = {
                       "description": "every rule whose glob matches a variant names one "
                                      "of its incumbents; a matching `task: none` rule "
                                      "says it has none"},
+        "composition": {
+            "default": "production",
+            "description": "the worker the verdict is measured in: production (the checkout's "
+                           "qwen3 builder's decode tasks on Hopper compiled in beside ours, never "
+                           "run: Qwen3-8B at batch 8), a mapping of that model's sizes to change, "
+                           "or minimal (only the graphs' own tasks)",
+            "oneOf": [
+                {"enum": ["production", "minimal"]},
+                {"type": "object", "additionalProperties": False, "minProperties": 1,
+                 "properties": {"model": {"enum": ["qwen3"]},
+                                **{k: {"type": "integer", "minimum": 1} for k in composition.SIZES}}},
+            ]},
         "memory": {"enum": ["hot", "cold"], "default": "hot",
                    "description": "the state the judged launches find memory in: hot (what the "
                                   "launch before left in L2) or cold (the L2 written over before "
@@ -114,6 +127,7 @@ def check(data: dict, root):
     inputs = {t["name"]: t for t in data["codegen"]["inputs"]}
     yield from generator_problems(("runtime", "generators"), data["runtime"].get("generators", {}), inputs)
     yield from incumbents.check_section(data)
+    yield from (((("runtime", "composition"), m)) for m in composition.problems(composition.declared(data)))
 
 
 SECTION = Section("runtime", SCHEMA, check)
