@@ -108,6 +108,12 @@ def test_a_composition_edit_makes_exactly_the_runtime_nodes_stale(project):
     built = project.scons("-k", "kernel=rmsnorm_v2", "stage=runtime", mpk, check=False)
     assert project.path("build/rmsnorm_v2/runtime/sm_90a/librmsnorm_v2_mpk.so").is_file(), built.stdout[-3000:]
     worker = project.path("build/rmsnorm_v2/runtime/sm_90a/worker.json").read_text()
+    # the minimal worker is built beside it, from the same source: the model's tasks are
+    # what its registers grow by
+    import json
+    small = json.loads(project.path("build/rmsnorm_v2/runtime/sm_90a/minimal/worker.json").read_text())
+    assert project.path("build/rmsnorm_v2/runtime/sm_90a/minimal/librmsnorm_v2_mpk.so").is_file()
+    assert small["registers"] < json.loads(worker)["registers"], (small, worker)
     listed = lambda: [l.strip() for l in project.scons("-n", "kernel=rmsnorm_v2", "stage=runtime", mpk,
                                                        check=False).stdout.splitlines()]
     before = listed()

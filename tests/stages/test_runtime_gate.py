@@ -320,13 +320,15 @@ def _stand_in(monkeypatch, checkout=None, names=("decode_r1_h4096", "decode_r8_h
 
     def tensors_for(job, graph, gen):
         order, refs, names_, checks = real_tensors_for(job, graph, gen)
-        made[-1].bind(order, refs, checks)
+        for m in made:              # the minimal worker's stand-in runs ours on them too
+            m.bind(order, refs, checks)
         return order, refs, names_, checks
 
     def rivals(recipes, ours):
         out = real_rivals(recipes, ours)
         g = next(i for i, p in enumerate(payload["graphs"]) if p.get("tensors") is recipes)
-        made[-1].bind_rival(g, out)
+        for m in made:
+            m.bind_rival(g, out)
         return out
 
     monkeypatch.setattr(side, "_tensors_for", tensors_for)
@@ -338,10 +340,15 @@ def _stand_in(monkeypatch, checkout=None, names=("decode_r1_h4096", "decode_r8_h
     payload["graphs"] = [g for g in payload["graphs"] if g["name"] in names or g.get("of") in names]
     payload["pairs"] = 9
 
-    def run(hang=None, **fake):
+    def run(hang=None, minimal=None, **fake):
+        """minimal: the minimal worker's stand-in options over `fake` (None: no minimal worker)."""
         monkeypatch.setattr(side, "Megakernel", lambda path: made.append(
-            FakeMegakernel(payload["graphs"], hang, **fake)) or made[-1])
-        return side.main({"root": str(REPO), "library": "stand-in", "runtime": payload})
+            FakeMegakernel(payload["graphs"], hang, **fake) if path == "stand-in" else
+            FakeMegakernel(payload["graphs"], None, **{**fake, **minimal})) or made[-1])
+        job = {"root": str(REPO), "library": "stand-in", "runtime": payload}
+        if minimal is not None:
+            job["library_minimal"] = "stand-in minimal worker"
+        return side.main(job)
 
     run.graphs = [g for g in payload["graphs"] if g.get("role") != "incumbent"]
     run.payload = payload
@@ -469,6 +476,36 @@ def test_a_cold_head_to_head_judges_launches_after_the_l2_is_written_over_and_ke
     assert h["incumbents"]["rmsnorm_hopper"]["vs"]["makespan"]["verdict"] == "faster"
     assert h["hot"]["incumbents"]["rmsnorm_hopper"]["vs"]["makespan"]["verdict"] == "faster"
     assert out["verdict"] == "pass" and len(out["variants"]["decode_r1_h4096"]["limits"]) == 1
+
+
+def test_ours_is_timed_in_the_minimal_worker_too_and_the_review_shows_the_compositions_effect(head_to_head):
+    """Issue 59 item 2: where the worker is production-shaped, ours is also set up in the
+    minimal worker's library and launched in the same alternating rounds; ours here / ours
+    there is the composition's effect (a stand-in 1.3x slower among the model's tasks),
+    judged with the A/A floor like any ratio, and the review's lead has it per variant."""
+    res = head_to_head(task_us={"ours": 1.3, "rmsnorm_hopper": 2.0}, minimal={"task_us": {"ours": 1.0}})
+    main, small = head_to_head.made[-2:]
+    h = res["variants"]["decode_r1_h4096"]["head_to_head"]
+    assert len(h["minimal"]["makespan_us"]) == 9 and "A/A" not in h["incumbents"]
+    assert list(h["incumbents"]) == ["rmsnorm_hopper"]
+    # set up once (one checked launch), then one launch a round; torn down with the rest
+    assert len([c for c in small.calls if c.startswith("launch")]) == 1 + 9
+    assert small.calls[-1] == "finalize 0" and not [c for c in main.calls if c.startswith("restore 3")]
+    from mpkbuild.stages.runtime import judge
+    out = judge.judge(res, [{"variants": "decode_*", "max_vs_incumbent": 1.0}], ["decode_r1_h4096"])
+    h = out["variants"]["decode_r1_h4096"]["head_to_head"]
+    effect = h["minimal"]["vs"]["makespan"]
+    assert effect["ratio"] == pytest.approx(1.3, rel=0.05) and effect["verdict"] == "slower"
+    assert out["verdict"] == "pass", out["message"]          # held to no rule
+    from mpkbuild.stages import review
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "runtime.json"
+        path.write_text(json.dumps(out))
+        page = review.render_kernel(review.kernel_review("rmsnorm_v2", Path(d), [], "h200", {}, {"runtime": path}))
+    row = next(l for l in page.splitlines() if l.startswith("| decode_r1_h4096 | rmsnorm_hopper"))
+    floor_at = row.split(" | ").index(next(c for c in row.split(" | ") if c.startswith("±")))
+    assert row.split(" | ")[floor_at + 1].startswith(f"{effect['ratio']:.3f}× [") and "slower" in row
 
 
 @needs_tree

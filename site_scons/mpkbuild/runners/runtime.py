@@ -236,7 +236,8 @@ def _tensors_for(job: dict, graph: dict, gen):
     return order, refs, names, checks
 
 
-def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int, int]) -> dict:
+def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int, int],
+              minimal: Megakernel | None = None) -> dict:
     rt = job["runtime"]
     iterations, timeout_ms, flags = rt["iterations"], int(rt["launch_timeout_s"] * 1000), rt["flags"]
     seed = int.from_bytes(os.urandom(6), "little")
@@ -278,7 +279,8 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
         lib.lib.mpkb_finalize()
         return result
     with _phase("head to head"):
-        h2h = head_to_head(lib, job, gi, graph, rivals, grid, tensors, refs, checks, prof, gen, names)
+        h2h = head_to_head(lib, job, gi, graph, rivals, grid, tensors, refs, checks, prof, gen, names,
+                           minimal)
     if "verdict" in h2h:            # a hang, or ours or the incumbent failed on its inputs
         return {**h2h, "seed": seed}
     return {**result, "head_to_head": h2h}
@@ -490,21 +492,24 @@ class _Slots:
         self.lib = lib
         # (slot, whose, graph, its task types): ours first, then each incumbent, launched in turn
         self.order = [(0, "ours", graph, {lib.task_type})]
-        self.live, self.held_tensors = [0], []
+        # the library of a side set up in another (the minimal worker's)
+        self.lib_of: dict[str, Megakernel] = {}
+        self.live, self.held_tensors = [(lib, 0)], []
 
     def finalize_all(self) -> None:
-        for slot in self.live:
-            self.lib.lib.mpkb_restore(slot)
-            self.lib.lib.mpkb_finalize()
-            self.lib.lib.mpkb_drop(slot)
+        for lib, slot in self.live:
+            lib.lib.mpkb_restore(slot)
+            lib.lib.mpkb_finalize()
+            lib.lib.mpkb_drop(slot)
 
 
 def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list, grid,
                  tensors: list[torch.Tensor], refs: dict, checks: list, prof: torch.Tensor,
-                 gen, names: dict) -> dict:
+                 gen, names: dict, minimal: Megakernel | None = None) -> dict:
     """Ours and each incumbent on the same inputs, set up side by side (mpkb_save/restore)
-    and launched in turn, with ours again set up separately (the A/A side), `pairs` rounds
-    in alternating order (A B C | C B A): per launch the op's makespan and
+    and launched in turn, with ours again set up separately (the A/A side) and, given the
+    minimal worker's library, in it (the composition's effect), `pairs` rounds in
+    alternating order (A B C | C B A): per launch the op's makespan and
     slowest task from the runtime's profiler (a block's: the whole block's, and each
     layer's). Before timing, each incumbent's output is compared with the float64
     reference (reported) and with ours (held to the tolerances: the spec's, a block's
@@ -525,9 +530,13 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
             return failed
         numbers[rg["incumbent"]] = held
         slots.order.append((slot, rg["incumbent"], rg, task_types(lib, ri)))
-    failed = _set_up_aa(lib, rt, graph, gi, len(rivals) + 1, grid, tensors, prof, slots)
+    failed = _set_up_again(lib, rt, graph, gi, len(rivals) + 1, grid, tensors, prof, slots, AA)
     if failed:
         return failed
+    if minimal is not None:
+        failed = _set_up_again(minimal, rt, graph, gi, 0, grid, tensors, prof, slots, MINIMAL)
+        if failed:
+            return failed
     t_pairs = time.perf_counter()
     flush = None
     if rt.get("memory") == "cold":       # more than the L2 written between launches
@@ -540,9 +549,12 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
     slots.finalize_all()
     sides = " ".join(w for _, w, _, _ in slots.order)
     extra = {}
+    if minimal is not None:
+        extra["minimal"] = samples[MINIMAL]
     if hot is not None:                  # the judged figures are cold; hot is a diagnostic
         extra["hot"] = {"ours": hot["ours"], "aa": hot[AA],
-                        "incumbents": {w: hot[w] for _, w, _, _ in slots.order[1:] if w != AA}}
+                        **({"minimal": hot[MINIMAL]} if minimal is not None else {}),
+                        "incumbents": {w: hot[w] for _, w, _, _ in slots.order[1:] if w not in (AA, MINIMAL)}}
     return {"pairs": rt["pairs"], "iterations_per_launch": per_launch(lib, rt["iterations"]),
             "order": f"alternating: {sides} | {' '.join(reversed(sides.split(' ')))} ...",
             "memory": ("cold: the L2 written over before each launch (a decode step streams its "
@@ -556,19 +568,22 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
                                    "task_types": sorted(types),
                                    "registers": [l["register"] for l in rg["layers"]],
                                    **samples[whose], "numerics": numbers[whose]}
-                           for _, whose, rg, types in slots.order[1:] if whose != AA}}
+                           for _, whose, rg, types in slots.order[1:] if whose not in (AA, MINIMAL)}}
 
 
 # the A/A side of a head to head: ours again, set up separately on its own copy of the
 # inputs; ours against it measures the gate's own systematic spread (stages/runtime/judge.py
 # widens every ratio's interval by it)
 AA = "A/A"
+# ours set up in the minimal worker (the same source without the production worker's other
+# tasks): ours against it is the composition's effect on ours (issue 59)
+MINIMAL = "minimal worker"
 
 
-def _set_up_aa(lib: Megakernel, rt: dict, graph: dict, gi: int, slot: int, grid,
-               tensors: list, prof: torch.Tensor, slots: _Slots) -> dict | None:
-    """Ours set up a second time in `slot` on copies of its tensors and launched once: a
-    verdict that ends the head to head, or None."""
+def _set_up_again(lib: Megakernel, rt: dict, graph: dict, gi: int, slot: int, grid,
+                  tensors: list, prof: torch.Tensor, slots: _Slots, whose: str) -> dict | None:
+    """Ours set up again in `slot` of `lib` (the A/A side, or the minimal worker's) on
+    copies of its tensors and launched once: a verdict that ends the head to head, or None."""
     copies = [t.clone() for t in tensors]
     slots.held_tensors.append(copies)
     ptrs = (ctypes.c_void_p * len(copies))(*[t.data_ptr() for t in copies])
@@ -577,16 +592,18 @@ def _set_up_aa(lib: Megakernel, rt: dict, graph: dict, gi: int, slot: int, grid,
                  rt["iterations"])
     if code in (2, 3):
         return {"verdict": "hang", "phase": "warm-up",
-                "message": f"{graph['name']} ({AA}): a kernel launched alone did not finish (warm-up)"}
+                "message": f"{graph['name']} ({whose}): a kernel launched alone did not finish (warm-up)"}
     if code != 0:
         slots.finalize_all()
-        raise CudaFault(f"{graph['name']} ({AA}): setup failed: {lib.error(code) if code > 0 else code}")
-    save(lib, slot, f"{graph['name']} ({AA})", slots)
-    slots.live.append(slot)
+        raise CudaFault(f"{graph['name']} ({whose}): setup failed: {lib.error(code) if code > 0 else code}")
+    save(lib, slot, f"{graph['name']} ({whose})", slots)
+    slots.live.append((lib, slot))
     hung = launch(lib, rt, graph, 1)
     if hung:
         return hung
-    slots.order.append((slot, AA, graph, {lib.task_type}))
+    slots.order.append((slot, whose, graph, {lib.task_type}))
+    if lib is not slots.lib:
+        slots.lib_of[whose] = lib
     return None
 
 
@@ -681,7 +698,7 @@ def _set_up_incumbent(lib: Megakernel, rt: dict, graph: dict, slot: int, ri: int
         slots.finalize_all()
         raise CudaFault(f"{what}: setup failed: {lib.error(code) if code > 0 else code}")
     save(lib, slot, what, slots)
-    slots.live.append(slot)
+    slots.live.append((lib, slot))
     hung = launch(lib, rt, rg, 1)
     if hung:
         return {}, hung
@@ -704,7 +721,7 @@ def _set_up_incumbent(lib: Megakernel, rt: dict, graph: dict, slot: int, ri: int
     return held, None
 
 
-def _timed_pairs(lib: Megakernel, rt: dict, slots: _Slots, prof: torch.Tensor, launches: int,
+def _timed_pairs(main_lib: Megakernel, rt: dict, slots: _Slots, prof: torch.Tensor, launches: int,
                  flush: torch.Tensor | None = None) -> tuple[dict, dict | None, dict | None]:
     """The interleaved launches, `pairs` rounds: (per side its samples: makespan, slowCTA and
     a block's per-layer figures; with `flush` those of launches after the L2 was written
@@ -720,6 +737,7 @@ def _timed_pairs(lib: Megakernel, rt: dict, slots: _Slots, prof: torch.Tensor, l
         for (slot, whose, g, types), state in ((side, st) for side in pair_order(slots.order, p)
                                                for st in states):
             samples = by_state[state]
+            lib = slots.lib_of.get(whose, main_lib)
             lib.lib.mpkb_restore(slot)
             prof.zero_()
             if state == "cold":
@@ -809,7 +827,8 @@ def worker_record(rt: dict) -> dict:
     and, where the last verdict was measured in another, what changed: the registers and
     stack then and now, the task bodies added and removed."""
     now = {**(rt.get("worker") or {}), "composition": rt.get("composition") or [],
-           "kind": rt.get("composition_kind")}
+           "kind": rt.get("composition_kind"),
+           **({"minimal": rt["worker_minimal"]} if rt.get("worker_minimal") else {})}
     before = rt.get("worker_before") or {}
     if before and {k: before.get(k) for k in now} != now:
         now["changed"] = {"registers": [before.get("registers"), now.get("registers")],
@@ -830,13 +849,15 @@ def main(job: dict) -> dict:
     grid = grid_for(facts["sm_count"])
     with _phase("library load"):
         lib = Megakernel(job["library"])
+        # the minimal worker (where the gate's is production-shaped): ours timed in it too
+        minimal = Megakernel(job["library_minimal"]) if job.get("library_minimal") else None
     graphs, failed = {}, []
     for gi, name in enumerate(lib.graphs):
         graph = job["runtime"]["graphs"][gi]
         assert graph["name"] == name, (graph["name"], name)
         if graph.get("role") == "incumbent":
             continue            # run beside its variant (head_to_head)
-        res = run_graph(lib, job, gi, graph, grid)
+        res = run_graph(lib, job, gi, graph, grid, minimal)
         if name in (job["runtime"].get("missing") or {}):
             res["no_incumbent"] = job["runtime"]["missing"][name]
         graphs[name] = res

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mpkbuild.model.graph import Node
 from mpkbuild.util import config, tma
 from mpkbuild.util.console import say
 from mpkbuild.util.fsutil import read_json, write_atomic
+from mpkbuild.stages.runtime import composition
 from mpkbuild.stages.runtime.megakernel import (compile_megakernel, companions_for,
                                                 job_payload, render_all, runtime_fact, worker_facts)
 
@@ -46,13 +48,19 @@ def source_path(k) -> Path:
     return runtime_dir(k) / "megakernel.cu"
 
 
-def library_path(k, arch: str = "sm_90a") -> Path:
-    return runtime_dir(k) / arch / f"lib{k.name}_mpk.so"
+def library_path(k, arch: str = "sm_90a", minimal: bool = False) -> Path:
+    return runtime_dir(k) / arch / ("minimal" if minimal else "") / f"lib{k.name}_mpk.so"
 
 
-def worker_path(k, arch: str = "sm_90a") -> Path:
+def worker_path(k, arch: str = "sm_90a", minimal: bool = False) -> Path:
     """The worker's registers, stack and spills as the megakernel's compile built it."""
-    return runtime_dir(k) / arch / "worker.json"
+    return runtime_dir(k) / arch / ("minimal" if minimal else "") / "worker.json"
+
+
+def builds_minimal(k, runtime: str) -> bool:
+    """Whether the megakernel is also built as the minimal worker: where the gate's worker
+    is production-shaped, ours is timed in both (the composition's effect, issue 59)."""
+    return runtime == "v1" and composition.declared(k.spec.data) is not None
 
 
 def shadow_dir(k) -> Path:
@@ -140,14 +148,18 @@ def nodes(g, k, stage: str) -> None:
     lib = library_path(k)
     headers, include_facts = include_inputs(g, k)
     runtime_headers = tuple(g.rel(p) for p in checkout.headers())
+    built = [lib, lib.parent / "compile.log", worker_path(k)]
+    if builds_minimal(k, runtime):
+        small = library_path(k, minimal=True)
+        built += [small, small.parent / "compile.log", worker_path(k, minimal=True)]
     comp = g.add(Node(f"megakernel-compile {k.name} sm_90a", "megakernel_compile", stage, k.name,
-                      (g.rel(lib), g.rel(lib.parent / "compile.log"), g.rel(worker_path(k))),
+                      tuple(g.rel(p) for p in built),
                       tuple(dict.fromkeys((*src.targets, *gen, *[p for p in extra if p.endswith((".h", ".cuh"))],
                                            *runtime_headers, *headers))),
                       (toolchain_fact(), fact, g.code_fact("megakernel", (f"{__name__}.megakernel",)),
                        *include_facts), column="megakernel-compile"))
     gates.gate_nodes(g, k, stage, library=comp.targets[0], extra_facts=(fact,),
-                     extra_sources=(*gate_extra, comp.targets[2]))
+                     extra_sources=(*gate_extra, *comp.targets[2:]))
 
 
 def run_source(build, info, target, source) -> int:
@@ -165,20 +177,32 @@ def run_source(build, info, target, source) -> int:
 
 
 def run_compile(build, info, target, source) -> int:
+    """The megakernel's library (and, where builds_minimal, the minimal worker's beside it:
+    the two nvcc runs side by side), each with its worker's figures."""
     k = build.kernels[info["MPK_KERNEL"]]
     checkout = build.runtime_request.checkout
     gen_dirs = [k.gen_dir, *k.include_dirs]
     for c in companions_for(k, build.kernels):
         gen_dirs += [c.gen_dir, *c.include_dirs]
-    ok, text, took = compile_megakernel(checkout, source_path(k), gen_dirs,
-                                        Path(target[0].abspath), Path(target[1].abspath),
-                                        shadow=shadow_dir(k), runtime=build.runtime_request.runtime)
-    if not ok:
-        return build.fail(f"megakernel-compile {k.name}: nvcc failed ({took:.0f} s), see "
-                          f"{os.path.relpath(target[1].abspath, build.root)}\n"
-                          + "\n".join(l for l in text.splitlines() if "error" in l)[:4000])
-    write_atomic(Path(target[2].abspath), json.dumps(worker_facts(text), indent=1, sort_keys=True) + "\n")
-    say(f"          megakernel {k.name}: compiled in {took:.1f} s")
+    paths = [Path(t.abspath) for t in target]
+    builds = [(paths[i:i + 3], i > 0) for i in range(0, len(paths), 3)]
+
+    def one(build_paths, minimal):
+        lib, log, _ = build_paths
+        return compile_megakernel(checkout, source_path(k), gen_dirs, lib, log, shadow=shadow_dir(k),
+                                  runtime=build.runtime_request.runtime, minimal=minimal)
+
+    with ThreadPoolExecutor(max_workers=len(builds)) as pool:
+        done = list(pool.map(lambda b: one(*b), builds))
+    for (build_paths, minimal), (ok, text, took) in zip(builds, done):
+        what = "the minimal worker of " if minimal else ""
+        if not ok:
+            return build.fail(f"megakernel-compile {k.name}: nvcc of {what}it failed ({took:.0f} s), see "
+                              f"{os.path.relpath(build_paths[1], build.root)}\n"
+                              + "\n".join(l for l in text.splitlines() if "error" in l)[:4000])
+        write_atomic(build_paths[2], json.dumps(worker_facts(text), indent=1, sort_keys=True) + "\n")
+        which = " (the minimal worker)" if minimal else " (the production worker)" if len(builds) > 1 else ""
+        say(f"          megakernel {k.name}{which}: compiled in {took:.1f} s")
     return 0
 
 
@@ -207,9 +231,14 @@ def gate_job(k, build, arch: str, payload: dict) -> tuple[Path, list[Path]]:
     library = library_path(k, arch)
     payload.update(library=str(library), runtime=job_payload(k, build))
     payload["runtime"]["worker"] = read_json(worker_path(k, arch)) or {}
+    more = []
+    if builds_minimal(k, build.runtime_request.runtime):
+        more.append(library_path(k, arch, minimal=True))
+        payload["library_minimal"] = str(more[0])
+        payload["runtime"]["worker_minimal"] = read_json(worker_path(k, arch, minimal=True)) or {}
     # the worker the last verdict was measured in: a new variant (or any other task body
     # compiled in) moves every variant's figures, and the result says so
     last = read_json(k.root / k.rel.gate_result("runtime", build.fingerprint.key)) or {}
     payload["runtime"]["worker_before"] = last.get("worker") or {}
     kind = stages.BY_NAME["runtime"].gate
-    return library, [p for c in companions_for(k, build.kernels) for p in gates.python_files(c, kind)]
+    return library, more + [p for c in companions_for(k, build.kernels) for p in gates.python_files(c, kind)]

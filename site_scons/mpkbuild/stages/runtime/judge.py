@@ -16,7 +16,10 @@ launches beside them a diagnostic, judged alike but held to no rule), timed by t
 floor is the gate's own: ours against ours set up separately in the same megakernel (the A/A
 side), whose ratio should be 1; how far its interval reaches from 1 widens every ratio's
 interval each side, as perf's capture floor does, so "faster" and "slower" are said only
-beyond what the gate cannot tell apart from itself. Standard library only.
+beyond what the gate cannot tell apart from itself. Where the worker is production-shaped,
+ours is also timed in the minimal worker (the same source without the model's other tasks):
+ours / that, widened alike, is the composition's effect on ours, shown, held to no rule.
+Standard library only.
 """
 from __future__ import annotations
 
@@ -36,6 +39,10 @@ def figures(h2h: dict) -> None:
         aa = h2h["aa"]
         aa["vs"] = {f: stats.ratio_figure(ours[f"{f}_us"], aa[f"{f}_us"], floor=0.0) for f in FIGURES}
         h2h["floor"] = {f: aa_floor(aa["vs"][f]) for f in FIGURES}
+    if h2h.get("minimal"):              # ours in the production worker / in the minimal one
+        m = h2h["minimal"]
+        m["vs"] = {f: stats.ratio_figure(ours[f"{f}_us"], m[f"{f}_us"], floor=h2h["floor"][f])
+                   for f in FIGURES}
     for x in h2h["incumbents"].values():
         x["figures"] = {f: stats.median_interval(x[f"{f}_us"]) for f in FIGURES}
         x["vs"] = {f: stats.ratio_figure(ours[f"{f}_us"], x[f"{f}_us"], floor=h2h["floor"][f])

@@ -56,6 +56,11 @@ MODE_MACROS_V2 = ("-DMODE_ONLINE_NOTOKEN", "-DUSE_RUNTIME_V2", *MODE_MACROS[2:])
 ITERATIONS = 3           # at least; validate.steps when larger
 
 
+# the same source built without the production worker's other tasks: the minimal worker,
+# in which ours is timed beside the production one (the composition's effect on it)
+MINIMAL_MACRO = "MPKB_MINIMAL_WORKER"
+
+
 def grid_for(sm_count: int) -> tuple[int, int]:
     """(workers, local schedulers) as MPK computes them from the SM count."""
     for at_least, workers in WORKER_TABLE:
@@ -162,10 +167,12 @@ def compile_flags(arch: str, profiling: bool = True, runtime: str = "v1") -> lis
 
 
 def nvcc_command(checkout: Checkout, source: Path, gen_dirs: list[Path], out: Path,
-                 arch: str = "sm_90a", shadow: Path | None = None, runtime: str = "v1") -> list[str]:
+                 arch: str = "sm_90a", shadow: Path | None = None, runtime: str = "v1",
+                 minimal: bool = False) -> list[str]:
     first = [f"-I{shadow}"] if shadow is not None else []
     return ["nvcc", str(source), *first, *checkout.include_flags(), *(f"-I{d}" for d in gen_dirs),
-            *compile_flags(arch, runtime=runtime), "-Xptxas", "-v", "-o", str(out)]
+            *compile_flags(arch, runtime=runtime), *([f"-D{MINIMAL_MACRO}"] if minimal else []),
+            "-Xptxas", "-v", "-o", str(out)]
 
 
 def runtime_fact(checkout_root: Path | None, runtime: str = "v1") -> str:
@@ -511,7 +518,8 @@ def plan(spec: dict, wiring_root: Path, companions: dict | None = None,
     return {"kernel": kernel, "task_type": task_type, "snapshot_type": snapshot_type,
             "runtime": runtime, "dispatch": dispatch, "graphs": graphs,
             "includes": includes, "max_tensors": max_tensors, "missing": missing,
-            "meta_slots": META_SLOTS,
+            "meta_slots": META_SLOTS, "minimal_macro": MINIMAL_MACRO,
+            "has_minimal_worker": bool(fillers),
             "task_metadata_names": list(config.TASK_METADATA),
             "max_layers": max(len(g["layers"]) for g in graphs),
             "task_headers": sorted({h for g in rivals + chains for h in g["headers"]} | set(filler_headers)),
@@ -677,12 +685,13 @@ def companions_for(k, kernels: dict) -> list:
 
 # ---------------------------------------------------------------- compiling
 def compile_megakernel(checkout: Checkout, source: Path, gen_dirs: list[Path], out: Path,
-                       log: Path, shadow: Path | None = None,
-                       runtime: str = "v1") -> tuple[bool, str, float]:
-    """The library to `out` (atomically), by split_compile; (ok, log text, seconds)."""
+                       log: Path, shadow: Path | None = None, runtime: str = "v1",
+                       minimal: bool = False) -> tuple[bool, str, float]:
+    """The library to `out` (atomically), by split_compile; (ok, log text, seconds).
+    `minimal`: the minimal worker (MINIMAL_MACRO)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{temp_name(out)}nvcc.tmp")      # named for its writer: an orphan is removed
-    cmd = nvcc_command(checkout, source, gen_dirs, tmp, shadow=shadow, runtime=runtime)
+    cmd = nvcc_command(checkout, source, gen_dirs, tmp, shadow=shadow, runtime=runtime, minimal=minimal)
     t0 = time.perf_counter()
     ok, text = split_compile(cmd, out.parent / "nvcc-steps")
     took = time.perf_counter() - t0

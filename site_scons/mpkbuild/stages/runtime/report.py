@@ -91,6 +91,7 @@ def head_to_head_table(rt: dict, perf: dict | None) -> list[dict]:
                    "slowcta": _interval(ours.get("slowcta")), "incumbent_slowcta": _interval(figs.get("slowcta")),
                    "vs_makespan": vs.get("makespan"), "vs_slowcta": vs.get("slowcta"),
                    "floor": (h2h.get("floor") or {}).get("makespan"),
+                   "worker_effect": ((h2h.get("minimal") or {}).get("vs") or {}).get("makespan"),
                    "hot_vs_makespan": (((h2h.get("hot") or {}).get("incumbents") or {}).get(inc) or {})
                    .get("vs", {}).get("makespan"),
                    "numerics": {out: n.get("ours_vs_incumbent") for out, n in (x.get("numerics") or {}).items()},
