@@ -14,7 +14,8 @@
 #            that hangs) and the profile stage (ncu on linear_v2)
 #   linear   the two linears through scons, every gate (validate, perf, profile; with .mirage/
 #            the runtime gate against MPK's TMA linear, cold): linear_tma_v2 (issue 58's TMA
-#            pipeline) beside linear_v2, the reviews in OUTDIR/linear.tgz
+#            pipeline) beside linear_v2 (LINEAR_KERNELS=linear_tma_v2: one), the reviews in
+#            OUTDIR/linear.tgz
 #   bench    bench/rmsnorm_gates.py (with .mirage/: the runtime gate too) and bench/catalog.py
 #   review   every gate of every catalog kernel through scons (with .mirage/: wire and the
 #            runtime gate too), the reviews in OUTDIR/review.tgz
@@ -54,8 +55,9 @@ case "$part" in
     tar czf "$out/review.tgz" build/review.md build/*/review.* build/*/junit.xml build/*/gpu/*/*.json 2>/dev/null ;;
   linear)
     mpk=(); [ -d .mirage/mpk/include ] && mpk=(mpk_root=.mirage/mpk)
-    timeout "$limit" python3 -m SCons -Q -k -j16 kernel=linear_tma_v2,linear_v2 stage=review "${mpk[@]}" 2>&1 | tee "$out/linear.log" | sed -n '/^verdicts:/,$p'
-    for k in linear_tma_v2 linear_v2; do sed -n '1,40p' "build/$k/review.md"; done
+    kernels=${LINEAR_KERNELS:-linear_tma_v2,linear_v2}
+    timeout "$limit" python3 -m SCons -Q -k -j16 kernel="$kernels" stage=review "${mpk[@]}" 2>&1 | tee "$out/linear.log" | sed -n '/^verdicts:/,$p'
+    for k in ${kernels//,/ }; do sed -n '1,40p' "build/$k/review.md"; done
     tar czf "$out/linear.tgz" build/linear*/review.* build/linear*/junit.xml build/linear*/gpu/*/*.json build/linear*/gpu/*/*.log 2>/dev/null ;;
   tune)
     timeout "$limit" python3 bench/tune_bench.py -j16 2>&1 | tee "$out/tune.txt"

@@ -225,8 +225,12 @@ def test_the_tma_helpers_and_maps_compile_for_sm90a_and_sm100a(tmp_path):
         assert '"verdict": "pass"' in p.path(f"build/pipe_tma/{arch}/resources.json").read_text()
     header = p.path("build/pipe_tma/gen/pipe_tma_spec.h").read_text()
     assert "struct tma_x {" in header and "static_assert(FULL_TX_BYTES == COPY_BOX_BYTES" in header
-    assert "cp.async.bulk.tensor.2d" in header
     harness = p.path("build/pipe_tma/gen/harness.cu").read_text()
+    # a tensor copy's dimensionality is its map's rank (a 2-d copy of MPK's rank-5 map is an
+    # illegal instruction on the GPU: seen on an H100, 2026-12-05)
+    import re
+    rank = int(re.search(r"encode\(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (\d+),", harness).group(1))
+    assert rank == 5 and re.findall(r"cp\.async\.bulk\.tensor\.(\d)d", header) == [str(rank)]
     assert "x_tmaps + task," in harness and "pipe_tma_maps_r512_c192(inputs, maps" in harness
 
 
@@ -263,7 +267,6 @@ def test_the_family_a_starter_passes_validate_on_the_gpu(tmp_path):
     from mpkbuild import scaffold
     p = copy_project(tmp_path / "proj", kernels=())
     scaffold.create(p.root, "starter_a", "A")
-    p.edit("specs/starter_a.yaml", "archs: [sm_90a, sm_100a]", "archs: [sm_90a]")
     p.scons("stage=validate", "kernel=starter_a", fake_gpu=False, timeout=900)
     (result,) = (p.root / "build/starter_a/gpu").glob("*/validate.json")
     assert json.loads(result.read_text())["verdict"] == "pass"
