@@ -22,6 +22,10 @@ otherwise; the variant's name may be one of the terms), FAKE_GPU_TRIAL_FAIL [pat
 makes validate fail. Samples are paired with a 20 us torch, with a small fixed jitter. As
 the real trial runner does, it times only the job's `figure` against the primary baseline;
 its result echoes what the job asked for (`job`: figure, perf section, shipped inputs).
+
+With FAKE_GPU_INSIDE_US {pattern: us} set, a runtime job (the gate's, or the tune's
+runtime trial) answers every graph of ours with its head to head: ours at the first
+pattern its variant's symbols meet (6 us otherwise), each incumbent at 10 us.
 """
 import json
 import math
@@ -66,6 +70,8 @@ class FakeGpuExecutor:
             time.sleep(0.1)
         if job.gate == "trial":
             return _trial(job)
+        if job.gate == "runtime" and "FAKE_GPU_INSIDE_US" in os.environ:
+            return _inside(job)
         if job.gate == "profile":
             return _profiled(job)
         if job.gate == "bandwidth":
@@ -189,6 +195,29 @@ def _trial(job) -> dict:
             "job": {"figure": figure, "perf": job.payload["perf"], "inputs": list(job.inputs)},
             "perf": {"verdict": "timed", "variants": {variant: {
                 figure: fig, f"baseline_{figure}": base, "baselines": {"torch": {figure: base}}}}}}
+
+
+def _inside(job) -> dict:
+    """The runtime runner's answer for every graph of ours: its head to head against each
+    of its incumbents (10 us), ours' makespan the first FAKE_GPU_INSIDE_US pattern that its
+    variant's symbols meet (6 us otherwise), the A/A side alike."""
+    rt = job.payload["runtime"]
+    symbols = rt["kernels"][job.kernel]["codegen"]["variants"]
+    table = json.loads(os.environ["FAKE_GPU_INSIDE_US"])
+    pairs = rt["pairs"]
+    jitter = [1.0 + 0.004 * ((i * 3) % 5 - 2) for i in range(pairs)]
+    side = lambda us: {"makespan_us": [us * j for j in jitter], "slowcta_us": [us * j for j in jitter]}
+    out = {}
+    for g in rt["graphs"]:
+        if g.get("role") != "ours":
+            continue
+        us = next((float(v) for pat, v in table.items() if _holds(pat, g["name"], symbols[g["name"]])), 6.0)
+        rivals = [r["incumbent"] for r in rt["graphs"] if r.get("of") == g["name"]]
+        out[g["name"]] = {"verdict": "pass", "tasks": 1, "head_to_head": {
+            "pairs": pairs, "ours": side(us), "aa": side(us),
+            "incumbents": {r: {**side(10.0), "tasks": 1, "numerics": {}} for r in rivals}}}
+    return {"verdict": "pass", "message": f"stand-in runtime: {len(out)} graphs", "variants": out,
+            "worker": {"registers": 200}}
 
 
 def _profiled(job):

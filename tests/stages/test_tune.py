@@ -516,3 +516,38 @@ def test_a_tune_on_a_gpu_profile_the_spec_does_not_target_waits_for_its_hardware
     assert not [label for label in nodes if label.startswith(("trial ", "tunecc "))]
     check = project.scons("check", "stage=tune", h200)
     assert "pending TIER-1 (needs sm_100a)" in check.stdout
+
+
+PINNED = Path(__file__).resolve().parents[3] / "shared" / "mirage" / "mpk"
+
+
+@pytest.mark.skipif(not (PINNED / "src" / "kernel" / "task_register.cc").is_file(),
+                    reason="../shared/mirage (the pinned MPK tree) is absent")
+def test_a_tune_by_the_in_runtime_figure_picks_what_runs_fastest_inside_mpk(tmp_path):
+    """Issue 58 item 3: `tune.figure: runtime` ranks a variant's candidates by ours / the
+    incumbent's makespan inside MPK. The harness ranks cols=32 first; inside MPK cols=128
+    wins (3 us against the incumbent's 10, the spec's cols=64 at 6): the tuned file takes
+    cols=128, says the runtime figure decided, and keeps each row's harness figure beside
+    it. The runtime trial times the spec's configuration and the harness's fastest three;
+    a candidate it did not time is never picked."""
+    p = tune_project(tmp_path / "proj")
+    p.edit(SPEC, "  space:\n    cols: [32, 64, 128, 256, 14336]",
+           "  variants: [decode_r8_i2048]\n  figure: runtime\n  space:\n    cols: [32, 64, 128, 256, 512, 1024]")
+    env = stand_in_env(FAKE_GPU_TRIAL_US=json.dumps({"cols=32": 4.0, "cols=256": 5.0, "cols=128": 9.0}),
+                       FAKE_GPU_TRIAL_FAIL="[]", FAKE_NVCC_SPILL="NO SPILL",
+                       FAKE_GPU_INSIDE_US=json.dumps({"cols=128": 3.0, "cols=32": 8.0}))
+    p.scons("stage=tune", f"kernel={K}", f"mpk_root={PINNED}", env=env)
+    tuned = json.loads(p.path(TUNED).read_text())
+    assert tuned["figure"] == "runtime" and tuned["harness_figure"] == "hot"
+    assert "inside MPK" in tuned["interval"]
+    win = tuned["variants"]["decode_r8_i2048"]
+    assert win["config"] == {"cols": 128, "rpt": 8} and win["from"] == "tune"
+    assert win["ratio"]["median"] == pytest.approx(0.3, rel=0.02)
+    rows = {r["config"]["cols"]: r for r in tuned["ledger"]["decode_r8_i2048"] if r.get("cid")}
+    assert rows[32]["harness"]["ratio"]["median"] == pytest.approx(0.2, rel=0.02)     # the harness's pick
+    assert rows[32]["ratio"]["median"] == pytest.approx(0.8, rel=0.02)
+    assert rows[64]["current"] and rows[64]["ratio"]["median"] == pytest.approx(0.6, rel=0.02)
+    inside = json.loads(p.path(f"build/{K}/gpu/{GPU}/tune/runtime/runtime_trial.json").read_text())
+    timed = {r["config"]["cols"] for r in inside["candidates"].values()}
+    assert timed == {32, 64, 128, 256}
+    assert [rows[c]["verdict"] for c in (512, 1024)] == [tune.NOT_INSIDE] * 2

@@ -110,37 +110,11 @@ def nodes(g, k, stage: str) -> None:
                                                   *gates.python_rels(c, stages.BY_NAME[stage].gate))]
     runtime = request.runtime
     fact = runtime_fact(checkout.root, runtime)
-    # the incumbents' calls are read from the checkout's register functions
-    from mpkbuild.wire.incumbents import REGISTER_FILE
-    register = [g.rel(checkout.root / REGISTER_FILE)] if (checkout.root / REGISTER_FILE).is_file() else []
-    from mpkbuild.stages.runtime.megakernel import ENTRY_HEADER
     targets = tuple(g.rel(p) for p in source_files(k, runtime, companions).values())
-    # with TMA the shadow's tma.cuh is the checkout's with the cases of the surface's tma sites
-    tma_inputs = ()
-    if loads_with_tma(k, companions):
-        from mpkbuild.wire.surface import load_surface
-        roots = config.wiring_roots(g.root)
-        cases = [site.template for site in load_surface(roots).sites if site.when == "tma"]
-        tma_inputs = (g.rel(checkout.runtime_dir / "tma.cuh"),
-                      *(g.rel(r / "templates" / t) for r in roots for t in cases
-                        if (r / "templates" / t).is_file()))
-    v2_inputs = ()
-    if runtime == "v2":
-        # the v2 driver, its dispatch (the shadow's is made from it) and the v2 task headers
-        # (an incumbent's call, the barrier ids checked against them)
-        from mpkbuild.wire.barriers import v2_task_headers
-        v2_inputs = (g.rel(checkout.runtime_dir / "dispatch_v2.cuh"),
-                     g.pkg("templates", "megakernel_v2.cu.j2"),
-                     g.rel(checkout.runtime_dir / "runtime_header.h"),
-                     *(g.rel(checkout.runtime_dir / h) for h in v2_task_headers(checkout.root)))
     src = g.add(Node(f"megakernel {k.name}", "megakernel", stage, k.name, targets,
                      (k.rel.section_file("codegen"), k.rel.section_file("wiring"),
-                      k.rel.section_file("runtime"), *register, *gen, *extra,
-                      g.rel(checkout.runtime_dir / ENTRY_HEADER),
-                      g.pkg("templates", "megakernel.cu.j2"), g.pkg("templates", "task_header.cuh.j2"),
-                      g.pkg("templates", "megakernel_parts.cu.j2"), *v2_inputs, *tma_inputs,
-                      *(g.rel(r / config.WIRING_SURFACE) for r in config.wiring_roots(g.root)
-                        if (r / config.WIRING_SURFACE).is_file())),
+                      k.rel.section_file("runtime"), *gen, *extra,
+                      *megakernel_inputs(g, checkout, runtime, loads_with_tma(k, companions))),
                      (fact, g.code_fact("megakernel", (f"{__name__}.megakernel",))),
                      always=next(filter(None, map(g.edited, targets)), None), column="megakernel"))
     from mpkbuild.stages.compile import include_inputs
@@ -160,6 +134,39 @@ def nodes(g, k, stage: str) -> None:
                        *include_facts), column="megakernel-compile"))
     gates.gate_nodes(g, k, stage, library=comp.targets[0], extra_facts=(fact,),
                      extra_sources=(*gate_extra, *comp.targets[2:]))
+
+
+def megakernel_inputs(g, checkout, runtime: str, with_tma: bool) -> tuple[str, ...]:
+    """What a megakernel's source is rendered from besides the kernels' own files: the
+    checkout's register functions (the incumbents' and the production worker's calls),
+    its entry header, the templates, v2's driver and task headers, the tma.cuh a TMA
+    kernel's cases go into, the wiring surfaces."""
+    from mpkbuild.stages.runtime.megakernel import ENTRY_HEADER
+    from mpkbuild.wire.incumbents import REGISTER_FILE
+    register = [g.rel(checkout.root / REGISTER_FILE)] if (checkout.root / REGISTER_FILE).is_file() else []
+    # with TMA the shadow's tma.cuh is the checkout's with the cases of the surface's tma sites
+    tma_inputs = ()
+    if with_tma:
+        from mpkbuild.wire.surface import load_surface
+        roots = config.wiring_roots(g.root)
+        cases = [site.template for site in load_surface(roots).sites if site.when == "tma"]
+        tma_inputs = (g.rel(checkout.runtime_dir / "tma.cuh"),
+                      *(g.rel(r / "templates" / t) for r in roots for t in cases
+                        if (r / "templates" / t).is_file()))
+    v2_inputs = ()
+    if runtime == "v2":
+        # the v2 driver, its dispatch (the shadow's is made from it) and the v2 task headers
+        # (an incumbent's call, the barrier ids checked against them)
+        from mpkbuild.wire.barriers import v2_task_headers
+        v2_inputs = (g.rel(checkout.runtime_dir / "dispatch_v2.cuh"),
+                     g.pkg("templates", "megakernel_v2.cu.j2"),
+                     g.rel(checkout.runtime_dir / "runtime_header.h"),
+                     *(g.rel(checkout.runtime_dir / h) for h in v2_task_headers(checkout.root)))
+    return (*register, g.rel(checkout.runtime_dir / ENTRY_HEADER),
+            g.pkg("templates", "megakernel.cu.j2"), g.pkg("templates", "task_header.cuh.j2"),
+            g.pkg("templates", "megakernel_parts.cu.j2"), *v2_inputs, *tma_inputs,
+            *(g.rel(r / config.WIRING_SURFACE) for r in config.wiring_roots(g.root)
+              if (r / config.WIRING_SURFACE).is_file()))
 
 
 def run_source(build, info, target, source) -> int:

@@ -36,12 +36,14 @@ from mpkbuild.util import config
 from mpkbuild.util.fsutil import read_json, sha256_json
 from mpkbuild.stages.tune.apply import (SECTIONS_READ, apply_tuned, key_changes,  # noqa: F401
                                         tune_key, tuned_file)
-from mpkbuild.stages.tune.pick import (clearly_faster, ledger_entry, pick, run_pick,  # noqa: F401
+from mpkbuild.stages.tune.pick import (NOT_INSIDE, clearly_faster, ledger_entry, pick, run_pick,  # noqa: F401
                                        spec_measurements, winner)
 from mpkbuild.stages.tune.space import Candidate, candidate_fact, candidate_section, space  # noqa: F401
 from mpkbuild.stages.tune.trials import (MIN_TRIAL_TIMEOUT_S, NOT_RUN, TRIAL, TRIAL_OUTCOMES, _candidate,  # noqa: F401
                                          budget_spent, candidate_dir, run_compile, run_trial,
                                          trial_dir, trial_files, trial_perf, trial_result)
+from mpkbuild.stages.tune import runtime_trial
+from mpkbuild.stages.tune.runtime_trial import run_runtime_trial
 
 
 def nodes(g, k, stage: str) -> None:
@@ -60,6 +62,8 @@ def nodes(g, k, stage: str) -> None:
     trials = []
     for variant, entry in space(base.data).items():
         trials += _variant_nodes(g, k, stage, arch, entry, common)
+    if base.data["tune"]["figure"] == "runtime":
+        trials += [t for t in [runtime_trial.node(g, k, stage, trials)] if t]
     _pick_node(g, k, stage, trials)
 
 
@@ -74,7 +78,8 @@ def _trial_inputs(g, k) -> dict:
     # with (a fact: the figure, the repeats, the perf settings less thresholds and other
     # baselines), so a wider space or a new threshold re-times nothing already timed
     perf = trial_perf(base.data)
-    settings = (f"trial: figure={base.data['tune']['figure']} repeats={perf['repeats']}; "
+    from mpkbuild.stages.tune.section import harness_figure
+    settings = (f"trial: figure={harness_figure(base.data)} repeats={perf['repeats']}; "
                 f"perf settings {sha256_json(perf)[:16]}")
     headers, include_facts = include_inputs(g, k)
     return {
@@ -182,4 +187,5 @@ def predict(node, k, predictor) -> dict | None:
     return {} if same else None
 
 
-ACTIONS = {"tune_compile": run_compile, "trial": run_trial, "tune": run_pick}
+ACTIONS = {"tune_compile": run_compile, "trial": run_trial, "tune": run_pick,
+           "runtime_trial": run_runtime_trial}

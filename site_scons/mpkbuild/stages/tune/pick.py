@@ -9,13 +9,19 @@ from pathlib import Path
 from mpkbuild.util import config, stats
 from mpkbuild.util.console import say
 from mpkbuild.util.fsutil import read_json, write_json_atomic
+from mpkbuild.stages.tune import runtime_trial
 from mpkbuild.stages.tune.apply import tune_key
+from mpkbuild.stages.tune.section import harness_figure
 from mpkbuild.stages.tune.space import Candidate, space
 from mpkbuild.stages.tune.trials import NOT_RUN, trial_result
 
 
 INTERVAL = ("median of the paired kernel/baseline ratios, sign-test interval widened by the "
             "per-capture floor (util/stats.py), as the perf gate judges")
+INTERVAL_INSIDE = ("median of the paired ours/incumbent makespan ratios inside MPK, sign-test interval "
+                   "widened by the A/A floor (stages/runtime/judge.py), as the runtime gate judges")
+# a candidate timed in the harness that the runtime trial did not time: never picked
+NOT_INSIDE = "harness only"
 
 
 # ---------------------------------------------------------------- the pick
@@ -125,7 +131,9 @@ def run_pick(build, info, target, source) -> int:
                    + (f"; {not_run} candidate{'s' if not_run != 1 else ''} not run: "
                       f"the time budget ({t['budget']['seconds']:g} s per variant) was spent"
                       if not_run else ""),
-        "figure": t["figure"], "interval": INTERVAL, "levers": levers, "variants": variants,
+        "figure": t["figure"], "interval": INTERVAL_INSIDE if t["figure"] == "runtime" else INTERVAL,
+        **({"harness_figure": harness_figure(data)} if t["figure"] == "runtime" else {}),
+        "levers": levers, "variants": variants,
         "ledger": ledger, "space": notes, "key": tune_key(k, fp),
         "inputs": lock_for(source, k.root, fp),
         "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
@@ -146,15 +154,19 @@ def trial_ledger(k, gpu_key: str) -> tuple[dict, dict]:
     """Per variant every candidate's trial as a ledger row (the spec config's second trial
     beside its first; the statically rejected ones with why), and the space's notes."""
     t = k.base.data["tune"]
+    figure = harness_figure(k.base.data)
+    inside = runtime_trial.ledger_rows(k, gpu_key) if t["figure"] == "runtime" else None
     ledger, notes = {}, {}
     for variant, entry in space(k.base.data).items():
         rows = []
         for cand in entry["candidates"]:
             path = trial_result(k, gpu_key, cand)
-            row = ledger_entry(read_json(path), cand, t["figure"], os.path.relpath(path, k.root))
+            row = ledger_entry(read_json(path), cand, figure, os.path.relpath(path, k.root))
             again = trial_result(k, gpu_key, cand, again=True)
             if cand.current and again.exists():
-                row["again"] = ledger_entry(read_json(again), cand, t["figure"], os.path.relpath(again, k.root))
+                row["again"] = ledger_entry(read_json(again), cand, figure, os.path.relpath(again, k.root))
+            if inside is not None:
+                row = _decided_inside_mpk(row, inside.get(runtime_trial.graph_name(cand)))
             rows.append(row)
         for values, why in entry["static_rejected"]:
             rows.append({"cid": None, "config": values, "current": False, "verdict": "rejected",
@@ -165,6 +177,24 @@ def trial_ledger(k, gpu_key: str) -> tuple[dict, dict]:
                           "not_run": sum(1 for r in rows if "budget_s" in r),
                           "budget_s": t["budget"]["seconds"]}
     return ledger, notes
+
+
+def _decided_inside_mpk(row: dict, inside: dict | None) -> dict:
+    """A ledger row of `tune.figure: runtime`: its ratio and time the runtime trial's (ours /
+    the incumbent's makespan inside MPK; one measurement, the A/A floor in its interval),
+    the harness's kept beside them; a candidate the runtime trial did not time is not
+    picked, and says why."""
+    harness = {key: row.pop(key) for key in ("ratio", "time_us", "baseline_us", "again") if key in row}
+    row["harness"] = {"verdict": row["verdict"], **harness}
+    if inside is not None and inside.get("verdict") == "timed":
+        row.update(verdict="timed", ratio=inside["ratio"], time_us=inside["time_us"],
+                   incumbent=inside["incumbent"], message=f"inside MPK: {inside['ratio']['median']:.3f}x "
+                   f"{inside['incumbent']}'s makespan ({inside['time_us']['median']:.2f} us)")
+    elif row["verdict"] == "timed":
+        row.update(verdict=NOT_INSIDE, message=(inside or {}).get("message") or
+                   f"not among the {runtime_trial.RUNTIME_CANDIDATES} fastest in the harness that the "
+                   "runtime trial times")
+    return row
 
 
 def _winner(w: dict | None, rows: list[dict], cg: dict, variant: str) -> dict:

@@ -46,10 +46,23 @@ SCHEMA: dict = {
         },
         "repeats": {"type": "integer", "minimum": 5, "maximum": 1000,
                     "description": "timed replays per candidate (default: perf.repeats)"},
-        "figure": {"enum": ["hot", "cold"], "default": "hot",
-                   "description": "the perf figure candidates are compared on"},
+        "figure": {"enum": ["hot", "cold", "runtime"], "default": "hot",
+                   "description": "the figure candidates are compared on: the harness's hot or "
+                                  "cold time against the perf baseline, or runtime: ours / the "
+                                  "incumbent's makespan inside MPK (needs mpk_root=; each variant's "
+                                  "spec configuration and its 3 fastest others in the harness, "
+                                  "whose figure is kept beside it)"},
     },
 }
+
+
+def harness_figure(data: dict) -> str:
+    """The figure a trial times in the harness: the tune's own, or with `runtime` the one
+    the runtime gate judges by (its memory state), as corroboration."""
+    figure = data["tune"]["figure"]
+    if figure != "runtime":
+        return figure
+    return "cold" if data.get("runtime", {}).get("memory") == "cold" else "hot"
 
 
 def tuned_variants(data: dict) -> list[str]:
@@ -83,6 +96,15 @@ def check(data: dict, root):
             if isinstance(value, bool) or not 0 <= value <= config.INT32_MAX:
                 yield where, f"{short(value)} is not a symbol value (an integer 0..{config.INT32_MAX})"
                 break
+    if t["figure"] == "runtime":
+        # the runtime trial builds every candidate into one megakernel: one body render
+        on = [sym for sym in t["space"] if sym in levers]
+        if on:
+            yield ("tune", "figure"), (f"runtime: lever {on[0]!r} is kernel-wide (one body serves every "
+                                       "candidate of the runtime trial's megakernel): tune levers with "
+                                       "figure hot or cold")
+        if "wiring" not in data:
+            yield ("tune", "figure"), "runtime: the kernel has no wiring section, so it cannot run inside MPK"
     for i, text in enumerate(t["constraints"]):
         for vname in chosen:
             symbols = {**consts, **cg["variants"][vname],

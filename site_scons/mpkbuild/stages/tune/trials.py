@@ -137,6 +137,7 @@ def _turn(k, gpu_key: str, variant: str) -> threading.Lock:
 
 def run_trial(build, info, target, source) -> int:
     from mpkbuild.model.paths import bandwidth_file
+    from mpkbuild.stages.tune.section import harness_figure
     from mpkbuild.run.job import GateJob
     from mpkbuild.stages.gates import GateCannotRun, lock_for, record, verdict_line
     k = build.kernels[info["MPK_KERNEL"]]
@@ -160,7 +161,7 @@ def run_trial(build, info, target, source) -> int:
                    facts.KEY: variant_facts(codegen["codegen"], trial_perf(k.base.data)),
                    "generators": read_json(k.section_file("generators")),
                    "validate": read_json(k.section_file("validate")),
-                   "perf": {"perf": trial_perf(k.base.data)}, "figure": k.base.data["tune"]["figure"],
+                   "perf": {"perf": trial_perf(k.base.data)}, "figure": harness_figure(k.base.data),
                    "bandwidth_file": str(bandwidth_file(k.root, fp.key)),
                    "candidate": {"cid": cand.cid, "variant": cand.variant, "config": cand.values}}
         inputs = [library, *trial_files(k), bandwidth_file(k.root, fp.key)]
