@@ -99,6 +99,7 @@ def test_broken_body_gets_the_right_verdict(project, fault, verdict, phrase):
     assert not list((project.root / "build" / K / "gpu").glob("*/validate.ok"))
     if verdict in ("hang", "crash"):
         # the GPU is usable by the next gate: restore the body and validate again
-        project.edit(BODY, edit[1], edit[0])
+        old, new = FAULTS[fault][0]
+        project.edit(BODY, new, old)
         project.scons("stage=validate", fake_gpu=False)
         assert validate_result(project)["verdict"] == "pass"
