@@ -23,7 +23,7 @@ STAGE_ARROWS = {
     "runtime": {"compile", "gates", "generate", "perf", "table", "wire"},
     "spec": set(),
     "table": set(),
-    "tune": {"compile", "gates", "generate", "table"},
+    "tune": {"compile", "gates", "generate", "runtime", "table"},
     "validate": {"gates"},
     "wire": {"generate", "table"},
 }

@@ -13,7 +13,7 @@ from mpkbuild.stages.tune import runtime_trial
 from mpkbuild.stages.tune.apply import tune_key
 from mpkbuild.stages.tune.section import harness_figure
 from mpkbuild.stages.tune.space import Candidate, space
-from mpkbuild.stages.tune.trials import NOT_RUN, trial_result
+from mpkbuild.stages.tune.trials import NOT_RUN, ledger_entry, trial_result
 
 
 INTERVAL = ("median of the paired kernel/baseline ratios, sign-test interval widened by the "
@@ -25,27 +25,6 @@ NOT_INSIDE = "harness only"
 
 
 # ---------------------------------------------------------------- the pick
-def ledger_entry(res: dict | None, cand: Candidate, figure: str, rel: str) -> dict:
-    """One candidate as the ledger keeps it: verdict, message, the figure with its interval."""
-    entry = {"cid": cand.cid, "config": cand.values, "current": cand.current,
-             "verdict": (res or {}).get("verdict", NOT_RUN),
-             "message": (res or {}).get("message", "no trial result"), "trial": rel}
-    if entry["verdict"] == NOT_RUN and "budget_s" in (res or {}):
-        entry["budget_s"] = res["budget_s"]          # skipped by the budget: neither timed nor lost
-    if entry["verdict"] != "timed":
-        return entry
-    try:
-        fig = res["perf"]["variants"][cand.variant]
-        # the perf gate's interval: two trials are two captures, so the ratio gets its floor
-        ratios = stats.paired_ratios(fig[figure]["samples_us"], fig[f"baseline_{figure}"]["samples_us"])
-        entry["ratio"] = stats.median_interval(ratios, floor=stats.CAPTURE_FLOOR)
-        entry["time_us"] = stats.median_interval(fig[figure]["samples_us"])
-        entry["baseline_us"] = fig[f"baseline_{figure}"]["median_us"]
-    except (KeyError, TypeError, ValueError) as exc:
-        entry.update(verdict="rejected", message=f"no paired {figure} samples in the trial result ({exc})")
-    return entry
-
-
 def _simplicity(entry: dict, current: dict) -> tuple:
     levers_on = sum(1 for v in entry["config"].values() if v is True)
     changed = sum(1 for k, v in entry["config"].items() if current.get(k) != v)

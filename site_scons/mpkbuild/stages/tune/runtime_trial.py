@@ -21,7 +21,7 @@ from pathlib import Path
 from mpkbuild.util.fsutil import dump_json, read_json, sha256_json
 from mpkbuild.stages.tune.section import harness_figure
 from mpkbuild.stages.tune.space import Candidate, space
-from mpkbuild.stages.tune.trials import trial_result
+from mpkbuild.stages.tune.trials import ledger_entry, trial_result
 
 # per tuned variant, besides the spec's own configuration, the candidates fastest in the
 # harness that the runtime trial times: each is another instantiation of the body in one
@@ -47,7 +47,6 @@ def chosen(k, gpu_key: str) -> list[Candidate]:
     """The candidates the runtime trial times: per variant the spec's configuration (when
     its harness trial timed it) and the RUNTIME_CANDIDATES others with the lowest harness
     ratio."""
-    from mpkbuild.stages.tune.pick import ledger_entry
     figure = harness_figure(k.base.data)
     out = []
     for entry in space(k.base.data).values():

@@ -13,6 +13,7 @@ from mpkbuild.util.console import say
 from mpkbuild.util.fsutil import (dump_json, read_json, sha256_bytes, write_atomic, write_json_atomic)
 from mpkbuild.stages.tune.space import Candidate, candidate_section, space
 from mpkbuild.runners import facts
+from mpkbuild.util import stats
 from mpkbuild.util.expr import variant_facts
 
 
@@ -66,6 +67,27 @@ def trial_dir(k, gpu_key: str, cand: Candidate) -> Path:
 def trial_result(k, gpu_key: str, cand: Candidate, again: bool = False) -> Path:
     """The trial's result; `again`: the spec's configuration's second trial."""
     return trial_dir(k, gpu_key, cand) / ("again" if again else "") / "trial.json"
+
+
+def ledger_entry(res: dict | None, cand: Candidate, figure: str, rel: str) -> dict:
+    """One candidate as the ledger keeps it: verdict, message, the figure with its interval."""
+    entry = {"cid": cand.cid, "config": cand.values, "current": cand.current,
+             "verdict": (res or {}).get("verdict", NOT_RUN),
+             "message": (res or {}).get("message", "no trial result"), "trial": rel}
+    if entry["verdict"] == NOT_RUN and "budget_s" in (res or {}):
+        entry["budget_s"] = res["budget_s"]          # skipped by the budget: neither timed nor lost
+    if entry["verdict"] != "timed":
+        return entry
+    try:
+        fig = res["perf"]["variants"][cand.variant]
+        # the perf gate's interval: two trials are two captures, so the ratio gets its floor
+        ratios = stats.paired_ratios(fig[figure]["samples_us"], fig[f"baseline_{figure}"]["samples_us"])
+        entry["ratio"] = stats.median_interval(ratios, floor=stats.CAPTURE_FLOOR)
+        entry["time_us"] = stats.median_interval(fig[figure]["samples_us"])
+        entry["baseline_us"] = fig[f"baseline_{figure}"]["median_us"]
+    except (KeyError, TypeError, ValueError) as exc:
+        entry.update(verdict="rejected", message=f"no paired {figure} samples in the trial result ({exc})")
+    return entry
 
 
 # ---------------------------------------------------------------- actions
