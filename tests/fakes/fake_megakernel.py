@@ -19,9 +19,9 @@ import random
 
 
 class FakeMegakernel:
-    """task_us: {"ours" | incumbent name: µs per task} for the profile records it writes
-    (one worker, tasks back to back, a seeded jitter of +-2%); skew: {incumbent: factor} by
-    which an incumbent's output differs from ours."""
+    """task_us: {"ours" | incumbent name | incumbent side (task@param=value): µs per task}
+    for the profile records it writes (one worker, tasks back to back, a seeded jitter of
+    +-2%); skew: {incumbent or side: factor} by which an incumbent's output differs from ours."""
 
     def __init__(self, graphs: list[dict], hang: dict | None = None, task_type: int = 197,
                  task_us: dict | None = None, skew: dict | None = None):
@@ -72,7 +72,7 @@ class FakeMegakernel:
         """Begin/end records of every task of the selected graph on one worker."""
         plan = self.graph_plans[self.selected]
         key = plan.get("incumbent", "ours")
-        us = self.task_us.get(key, 1.0)
+        us = self.task_us.get(plan.get("side"), self.task_us.get(key, 1.0))
         words, t = [1], 1000
         for l, layer in enumerate(plan["layers"]):
             kind = self.mpkb_layer_task_type(self.selected, l)
@@ -112,8 +112,8 @@ class FakeMegakernel:
             for j, recipe in enumerate(plan["tensors"]):
                 if recipe["use"] == "output":       # its index: our table's
                     ours = tensors[recipe["index"]]
-                    rival[j].copy_((ours.to(refs[recipe["index"]].dtype)
-                                    * self.skew.get(plan["incumbent"], 1.0)).to(ours.dtype))
+                    skew = self.skew.get(plan.get("side"), self.skew.get(plan["incumbent"], 1.0))
+                    rival[j].copy_((ours.to(refs[recipe["index"]].dtype) * skew).to(ours.dtype))
         else:
             for i, _ in checks:
                 tensors[i].copy_(refs[i].to(tensors[i].dtype))

@@ -784,3 +784,39 @@ def test_row_scales_are_refused_on_integer_draws_and_backwards_bounds(tmp_path):
         with pytest.raises(SpecError) as err:
             load_spec(spec, root)
         assert words in err.value.message and err.value.path[-1] == "row_scales", err.value
+
+
+def test_the_incumbent_is_also_timed_at_its_other_configurations_and_judged_at_its_best(monkeypatch):
+    """Issue 59 item 7: rmsnorm_hopper at 8 rows runs at its builder default (one row a
+    task) and at 2, 4 and 8 rows a task, each set up and launched in the same rounds. Where
+    4 rows a task is MPK's fastest, a rule `against: best` judges ours against that and says
+    so; the default rule is unchanged. A configuration whose output disagrees is left out
+    (MPK's task cannot run that way), never ours' failure."""
+    if not (PINNED / "src" / "kernel" / "task_register.cc").is_file():
+        pytest.skip("../shared/mirage (the pinned MPK tree) is absent")
+    run = _stand_in(monkeypatch, PINNED, names=("decode_r8_h4096",))
+    sides = [g.get("side") for g in run.payload["graphs"] if g.get("of") == "decode_r8_h4096"]
+    assert sides == ["rmsnorm_hopper", "rmsnorm_hopper@rows_per_task=2", "rmsnorm_hopper@rows_per_task=4",
+                     "rmsnorm_hopper@rows_per_task=8"]
+    # per task: ours 1.0 us; the builder's one row a task 2.0; four rows a task 0.5 (x2 tasks)
+    res = run(task_us={"ours": 1.0, "rmsnorm_hopper": 2.0, "rmsnorm_hopper@rows_per_task=4": 1.5},
+              skew={"rmsnorm_hopper@rows_per_task=8": 1.5})
+    h = res["variants"]["decode_r8_h4096"]["head_to_head"]
+    assert res["verdict"] == "pass", res["message"]
+    assert list(h["incumbents"]) == ["rmsnorm_hopper", "rmsnorm_hopper@rows_per_task=2",
+                                     "rmsnorm_hopper@rows_per_task=4"]
+    assert "rows_per_task=8" in next(iter(h["dropped"])) and "against ours" in h["dropped"]["rmsnorm_hopper@rows_per_task=8"]
+    from mpkbuild.stages.runtime import judge
+    rules = [{"variants": "decode_*", "max_vs_incumbent": 1.0},
+             {"variants": "decode_*", "max_vs_incumbent": 1.0, "against": "best"}]
+    out = judge.judge(res, rules, ["decode_r8_h4096"])
+    h = out["variants"]["decode_r8_h4096"]["head_to_head"]
+    assert h["best"] == {"rmsnorm_hopper": "rmsnorm_hopper@rows_per_task=4"}
+    # 8 tasks of 1.0 against 8 of 2.0 (default): 0.5x; against 2 tasks of 1.5 (its best): 2.67x
+    assert h["incumbents"]["rmsnorm_hopper"]["vs"]["makespan"]["ratio"] == pytest.approx(0.5, rel=0.05)
+    assert out["verdict"] == "fail" and len(out["problems"]) == 1, out["message"]
+    assert "rmsnorm_hopper at its best (rows_per_task=4)'s" in out["problems"][0]
+    from mpkbuild.stages.runtime.report import head_to_head_table
+    rows = {r["incumbent"]: r for r in head_to_head_table(out, None)}
+    assert rows["rmsnorm_hopper@rows_per_task=4"]["flag"] == "MPK's task at its best: rows_per_task=4"
+    assert rows["rmsnorm_hopper@rows_per_task=8"]["why"].startswith("left out, it disagrees with ours")

@@ -523,14 +523,21 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
     if failed:
         return failed
     lib.lib.mpkb_save(0)
-    for slot, (ri, rg) in enumerate(rivals, start=1):
+    slot, dropped = 0, {}
+    for ri, rg in rivals:
+        slot += 1
+        side = rg.get("side", rg["incumbent"])
         held, failed = _set_up_incumbent(lib, rt, graph, slot, ri, rg, grid, tensors, refs, dict(checks),
                                          prof, names, slots)
+        if failed and failed["verdict"] == DROPPED:
+            dropped[side] = failed["message"]
+            slot -= 1
+            continue
         if failed:
             return failed
-        numbers[rg["incumbent"]] = held
-        slots.order.append((slot, rg["incumbent"], rg, task_types(lib, ri)))
-    failed = _set_up_again(lib, rt, graph, gi, len(rivals) + 1, grid, tensors, prof, slots, AA)
+        numbers[side] = held
+        slots.order.append((slot, side, rg, task_types(lib, ri)))
+    failed = _set_up_again(lib, rt, graph, gi, slot + 1, grid, tensors, prof, slots, AA)
     if failed:
         return failed
     if minimal is not None:
@@ -564,7 +571,10 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
             "ours": {**samples["ours"], **({"layers": [f"{l['kernel']}.{l['variant']}" for l in graph["layers"]]}
                                           if len(graph["layers"]) > 1 else {})},
             "aa": samples[AA],
-            "incumbents": {whose: {"graph": rg["name"], "tasks": sum(l["tasks"] for l in rg["layers"]),
+            **({"dropped": dropped} if dropped else {}),
+            "incumbents": {whose: {"graph": rg["name"], "task": rg["incumbent"],
+                                   "config": rg.get("config", ""), "default": rg.get("default", True),
+                                   "tasks": sum(l["tasks"] for l in rg["layers"]),
                                    "task_types": sorted(types),
                                    "registers": [l["register"] for l in rg["layers"]],
                                    **samples[whose], "numerics": numbers[whose]}
@@ -712,6 +722,14 @@ def _set_up_incumbent(lib: Megakernel, rt: dict, graph: dict, slot: int, ri: int
         vs_ref, _ = compare(theirs, refs[k], vcfg_of[k])
         vs_ours, problem = _against(mine, theirs, recipe, tensors, vcfg_of[k])
         held[names[k]] = {"incumbent_vs_reference": vs_ref, "ours_vs_incumbent": vs_ours}
+        if problem and not rg.get("default", True):
+            # MPK's task at another of its configurations, disagreeing: no configuration it
+            # can run; its setup alone is torn down, and the head to head goes on without it
+            slots.live.remove((lib, slot))
+            lib.lib.mpkb_restore(slot)
+            lib.lib.mpkb_finalize()
+            lib.lib.mpkb_drop(slot)
+            return held, {"verdict": DROPPED, "message": f"output {names[k]} against ours: {problem}"}
         if problem:
             slots.finalize_all()
             return held, {"verdict": "fail", "check": "incumbent numerics",
@@ -719,6 +737,9 @@ def _set_up_incumbent(lib: Megakernel, rt: dict, graph: dict, slot: int, ri: int
                                      f"{rg['incumbent']} on the same inputs: {problem}",
                           "numbers": held}
     return held, None
+
+
+DROPPED = "dropped"
 
 
 def _timed_pairs(main_lib: Megakernel, rt: dict, slots: _Slots, prof: torch.Tensor, launches: int,

@@ -301,6 +301,67 @@ LAYOUTS = {"rmsnorm_hopper": _rmsnorm, "silu_mul": _silu_mul, "silu_mul_hopper":
            "rmsnorm_hopper_v2": _rmsnorm_v2, "silu_mul_v2": _silu_mul, "embedding_v2": _embedding,
            "argmax_sm100_v2": _argmax, "linear_swapAB_hopper": _linear_swapab}
 
+# ---------------------------------------------------------------- the incumbent at its best
+# Beside the builder's default, the values of its own parameters an incumbent is also timed
+# at (issue 59 item 7): "faster than MPK's task" needs MPK's task at its fastest, not only at
+# what the builder happens to pick. A few each, near the worker count (128 at 132-159 SMs):
+# every one is another setup and another side of every round.
+MAX_ALTERNATIVES = 3
+WORKERS = 128
+
+
+def _near_workers(values: list[int], default: int) -> list[int]:
+    return sorted((v for v in set(values) if v != default),
+                  key=lambda v: abs(math.log(v / WORKERS)))[:MAX_ALTERNATIVES]
+
+
+def _linear_tasks(shapes, p) -> list[dict]:
+    """Output slices of 64, 128, 256 or 512 rows (whole 64-row TMA atoms of W)."""
+    n = shapes["inputs"][1][0]
+    default = int(p["tasks"]) if "tasks" in p else grid_for_rmsnorm_linear_layer(n)
+    return [{"tasks": t} for t in _near_workers([n // out for out in (64, 128, 256, 512)
+                                                  if n % out == 0], default)]
+
+
+def _rmsnorm_rows(shapes, p) -> list[dict]:
+    rows, default = shapes["inputs"][0][0], int(p.get("rows_per_task", 1))
+    return [{"rows_per_task": b} for b in (1, 2, 4, 8, 16) if rows % b == 0 and b != default][:MAX_ALTERNATIVES]
+
+
+def _silu_tiles(shapes, p) -> list[dict]:
+    inter = math.prod(shapes["inputs"][0][1:]) // 2
+    default = int(p["tasks"]) if "tasks" in p else grid_for_rmsnorm_linear_layer(2 * inter) // 2
+    return [{"tasks": t} for t in _near_workers([t for t in (default // 2, default * 2, 64, 96, 128, 256)
+                                                  if t >= 1 and inter % t == 0], default)]
+
+
+def _argmax_tasks(shapes, p) -> list[dict]:
+    vocab, default = shapes["inputs"][0][1], int(p.get("tasks", WORKERS))
+    return [{"tasks": t} for t in _near_workers([t for t in (64, 96, 192, 256) if vocab % t == 0], default)]
+
+
+ALTERNATIVES = {"linear_swapAB_hopper": _linear_tasks, "rmsnorm_hopper": _rmsnorm_rows,
+                "silu_mul": _silu_tiles, "silu_mul_hopper": _silu_tiles, "argmax_hopper": _argmax_tasks}
+
+
+def best_candidates(name: str, shapes: dict, params: dict) -> list[dict]:
+    """The incumbent's other configurations worth timing at these shapes (its parameters
+    over the rule's), each one its layout accepts; none for an incumbent without any."""
+    out = []
+    for alt in ALTERNATIVES.get(name, lambda *_: [])(shapes, params):
+        values = {**params, **alt}
+        try:
+            LAYOUTS[name](shapes, values)
+        except NoIncumbent:
+            continue
+        out.append(values)
+    return out
+
+
+def config_text(params: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(params.items()))
+
+
 # what each op's incumbent reads from the spec's tensors, in order (dtypes MPK's tasks take)
 EXPECTS = {"rmsnorm": (("bf16", "bf16"), ("bf16",)), "silu_mul": (("bf16",), ("bf16",)),
            "embedding": ((None, "bf16"), ("bf16",)), "argmax": (("bf16",), ("int64",)),

@@ -274,18 +274,27 @@ def _incumbent_graphs(spec: dict, variant: str, text: str | None, next_id: int,
     n_in = len(shapes["inputs"])
     ours = list(range(n_in + len(shapes["outputs"])))
     for rule in rules:
-        try:
-            lay = inc.layout(rule["task"], spec["op"], shapes, dtypes, rule.get("params", {}), text)
-        except inc.NoIncumbent as exc:
-            missing.append({"incumbent": rule["task"], "why": str(exc)})
-            continue
-        layers = _incumbent_layers(lay, list(range(len(lay["tensors"]))), variant, dispatch,
-                                   next_id)
-        graphs.append({"name": f"incumbent:{variant}:{rule['task']}", "role": "incumbent",
-                       "of": variant, "incumbent": rule["task"], "num_tensors": len(lay["tensors"]),
-                       "tensors": [_absolute(r, ours, n_in) for r in lay["tensors"]],
-                       "layers": layers, "headers": lay["headers"],
-                       "active_tokens": lay["layers"][0]["active_tokens"]})
+        params = rule.get("params", {})
+        # the builder's configuration, then (rule.best) the others of its own parameters
+        others = inc.best_candidates(rule["task"], shapes, params) if rule.get("best", True) else []
+        for values in [params, *others]:
+            try:
+                lay = inc.layout(rule["task"], spec["op"], shapes, dtypes, values, text)
+            except inc.NoIncumbent as exc:
+                if values is params:
+                    missing.append({"incumbent": rule["task"], "why": str(exc)})
+                    break
+                continue
+            layers = _incumbent_layers(lay, list(range(len(lay["tensors"]))), variant, dispatch,
+                                       next_id)
+            side = rule["task"] if values is params else f"{rule['task']}@{inc.config_text(values)}"
+            graphs.append({"name": f"incumbent:{variant}:{side}", "role": "incumbent",
+                           "of": variant, "incumbent": rule["task"], "side": side,
+                           "config": inc.config_text(values), "default": values is params,
+                           "num_tensors": len(lay["tensors"]),
+                           "tensors": [_absolute(r, ours, n_in) for r in lay["tensors"]],
+                           "layers": layers, "headers": lay["headers"],
+                           "active_tokens": lay["layers"][0]["active_tokens"]})
     return graphs, dispatch, missing
 
 

@@ -96,12 +96,17 @@ def head_to_head_table(rt: dict, perf: dict | None) -> list[dict]:
                    .get("vs", {}).get("makespan"),
                    "numerics": {out: n.get("ours_vs_incumbent") for out, n in (x.get("numerics") or {}).items()},
                    "harness": h, "flag": ""}
+            if not x.get("default", True) and (h2h.get("best") or {}).get(x.get("task")) == inc:
+                row["flag"] = f"MPK's task at its best: {x['config']}"
             verdict = (vs.get("makespan") or {}).get("verdict")
             if h and verdict in ("faster", "slower") and h["verdict"] in ("faster", "slower") \
                     and verdict != h["verdict"]:
                 row["flag"] = (f"in-runtime {verdict} than {inc}, harness {h['verdict']} than "
                                f"{h['baseline']}")
             rows.append(row)
+        for side, why in (h2h.get("dropped") or {}).items():
+            rows.append({"variant": name, "incumbent": side, "why": f"left out, it disagrees with ours ({why})",
+                         "harness": h})
         for m in r.get("no_incumbent") or []:
             rows.append({"variant": name, "incumbent": m["incumbent"] or "none", "why": m["why"],
                          "harness": h})

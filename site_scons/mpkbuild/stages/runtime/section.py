@@ -22,6 +22,10 @@ RUNTIME_THRESHOLD = {
                                   "slowcta: its slowest task (both from the runtime's profiler)"},
         "incumbent": {"type": "string", "pattern": C_IDENT,
                       "description": "which of the variant's incumbents (default: each of them)"},
+        "against": {"enum": ["default", "best"], "default": "default",
+                    "description": "the incumbent as the builder configures it (default), or at "
+                                   "the fastest of the configurations timed (best: the rule's "
+                                   "incumbent needs `best`)"},
     },
 }
 
@@ -37,6 +41,11 @@ INCUMBENT_RULE = {
         "params": {"type": "object", "description": "the incumbent's graph parameters "
                                                    "(its table entry lists them)"},
         "why": {"type": "string", "description": "with task: none, why there is no incumbent"},
+        "best": {"type": "boolean", "default": True,
+                 "description": "also time the incumbent at the other values of its own "
+                                "parameters its table entry tries (a few, near the worker "
+                                "count), so the review says both 'vs MPK's default' and 'vs "
+                                "MPK's task at its best'"},
     },
 }
 

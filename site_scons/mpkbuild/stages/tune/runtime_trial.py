@@ -62,12 +62,15 @@ def chosen(k, gpu_key: str) -> list[Candidate]:
 
 def derived_kernel(k, cands: list[Candidate]):
     """k with the candidates as its variants (graph_name), its blocks and thresholds left
-    out: what the runtime gate's megakernel and runner are made from."""
+    out, its incumbents at their builder default only: what the runtime gate's megakernel
+    and runner are made from."""
     from mpkbuild.stages.generate.section import SECTION as CODEGEN
     data = copy.deepcopy(k.base.data)
     cg = data["codegen"]
     cg["variants"] = {graph_name(c): {**cg["variants"][c.variant], **c.values} for c in cands}
-    data["runtime"] = {**data["runtime"], "blocks": [], "thresholds": []}
+    # each candidate against the incumbent as the builder configures it (one fixed yardstick)
+    data["runtime"] = {**data["runtime"], "blocks": [], "thresholds": [],
+                       "incumbent": [{**rule, "best": False} for rule in data["runtime"]["incumbent"]]}
     if "wiring" in data:           # its test variant: one the trial has
         data["wiring"]["test_variant"] = graph_name(cands[0])
     data = json.loads(dump_json(data))
