@@ -503,6 +503,10 @@ def test_ours_is_timed_in_the_minimal_worker_too_and_the_review_shows_the_compos
         path = Path(d) / "runtime.json"
         path.write_text(json.dumps(out))
         page = review.render_kernel(review.kernel_review("rmsnorm_v2", Path(d), [], "h200", {}, {"runtime": path}))
+    # the gate says which verdicts the worker's other tasks move beyond its floor
+    assert out["composition_effect"] == {"graphs": 1, "beyond_floor": {"decode_r1_h4096": pytest.approx(1.3, rel=0.05)}}
+    assert ("The composition's effect on ours (ours in the production worker / in the minimal one) is "
+            "within the A/A floor for 0 of 1 graphs; beyond it: decode_r1_h4096 1.3") in page, page
     row = next(l for l in page.splitlines() if l.startswith("| decode_r1_h4096 | rmsnorm_hopper"))
     floor_at = row.split(" | ").index(next(c for c in row.split(" | ") if c.startswith("±")))
     assert row.split(" | ")[floor_at + 1].startswith(f"{effect['ratio']:.3f}× [") and "slower" in row

@@ -148,4 +148,17 @@ def judge(result: dict, thresholds: list, expected: list[str], **_ignored) -> di
     met = result.get("message", "") + (f"; every in-runtime threshold met ({len(thresholds)} rules)"
                                        if thresholds else "")
     verdict, message = stats.gate_outcome(problems, unsure, met)
-    return {**result, "verdict": verdict, "message": message, "problems": problems, "unsure": unsure}
+    return {**result, "verdict": verdict, "message": message, "problems": problems, "unsure": unsure,
+            **composition_effect(variants)}
+
+
+def composition_effect(variants: dict) -> dict:
+    """Whether the worker's other tasks move ours (ours in the production worker / in the
+    minimal one, widened by the A/A floor) beyond what the gate can tell from itself: the
+    graphs where they do, or that none does; nothing where ours was not timed in both."""
+    effects = {name: r["head_to_head"]["minimal"]["vs"]["makespan"] for name, r in variants.items()
+               if ((r.get("head_to_head") or {}).get("minimal") or {}).get("vs")}
+    if not effects:
+        return {}
+    moved = {name: round(c["ratio"], 4) for name, c in effects.items() if c["verdict"] in ("faster", "slower")}
+    return {"composition_effect": {"graphs": len(effects), "beyond_floor": moved}}
