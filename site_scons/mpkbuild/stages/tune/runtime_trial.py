@@ -18,7 +18,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from mpkbuild.util.fsutil import dump_json, read_json, sha256_json
+from mpkbuild.util.fsutil import dump_json, read_json, sha256_json, write_atomic
 from mpkbuild.stages.tune.section import harness_figure
 from mpkbuild.stages.tune.space import Candidate, space
 from mpkbuild.stages.tune.trials import ledger_entry, trial_result
@@ -114,8 +114,7 @@ def run_runtime_trial(build, info, target, source) -> int:
             generate.generate_file(role, section, k.spec.file, k.body_source, k.root, work / "gen" / name)
         files = megakernel.render_all(trial, config.wiring_roots(k.root), request.root, (), request.runtime)
         for name, data in files.items():
-            (work / name).parent.mkdir(parents=True, exist_ok=True)
-            (work / name).write_bytes(data)
+            write_atomic(work / name, data, only_if_changed=True)
         lib = work / f"lib{k.name}_mpk.so"
         ok, text, took = megakernel.compile_megakernel(request.checkout, work / "megakernel.cu",
                                                        [work / "gen", *k.include_dirs], lib,
@@ -138,7 +137,7 @@ def run_runtime_trial(build, info, target, source) -> int:
             result = _figures(ran, cands, judge)
     full = record(result, gate="tune-runtime", kernel=k.name, fingerprint=fp,
                   lock=lock_for(source, k.root, fp), result_path=out, verdict_path=None)
-    log.write_text(f"{full['verdict']}: {full['message']}\n")
+    write_atomic(log, f"{full['verdict']}: {full['message']}\n")
     return 0
 
 
