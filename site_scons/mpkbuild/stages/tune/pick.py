@@ -145,7 +145,7 @@ def trial_ledger(k, gpu_key: str) -> tuple[dict, dict]:
             if cand.current and again.exists():
                 row["again"] = ledger_entry(read_json(again), cand, figure, os.path.relpath(again, k.root))
             if inside is not None:
-                row = _decided_inside_mpk(row, inside.get(runtime_trial.graph_name(cand)))
+                row = _decided_inside_mpk(row, inside.get(runtime_trial.graph_name(cand)), bool(inside))
             rows.append(row)
         for values, why in entry["static_rejected"]:
             rows.append({"cid": None, "config": values, "current": False, "verdict": "rejected",
@@ -158,7 +158,7 @@ def trial_ledger(k, gpu_key: str) -> tuple[dict, dict]:
     return ledger, notes
 
 
-def _decided_inside_mpk(row: dict, inside: dict | None) -> dict:
+def _decided_inside_mpk(row: dict, inside: dict | None, trial_ran: bool = True) -> dict:
     """A ledger row of `tune.figure: runtime`: its ratio and time the runtime trial's (ours /
     the incumbent's makespan inside MPK; one measurement, the A/A floor in its interval),
     the harness's kept beside them; a candidate the runtime trial did not time is not
@@ -170,9 +170,10 @@ def _decided_inside_mpk(row: dict, inside: dict | None) -> dict:
                    incumbent=inside["incumbent"], message=f"inside MPK: {inside['ratio']['median']:.3f}x "
                    f"{inside['incumbent']}'s makespan ({inside['time_us']['median']:.2f} us)")
     elif row["verdict"] == "timed":
-        row.update(verdict=NOT_INSIDE, message=(inside or {}).get("message") or
-                   f"not among the {runtime_trial.RUNTIME_CANDIDATES} fastest in the harness that the "
-                   "runtime trial times")
+        row.update(verdict=NOT_INSIDE, message=(inside or {}).get("message") or (
+            f"not among the {runtime_trial.RUNTIME_CANDIDATES} fastest in the harness that the "
+            "runtime trial times" if trial_ran else
+            "no runtime trial has run (tune.figure: runtime times candidates inside MPK: give mpk_root=)"))
     return row
 
 
