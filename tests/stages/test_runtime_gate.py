@@ -621,15 +621,8 @@ def test_a_rule_whose_incumbent_cannot_run_fails_and_says_why():
 
 
 def _text_sections(cubin: Path) -> dict[str, bytes]:
-    """The machine code of each function of a cubin (ELF64): its .text.<name> sections."""
-    import struct
-    b = cubin.read_bytes()
-    shoff = struct.unpack_from("<Q", b, 0x28)[0]
-    size, count, names_at = struct.unpack_from("<HHH", b, 0x3A)
-    heads = [struct.unpack_from("<IIQQQQIIQQ", b, shoff + i * size) for i in range(count)]
-    names = heads[names_at][4]
-    name = lambda off: b[names + off:b.index(b"\0", names + off)].decode()
-    return {name(h[0]): b[h[4]:h[4] + h[5]] for h in heads if name(h[0]).startswith(".text.")}
+    from mpkbuild.util.nvcc_steps import cubin_functions
+    return cubin_functions(cubin)
 
 
 @needs_tree
@@ -824,3 +817,36 @@ def test_the_incumbent_is_also_timed_at_its_other_configurations_and_judged_at_i
     rows = {r["incumbent"]: r for r in head_to_head_table(out, None)}
     assert rows["rmsnorm_hopper@rows_per_task=4"]["flag"] == "MPK's task at its best: rows_per_task=4"
     assert rows["rmsnorm_hopper@rows_per_task=8"]["why"].startswith("left out, it disagrees with ours")
+
+
+def test_where_the_worker_is_production_shaped_the_other_configurations_run_in_the_minimal_one(monkeypatch):
+    """The production worker holds what production holds: an incumbent's other
+    configurations are compiled into the minimal worker only (megakernel_parts.cu.j2) and set
+    up in its library, each paired with ours there; the builder's default stays beside ours
+    in the production worker."""
+    if not (PINNED / "src" / "kernel" / "task_register.cc").is_file():
+        pytest.skip("../shared/mirage (the pinned MPK tree) is absent")
+    run = _stand_in(monkeypatch, PINNED, names=("decode_r8_h4096",))
+    res = run(task_us={"ours": 1.0, "rmsnorm_hopper": 2.0},
+              minimal={"task_us": {"ours": 1.0, "rmsnorm_hopper@rows_per_task=2": 5.0,
+                                   "rmsnorm_hopper@rows_per_task=4": 1.5, "rmsnorm_hopper@rows_per_task=8": 10.0}})
+    main, small = run.made[-2:]
+    h = res["variants"]["decode_r8_h4096"]["head_to_head"]
+    alt = [i for i, g in enumerate(run.payload["graphs"]) if not g.get("default", True)]
+    assert {c for c in small.calls if c.startswith("setup")} >= {f"setup {i} 128x16" for i in alt}
+    assert not {c for c in main.calls if c.startswith("setup")} & {f"setup {i} 128x16" for i in alt}
+    assert h["incumbents"]["rmsnorm_hopper@rows_per_task=4"]["worker"] == "minimal"
+    assert "worker" not in h["incumbents"]["rmsnorm_hopper"]
+    from mpkbuild.stages.runtime import judge
+    out = judge.judge(res, [], ["decode_r8_h4096"])
+    h = out["variants"]["decode_r8_h4096"]["head_to_head"]
+    # 8 x 1.0 against 2 x 1.5, both in the minimal worker
+    assert h["incumbents"]["rmsnorm_hopper@rows_per_task=4"]["vs"]["makespan"]["ratio"] == pytest.approx(8 / 3, rel=0.05)
+    assert h["best"]["rmsnorm_hopper"] == "rmsnorm_hopper@rows_per_task=4"
+    k = load_kernel(REPO, "rmsnorm_v2", write_cache=False)
+    source = runtime.render(k, config.wiring_roots(REPO), PINNED)
+    import re
+    minimal_only = re.findall(r"#ifdef MPKB_MINIMAL_WORKER.*?#endif", source, re.S)
+    assert any("rms_norm_hopper_impl<bfloat16, 4, 4096>(" in b for b in minimal_only), minimal_only
+    assert not any("rms_norm_hopper_impl<bfloat16, 1, 4096>(" in b for b in minimal_only)
+    assert "#ifndef MPKB_MINIMAL_WORKER" in source

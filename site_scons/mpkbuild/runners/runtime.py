@@ -523,21 +523,26 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
     if failed:
         return failed
     lib.lib.mpkb_save(0)
-    slot, dropped = 0, {}
+    # slot 0 of each library is ours (the minimal worker's: set up below); an incumbent at
+    # another of its configurations is the minimal worker's only, where there is one
+    used, dropped = {id(lib): 0, id(minimal): 0}, {}
     for ri, rg in rivals:
-        slot += 1
+        there = minimal if minimal is not None and not rg.get("default", True) else lib
+        slot = used[id(there)] + 1
         side = rg.get("side", rg["incumbent"])
-        held, failed = _set_up_incumbent(lib, rt, graph, slot, ri, rg, grid, tensors, refs, dict(checks),
+        held, failed = _set_up_incumbent(there, rt, graph, slot, ri, rg, grid, tensors, refs, dict(checks),
                                          prof, names, slots)
         if failed and failed["verdict"] == DROPPED:
             dropped[side] = failed["message"]
-            slot -= 1
             continue
         if failed:
             return failed
+        used[id(there)] = slot
         numbers[side] = held
-        slots.order.append((slot, side, rg, task_types(lib, ri)))
-    failed = _set_up_again(lib, rt, graph, gi, slot + 1, grid, tensors, prof, slots, AA)
+        slots.order.append((slot, side, rg, task_types(there, ri)))
+        if there is not lib:
+            slots.lib_of[side] = there
+    failed = _set_up_again(lib, rt, graph, gi, used[id(lib)] + 1, grid, tensors, prof, slots, AA)
     if failed:
         return failed
     if minimal is not None:
@@ -574,6 +579,7 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
             **({"dropped": dropped} if dropped else {}),
             "incumbents": {whose: {"graph": rg["name"], "task": rg["incumbent"],
                                    "config": rg.get("config", ""), "default": rg.get("default", True),
+                                   **({"worker": "minimal"} if whose in slots.lib_of else {}),
                                    "tasks": sum(l["tasks"] for l in rg["layers"]),
                                    "task_types": sorted(types),
                                    "registers": [l["register"] for l in rg["layers"]],

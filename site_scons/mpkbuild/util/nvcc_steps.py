@@ -154,3 +154,19 @@ def _host_object(host_back: list[str], work: Path, cache: Path) -> tuple[str | N
         shutil.rmtree(cache)            # one host object kept: the last one
     cache.mkdir(parents=True)
     return None, [st, f"cp {shlex.quote(obj)} {shlex.quote(str(key))}"]
+
+
+def cubin_functions(cubin: Path) -> dict[str, bytes]:
+    """The machine code of each function of a cubin (ELF64): its .text.<name> sections, by
+    name (SASS instructions are 16 bytes each on sm_90)."""
+    import struct
+    b = Path(cubin).read_bytes()
+    shoff = struct.unpack_from("<Q", b, 0x28)[0]
+    size, count, names_at = struct.unpack_from("<HHH", b, 0x3A)
+    heads = [struct.unpack_from("<IIQQQQIIQQ", b, shoff + i * size) for i in range(count)]
+    names = heads[names_at][4]
+
+    def name(off: int) -> str:
+        return b[names + off:b.index(b"\0", names + off)].decode()
+    return {name(h[0])[len(".text."):]: b[h[4]:h[4] + h[5]] for h in heads if name(h[0]).startswith(".text.")}
+

@@ -57,6 +57,30 @@ def worker_path(k, arch: str = "sm_90a", minimal: bool = False) -> Path:
     return runtime_dir(k) / arch / ("minimal" if minimal else "") / "worker.json"
 
 
+def kernel_with(k, variants: dict, runtime: dict):
+    """k (its spec's own values) with other variants and another runtime section: the
+    megakernel of another set of graphs (the tune's runtime trial; a composition
+    experiment, bench/worker_evidence.py). Its wiring's test variant is the first of them."""
+    import copy
+    from dataclasses import replace
+    from mpkbuild.stages.generate.section import SECTION as CODEGEN
+    from mpkbuild.util.fsutil import dump_json, sha256_json
+    data = copy.deepcopy(k.base.data)
+    data["codegen"]["variants"] = copy.deepcopy(variants)
+    data["runtime"] = copy.deepcopy(runtime)
+    if "wiring" in data:
+        data["wiring"]["test_variant"] = next(iter(variants))
+    data = json.loads(dump_json(data))
+    sections = dict(k.base.sections)
+    sections["codegen"] = {key: data[key] for key in CODEGEN.keys}
+    sections["runtime"] = {**sections.get("runtime", {}), "runtime": data["runtime"]}
+    if "wiring" in data:
+        sections["wiring"] = {**sections["wiring"], "wiring": data["wiring"]}
+    signatures = {**k.base.signatures, **{s: sha256_json(sections[s]) for s in ("codegen", "runtime")}}
+    return replace(k, spec=replace(k.base, data=data, sections=sections, signatures=signatures),
+                   base_spec=None, tuned=None)
+
+
 def builds_minimal(k, runtime: str) -> bool:
     """Whether the megakernel is also built as the minimal worker: where the gate's worker
     is production-shaped, ours is timed in both (the composition's effect, issue 59)."""

@@ -45,7 +45,10 @@ def figures(h2h: dict) -> None:
                    for f in FIGURES}
     for x in h2h["incumbents"].values():
         x["figures"] = {f: stats.median_interval(x[f"{f}_us"]) for f in FIGURES}
-        x["vs"] = {f: stats.ratio_figure(ours[f"{f}_us"], x[f"{f}_us"], floor=h2h["floor"][f])
+        # paired with ours in the same worker (an incumbent's other configuration is timed
+        # in the minimal worker, beside ours there)
+        mine = h2h["minimal"] if x.get("worker") == "minimal" else ours
+        x["vs"] = {f: stats.ratio_figure(mine[f"{f}_us"], x[f"{f}_us"], floor=h2h["floor"][f])
                    for f in FIGURES}
     h2h["best"] = best_sides(h2h["incumbents"])
     if h2h.get("hot"):                   # judged cold: the hot launches, a diagnostic, alike
@@ -53,13 +56,13 @@ def figures(h2h: dict) -> None:
 
 
 def best_sides(incumbents: dict) -> dict:
-    """Per incumbent task, the side (its default, or another of its configurations) with
-    the lowest median makespan: MPK's task at its best."""
+    """Per incumbent task, the side (its default, or another of its configurations) ours
+    compares worst against, each paired with ours in its own worker: MPK's task at its best."""
     best = {}
+    key = lambda side: incumbents[side]["vs"]["makespan"]["ratio"] or 0.0
     for side, x in incumbents.items():
         task = x.get("task", side)
-        if task not in best or x["figures"]["makespan"]["median"] < \
-                incumbents[best[task]]["figures"]["makespan"]["median"]:
+        if task not in best or key(side) > key(best[task]):
             best[task] = side
     return best
 

@@ -238,16 +238,19 @@ def _absolute(recipe: dict, index: list[int], n_in: int) -> dict:
 
 
 def _incumbent_layers(lay: dict, where: list[int], variant: str, pending: list,
-                      base: int) -> list[dict]:
+                      base: int, alternative: bool = False) -> list[dict]:
     """The plan layers of one incumbent layout whose tensors are `where` in the graph's
-    table; their dispatch entries are appended to `pending` (ids from `base`)."""
+    table; their dispatch entries are appended to `pending` (ids from `base`; an
+    `alternative`, another configuration of the incumbent, is the minimal worker's only
+    where there is one)."""
     layers = []
     for layer in lay["layers"]:
         gx, gy = layer["grid"]
         n = len(layer["inputs"]) + len(layer["outputs"])
         entry = {"id": base + len(pending), "kernel": lay["incumbent"], "variant": variant,
                  "task_type": layer["task_type"], "register": layer["register"]}
-        pending.append({**entry, "call": layer["call"], "spec": None})
+        pending.append({**entry, "call": layer["call"], "spec": None,
+                        **({"alternative": True} if alternative else {})})
         tma = layer.get("tma")
         layers.append({**entry, "tasks": gx * gy, "grid_x": gx,
                        "num_inputs": len(layer["inputs"]), "num_outputs": len(layer["outputs"]),
@@ -286,7 +289,7 @@ def _incumbent_graphs(spec: dict, variant: str, text: str | None, next_id: int,
                     break
                 continue
             layers = _incumbent_layers(lay, list(range(len(lay["tensors"]))), variant, dispatch,
-                                       next_id)
+                                       next_id, alternative=values is not params)
             side = rule["task"] if values is params else f"{rule['task']}@{inc.config_text(values)}"
             graphs.append({"name": f"incumbent:{variant}:{side}", "role": "incumbent",
                            "of": variant, "incumbent": rule["task"], "side": side,
@@ -311,15 +314,22 @@ def _one_branch_per_call(dispatch: list, rivals: list) -> list:
     very call of a variant's incumbent at the same shape): the worker's code grows with
     each branch, and its size moves the in-runtime figures (bench/RESULTS.md §16)."""
     first, keep, same = {}, [], {}
-    for d in dispatch:
+    # the run graphs' calls first; a call two kinds of entry make (a run graph's, a production
+    # task's, an incumbent's other configuration's) is one branch in every worker
+    kind = lambda d: 1 if d.get("filler") else 2 if d.get("alternative") else 0
+    for d in sorted(dispatch, key=kind):
         if d.get("register") is None:
             keep.append(d)
             continue
         key = (d["task_type"], tuple(d["call"]))
         if key in first:
-            same[d["id"]] = first[key]
+            kept = first[key]
+            same[d["id"]] = kept["id"]
+            if kind(kept) != kind(d):
+                kept.pop("filler", None)
+                kept.pop("alternative", None)
         else:
-            first[key] = d["id"]
+            first[key] = d = dict(d)
             keep.append(d)
     for g in rivals:
         for l in g["layers"]:

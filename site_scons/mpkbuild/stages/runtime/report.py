@@ -96,8 +96,10 @@ def head_to_head_table(rt: dict, perf: dict | None) -> list[dict]:
                    .get("vs", {}).get("makespan"),
                    "numerics": {out: n.get("ours_vs_incumbent") for out, n in (x.get("numerics") or {}).items()},
                    "harness": h, "flag": ""}
+            if x.get("worker") == "minimal":
+                row["flag"] = "timed in the minimal worker, against ours there"
             if not x.get("default", True) and (h2h.get("best") or {}).get(x.get("task")) == inc:
-                row["flag"] = f"MPK's task at its best: {x['config']}"
+                row["flag"] = "; ".join(filter(None, [f"MPK's task at its best: {x['config']}", row["flag"]]))
             verdict = (vs.get("makespan") or {}).get("verdict")
             if h and verdict in ("faster", "slower") and h["verdict"] in ("faster", "slower") \
                     and verdict != h["verdict"]:

@@ -12,13 +12,10 @@ the tuned file says that figure decided.
 """
 from __future__ import annotations
 
-import copy
-import json
 import os
-from dataclasses import replace
 from pathlib import Path
 
-from mpkbuild.util.fsutil import dump_json, read_json, sha256_json, write_atomic
+from mpkbuild.util.fsutil import read_json, write_atomic
 from mpkbuild.stages.tune.section import harness_figure
 from mpkbuild.stages.tune.space import Candidate, space
 from mpkbuild.stages.tune.trials import ledger_entry, trial_result
@@ -64,25 +61,13 @@ def derived_kernel(k, cands: list[Candidate]):
     """k with the candidates as its variants (graph_name), its blocks and thresholds left
     out, its incumbents at their builder default only: what the runtime gate's megakernel
     and runner are made from."""
-    from mpkbuild.stages.generate.section import SECTION as CODEGEN
-    data = copy.deepcopy(k.base.data)
-    cg = data["codegen"]
-    cg["variants"] = {graph_name(c): {**cg["variants"][c.variant], **c.values} for c in cands}
+    from mpkbuild.stages.runtime import kernel_with
+    cg = k.base.data["codegen"]
+    runtime = k.base.data["runtime"]
     # each candidate against the incumbent as the builder configures it (one fixed yardstick)
-    data["runtime"] = {**data["runtime"], "blocks": [], "thresholds": [],
-                       "incumbent": [{**rule, "best": False} for rule in data["runtime"]["incumbent"]]}
-    if "wiring" in data:           # its test variant: one the trial has
-        data["wiring"]["test_variant"] = graph_name(cands[0])
-    data = json.loads(dump_json(data))
-    sections = dict(k.base.sections)
-    sections["codegen"] = {key: data[key] for key in CODEGEN.keys}
-    sections["runtime"] = {**sections.get("runtime", {}), "runtime": data["runtime"]}
-    if "wiring" in data:
-        sections["wiring"] = {**sections["wiring"], "wiring": data["wiring"]}
-    signatures = {**k.base.signatures, "codegen": sha256_json(sections["codegen"]),
-                  "runtime": sha256_json(sections["runtime"])}
-    return replace(k, spec=replace(k.base, data=data, sections=sections, signatures=signatures),
-                   base_spec=None, tuned=None)
+    return kernel_with(k, {graph_name(c): {**cg["variants"][c.variant], **c.values} for c in cands},
+                       {**runtime, "blocks": [], "thresholds": [],
+                        "incumbent": [{**rule, "best": False} for rule in runtime["incumbent"]]})
 
 
 def run_runtime_trial(build, info, target, source) -> int:

@@ -1,0 +1,111 @@
+"""What a worker's composition does to one variant's task (issue 59 item 1): the runtime
+gate's megakernel of one kernel built four ways -- the production worker and the minimal
+one, each holding every variant of the spec or only the one studied -- with the evidence
+from each binary: the worker entry's registers, stack and spills (ptxas), its machine code's size
+(instructions of the worker entry, from the cubin) and the code itself under --out for diffs,
+the nvcc and host compiler that built it. With --run (on a GPU) the runtime gate's runner
+then times the variant against its incumbent in each library, one after another on the
+same GPU: ours' makespan and ours / the incumbent, with the A/A floor.
+
+    python bench/worker_evidence.py --kernel rmsnorm_v2 --variant decode_r1_h4096 \
+        --mpk-root ../shared/mirage/mpk --out /tmp/evidence [--run]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import hashlib
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "site_scons"))
+
+from mpkbuild.stages import generate, load_kernel  # noqa: E402
+from mpkbuild.stages.runtime import kernel_with  # noqa: E402
+from mpkbuild.stages.runtime import megakernel as mk  # noqa: E402
+from mpkbuild.util import config  # noqa: E402
+from mpkbuild.util.nvcc_steps import cubin_functions  # noqa: E402
+from mpkbuild.util.toolchain import toolchain_fact  # noqa: E402
+
+
+def compositions(k, variant: str) -> dict:
+    """name -> the kernel as that megakernel's source is made from."""
+    data = k.base.data
+    one = {variant: data["codegen"]["variants"][variant]}
+    runtime = {**data["runtime"], "blocks": [], "thresholds": []}
+    return {f"{worker} worker, {which}": kernel_with(k, variants, {**runtime, "composition": worker})
+            for worker in ("production", "minimal")
+            for which, variants in (("every variant", data["codegen"]["variants"]), (f"{variant} only", one))}
+
+
+def build(k, out: Path, checkout) -> dict:
+    """The megakernel of k in `out`, compiled; its worker's figures and SASS size."""
+    section = k.spec.sections["codegen"]
+    for role, name in (("spec_header", f"{k.name}_spec.h"), ("body", f"{k.name}.cuh")):
+        generate.generate_file(role, section, k.spec.file, k.body_source, k.root, out / "gen" / name)
+    for name, data in mk.render_all(k, config.wiring_roots(k.root), checkout.root, ()).items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
+    lib = out / f"lib{k.name}_mpk.so"
+    ok, text, took = mk.compile_megakernel(checkout, out / "megakernel.cu", [out / "gen", *k.include_dirs],
+                                           lib, out / "compile.log", shadow=out / "shadow")
+    if not ok:
+        raise SystemExit(f"{out}: nvcc failed, see {out / 'compile.log'}")
+    # the worker entry's machine code, from the cubin the split build keeps (nvcc-steps/)
+    code = next((c for n, c in cubin_functions(out / "nvcc-steps" / "megakernel.cubin").items()
+                 if "worker_kernel" in n), b"")
+    (out / "worker.text").write_bytes(code)          # for cuobjdump/nvdisasm, or a byte diff
+    return {**mk.worker_facts(text), "compile_s": round(took, 1), "library": str(lib),
+            "sass_instructions": len(code) // 16, "worker_sha256": hashlib.sha256(code).hexdigest()[:16]}
+
+
+def run(k, lib: str, checkout_root: Path, variant: str) -> dict:
+    """The runtime gate's runner on one library, for the variant's graphs only."""
+    from mpkbuild.runners import runtime as runner
+    from mpkbuild.stages.runtime import judge
+    payload = mk.job_payload(k, checkout_root=checkout_root)
+    res = runner.main({"root": str(k.root), "library": lib, "kernel": k.name, "runtime": payload})
+    r = (res.get("variants") or {}).get(variant) or {}
+    h = r.get("head_to_head")
+    if res["verdict"] != "pass" or not h:
+        return {"verdict": res["verdict"], "message": res.get("message", "")[:300]}
+    judge.figures(h)
+    (inc, x), *_ = h["incumbents"].items()
+    c = x["vs"]["makespan"]
+    return {"verdict": "pass", "ours_us": h["ours_figures"]["makespan"], "incumbent": inc,
+            "vs": [round(c["ratio"], 4), round(c["lo"], 4), round(c["hi"], 4)], "floor": h["floor"]["makespan"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kernel", required=True)
+    ap.add_argument("--variant", required=True)
+    ap.add_argument("--mpk-root", required=True, type=Path)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--run", action="store_true", help="time each library on this GPU")
+    args = ap.parse_args()
+    checkout = mk.Checkout.find(args.mpk_root.resolve())
+    k = load_kernel(REPO, args.kernel, write_cache=False)
+    rows = {}
+    for i, (name, kk) in enumerate(compositions(k, args.variant).items()):
+        rows[name] = build(kk, args.out / f"c{i}", checkout)
+        if args.run:
+            rows[name]["run"] = run(kk, rows[name]["library"], checkout.root, args.variant)
+    (args.out / "evidence.json").write_text(json.dumps({"toolchain": toolchain_fact(), "rows": rows}, indent=1))
+    print(f"{args.kernel} {args.variant}; {toolchain_fact()}")
+    print("| worker | registers | stack B | spills B | worker SASS instructions | ours µs [95%] | ours / incumbent [95%] | A/A floor |")
+    print("|---|---:|---:|---:|---:|---:|---|---:|")
+    for name, r in rows.items():
+        x = r.get("run") or {}
+        us = x.get("ours_us")
+        print(f"| {name} | {r.get('registers')} | {r.get('stack_bytes')} | "
+              f"{(r.get('spill_stores') or 0) + (r.get('spill_loads') or 0)} | {r['sass_instructions']} | "
+              + (f"{us['median']:.2f} [{us['lo']:.2f}, {us['hi']:.2f}] | {x['vs'][0]:.3f} [{x['vs'][1]:.3f}, "
+                 f"{x['vs'][2]:.3f}] {x['incumbent']} | ±{100 * x['floor']:.1f}% |" if us else
+                 f"{x.get('message', 'not run') if x else 'not run'} | | |"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
