@@ -523,26 +523,11 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
     if failed:
         return failed
     lib.lib.mpkb_save(0)
-    # slot 0 of each library is ours (the minimal worker's: set up below); an incumbent at
-    # another of its configurations is the minimal worker's only, where there is one
-    used, dropped = {id(lib): 0, id(minimal): 0}, {}
-    for ri, rg in rivals:
-        there = minimal if minimal is not None and not rg.get("default", True) else lib
-        slot = used[id(there)] + 1
-        side = rg.get("side", rg["incumbent"])
-        held, failed = _set_up_incumbent(there, rt, graph, slot, ri, rg, grid, tensors, refs, dict(checks),
-                                         prof, names, slots)
-        if failed and failed["verdict"] == DROPPED:
-            dropped[side] = failed["message"]
-            continue
-        if failed:
-            return failed
-        used[id(there)] = slot
-        numbers[side] = held
-        slots.order.append((slot, side, rg, task_types(there, ri)))
-        if there is not lib:
-            slots.lib_of[side] = there
-    failed = _set_up_again(lib, rt, graph, gi, used[id(lib)] + 1, grid, tensors, prof, slots, AA)
+    next_slot, dropped, failed = _set_up_rivals(lib, minimal, rt, graph, rivals, grid, tensors, refs,
+                                                checks, prof, names, slots, numbers)
+    if failed:
+        return failed
+    failed = _set_up_again(lib, rt, graph, gi, next_slot, grid, tensors, prof, slots, AA)
     if failed:
         return failed
     if minimal is not None:
@@ -585,6 +570,33 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
                                    "registers": [l["register"] for l in rg["layers"]],
                                    **samples[whose], "numerics": numbers[whose]}
                            for _, whose, rg, types in slots.order[1:] if whose not in (AA, MINIMAL)}}
+
+
+def _set_up_rivals(lib: Megakernel, minimal: Megakernel | None, rt: dict, graph: dict, rivals: list,
+                   grid, tensors: list, refs: dict, checks: list, prof: torch.Tensor, names: dict,
+                   slots: _Slots, numbers: dict) -> tuple[int, dict, dict | None]:
+    """Each incumbent set up in a slot of its own (slot 0 of each library is ours; an
+    incumbent at another of its configurations is the minimal worker's only, where there is
+    one): (the main library's next free slot, {side: why it was left out}, a verdict that
+    ends the head to head or None)."""
+    used, dropped = {id(lib): 0, id(minimal): 0}, {}
+    for ri, rg in rivals:
+        there = minimal if minimal is not None and not rg.get("default", True) else lib
+        slot = used[id(there)] + 1
+        side = rg.get("side", rg["incumbent"])
+        held, failed = _set_up_incumbent(there, rt, graph, slot, ri, rg, grid, tensors, refs, dict(checks),
+                                         prof, names, slots)
+        if failed and failed["verdict"] == DROPPED:
+            dropped[side] = failed["message"]
+            continue
+        if failed:
+            return 0, dropped, failed
+        used[id(there)] = slot
+        numbers[side] = held
+        slots.order.append((slot, side, rg, task_types(there, ri)))
+        if there is not lib:
+            slots.lib_of[side] = there
+    return used[id(lib)] + 1, dropped, None
 
 
 # the A/A side of a head to head: ours again, set up separately on its own copy of the
