@@ -21,10 +21,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "site_scons"))
 
-from mpkbuild.stages import generate, load_kernel  # noqa: E402
-from mpkbuild.stages.runtime import kernel_with  # noqa: E402
+from mpkbuild.stages import load_kernel  # noqa: E402
+from mpkbuild.stages.runtime import build_in, kernel_with  # noqa: E402
 from mpkbuild.stages.runtime import megakernel as mk  # noqa: E402
-from mpkbuild.util import config  # noqa: E402
 from mpkbuild.util.nvcc_steps import cubin_functions  # noqa: E402
 from mpkbuild.util.toolchain import toolchain_fact  # noqa: E402
 
@@ -40,16 +39,8 @@ def compositions(k, variant: str) -> dict:
 
 
 def build(k, out: Path, checkout) -> dict:
-    """The megakernel of k in `out`, compiled; its worker's figures and SASS size."""
-    section = k.spec.sections["codegen"]
-    for role, name in (("spec_header", f"{k.name}_spec.h"), ("body", f"{k.name}.cuh")):
-        generate.generate_file(role, section, k.spec.file, k.body_source, k.root, out / "gen" / name)
-    for name, data in mk.render_all(k, config.wiring_roots(k.root), checkout.root, ()).items():
-        (out / name).parent.mkdir(parents=True, exist_ok=True)
-        (out / name).write_bytes(data)
-    lib = out / f"lib{k.name}_mpk.so"
-    ok, text, took = mk.compile_megakernel(checkout, out / "megakernel.cu", [out / "gen", *k.include_dirs],
-                                           lib, out / "compile.log", shadow=out / "shadow")
+    """The megakernel of k in `out`, compiled; its worker's figures and machine code size."""
+    ok, text, took, lib = build_in(k, out, checkout)
     if not ok:
         raise SystemExit(f"{out}: nvcc failed, see {out / 'compile.log'}")
     # the worker entry's machine code, from the cubin the split build keeps (nvcc-steps/)

@@ -497,10 +497,15 @@ class _Slots:
         self.live, self.held_tensors = [(lib, 0)], []
 
     def finalize_all(self) -> None:
-        for lib, slot in self.live:
-            lib.lib.mpkb_restore(slot)
-            lib.lib.mpkb_finalize()
-            lib.lib.mpkb_drop(slot)
+        for lib, slot in list(self.live):
+            self.tear_down(lib, slot)
+
+    def tear_down(self, lib: Megakernel, slot: int) -> None:
+        """One setup finalized and its slot given back."""
+        self.live.remove((lib, slot))
+        lib.lib.mpkb_restore(slot)
+        lib.lib.mpkb_finalize()
+        lib.lib.mpkb_drop(slot)
 
 
 def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list, grid,
@@ -743,10 +748,7 @@ def _set_up_incumbent(lib: Megakernel, rt: dict, graph: dict, slot: int, ri: int
         if problem and not rg.get("default", True):
             # MPK's task at another of its configurations, disagreeing: no configuration it
             # can run; its setup alone is torn down, and the head to head goes on without it
-            slots.live.remove((lib, slot))
-            lib.lib.mpkb_restore(slot)
-            lib.lib.mpkb_finalize()
-            lib.lib.mpkb_drop(slot)
+            slots.tear_down(lib, slot)
             return held, {"verdict": DROPPED, "message": f"output {names[k]} against ours: {problem}"}
         if problem:
             slots.finalize_all()

@@ -34,8 +34,7 @@ from mpkbuild.model.graph import Node
 from mpkbuild.util import config, tma
 from mpkbuild.util.console import say
 from mpkbuild.util.fsutil import read_json, write_atomic
-from mpkbuild.stages.runtime import composition
-from mpkbuild.stages.runtime.megakernel import (compile_megakernel, companions_for,
+from mpkbuild.stages.runtime.megakernel import (compile_megakernel, companions_for, has_minimal_worker,
                                                 job_payload, render_all, runtime_fact, worker_facts)
 
 
@@ -81,10 +80,26 @@ def kernel_with(k, variants: dict, runtime: dict):
                    base_spec=None, tuned=None)
 
 
+def build_in(k, work: Path, checkout, runtime: str = "v1") -> tuple[bool, str, float, Path]:
+    """k's megakernel (k's own variants and graphs: kernel_with) rendered and compiled in
+    `work`, its generated headers under work/gen: (ok, nvcc's log text, seconds, library).
+    The tune's runtime trial and a composition experiment build theirs so."""
+    from mpkbuild.stages import generate
+    section = k.spec.sections["codegen"]
+    for role, name in (("spec_header", f"{k.name}_spec.h"), ("body", f"{k.name}.cuh")):
+        generate.generate_file(role, section, k.spec.file, k.body_source, k.root, work / "gen" / name)
+    for name, data in render_all(k, config.wiring_roots(k.root), checkout.root, (), runtime).items():
+        write_atomic(work / name, data, only_if_changed=True)
+    lib = work / f"lib{k.name}_mpk.so"
+    ok, text, took = compile_megakernel(checkout, work / "megakernel.cu", [work / "gen", *k.include_dirs],
+                                        lib, work / "compile.log", shadow=work / "shadow", runtime=runtime)
+    return ok, text, took, lib
+
+
 def builds_minimal(k, runtime: str) -> bool:
     """Whether the megakernel is also built as the minimal worker: where the gate's worker
     is production-shaped, ours is timed in both (the composition's effect, issue 59)."""
-    return runtime == "v1" and composition.declared(k.spec.data) is not None
+    return has_minimal_worker(k.spec.data, runtime)
 
 
 def shadow_dir(k) -> Path:

@@ -538,7 +538,7 @@ def plan(spec: dict, wiring_root: Path, companions: dict | None = None,
             "runtime": runtime, "dispatch": dispatch, "graphs": graphs,
             "includes": includes, "max_tensors": max_tensors, "missing": missing,
             "meta_slots": META_SLOTS, "minimal_macro": MINIMAL_MACRO,
-            "has_minimal_worker": bool(fillers),
+            "has_minimal_worker": checkout_root is not None and has_minimal_worker(spec, runtime),
             "task_metadata_names": list(config.TASK_METADATA),
             "max_layers": max(len(g["layers"]) for g in graphs),
             "task_headers": sorted({h for g in rivals + chains for h in g["headers"]} | set(filler_headers)),
@@ -546,13 +546,19 @@ def plan(spec: dict, wiring_root: Path, companions: dict | None = None,
                                                 runtime)}
 
 
+def has_minimal_worker(spec: dict, runtime: str) -> bool:
+    """Whether the gate's worker is production-shaped (v1, runtime.composition not minimal)
+    and so is built a second time as the minimal worker (MINIMAL_MACRO)."""
+    return runtime == "v1" and composition.declared(spec) is not None
+
+
 def _production_tasks(spec: dict, companions: dict, text: str | None, runtime: str,
                       checkout_root: Path | None, first_id: int) -> tuple[list, list]:
-    """The production worker's other tasks (composition.py), compiled in and never run: v1
-    with a checkout and runtime.composition not minimal; else none."""
-    model = composition.declared(spec)
-    if checkout_root is None or runtime != "v1" or model is None:
+    """The production worker's other tasks (composition.py), compiled in and never run:
+    where it has a minimal twin and a checkout; else none."""
+    if checkout_root is None or not has_minimal_worker(spec, runtime):
         return [], []
+    model = composition.declared(spec)
     ops = {spec["op"], *(c["op"] for c in companions.values())}
     try:
         return composition.production_calls(model, ops, text, first_id)

@@ -74,10 +74,9 @@ def run_runtime_trial(build, info, target, source) -> int:
     """Build the survivors' megakernel and run the runtime gate's runner on it; the result
     holds each candidate's in-runtime figures against its incumbent."""
     from mpkbuild.run.job import GateJob
-    from mpkbuild.stages import generate, table as stages
+    from mpkbuild.stages import table as stages
     from mpkbuild.stages.gates import GateCannotRun, lock_for, python_files, record
-    from mpkbuild.stages.runtime import judge, megakernel
-    from mpkbuild.util import config
+    from mpkbuild.stages.runtime import build_in, judge, megakernel
     k = build.kernels[info["MPK_KERNEL"]]
     request = build.runtime_request
     if request is None or request.checkout is None:
@@ -94,17 +93,7 @@ def run_runtime_trial(build, info, target, source) -> int:
         result = {"verdict": "fail", "message": "no candidate passed its harness trial", "candidates": {}}
     else:
         trial = derived_kernel(k, cands)
-        section = trial.spec.sections["codegen"]
-        for role, name in (("spec_header", f"{k.name}_spec.h"), ("body", f"{k.name}.cuh")):
-            generate.generate_file(role, section, k.spec.file, k.body_source, k.root, work / "gen" / name)
-        files = megakernel.render_all(trial, config.wiring_roots(k.root), request.root, (), request.runtime)
-        for name, data in files.items():
-            write_atomic(work / name, data, only_if_changed=True)
-        lib = work / f"lib{k.name}_mpk.so"
-        ok, text, took = megakernel.compile_megakernel(request.checkout, work / "megakernel.cu",
-                                                       [work / "gen", *k.include_dirs], lib,
-                                                       work / "compile.log", shadow=work / "shadow",
-                                                       runtime=request.runtime)
+        ok, text, took, lib = build_in(trial, work, request.checkout, request.runtime)
         if not ok:
             result = {"verdict": "fail", "message": f"the trial's megakernel did not compile ({took:.0f} s): "
                       + " ".join(l for l in text.splitlines() if "error" in l)[:600], "candidates": {}}
