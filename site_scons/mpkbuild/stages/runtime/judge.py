@@ -43,6 +43,7 @@ def figures(h2h: dict) -> None:
         m = h2h["minimal"]
         m["vs"] = {f: stats.ratio_figure(ours[f"{f}_us"], m[f"{f}_us"], floor=h2h["floor"][f])
                    for f in FIGURES}
+        m["figures"] = {f: stats.median_interval(m[f"{f}_us"]) for f in FIGURES}
     for x in h2h["incumbents"].values():
         x["figures"] = {f: stats.median_interval(x[f"{f}_us"]) for f in FIGURES}
         # paired with ours in the same worker (an incumbent's other configuration is timed
@@ -100,12 +101,16 @@ def rule_outcomes(name: str, r: dict, rule: dict) -> list[tuple[str, str]]:
             out.append(("unsure", f"{name}: no paired {fig} samples against {inc}"))
             continue
         verdict = stats.at_most(c["lo"], c["hi"], limit)
-        ours_med, theirs_med = h2h["ours_figures"][fig]["median"], x["figures"][fig]["median"]
+        # ours as paired with it: in the minimal worker for a configuration timed there
+        there = x.get("worker") == "minimal"
+        ours_med = (h2h["minimal"]["figures"] if there else h2h["ours_figures"])[fig]["median"]
+        theirs_med = x["figures"][fig]["median"]
         floor = (h2h.get("floor") or {}).get(fig, 0.0)
         which = (f"{inc} at its best ({'its builder default' if x.get('default', True) else x['config']})"
                  if best else inc)
         out.append((verdict, f"{name}: in-runtime {fig} {ours_med:.2f} us is {c['ratio']:.3f}x "
-                             f"{which}'s {theirs_med:.2f} us (limit {limit}x; 95% CI "
+                             f"{which}'s {theirs_med:.2f} us{' (both in the minimal worker)' if there else ''} "
+                             f"(limit {limit}x; 95% CI "
                              f"{c['lo']:.3f}-{c['hi']:.3f}x with the A/A floor of "
                              f"{100 * floor:.1f}%, n={c['n']})"))
     return out
