@@ -8,7 +8,12 @@ then times the variant against its incumbent in each library, one after another 
 same GPU: ours' makespan and ours / the incumbent, with the A/A floor.
 
     python bench/worker_evidence.py --kernel rmsnorm_v2 --variant decode_r1_h4096 \
-        --mpk-root ../shared/mirage/mpk --out /tmp/evidence [--run]
+        --mpk-root ../shared/mirage/mpk --out /tmp/evidence [--run] [--elsewhere DIR]
+
+--elsewhere DIR names an --out folder written by an earlier run on another machine (its
+libraries built by that machine's nvcc and host compiler): each of its libraries is timed
+too, in turn with the one built here, and the two workers' machine code is compared byte for
+byte -- the controlled experiment for "the verdict moved when the build moved machines".
 """
 from __future__ import annotations
 
@@ -47,7 +52,7 @@ def build(k, out: Path, checkout) -> dict:
     code = next((c for n, c in cubin_functions(out / "nvcc-steps" / "megakernel.cubin").items()
                  if "worker_kernel" in n), b"")
     (out / "worker.text").write_bytes(code)          # for cuobjdump/nvdisasm, or a byte diff
-    return {**mk.worker_facts(text), "compile_s": round(took, 1), "library": str(lib),
+    return {**mk.worker_facts(text), "compile_s": round(took, 1), "library": str(lib.relative_to(out.parent)),
             "sass_instructions": len(code) // 16, "worker_sha256": hashlib.sha256(code).hexdigest()[:16]}
 
 
@@ -75,20 +80,36 @@ def main() -> int:
     ap.add_argument("--mpk-root", required=True, type=Path)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--run", action="store_true", help="time each library on this GPU")
+    ap.add_argument("--composition", action="append", help="build only these (e.g. 'production worker, every variant')")
+    ap.add_argument("--elsewhere", type=Path, help="an --out folder built on another machine, timed beside")
     args = ap.parse_args()
+    args.out = args.out.resolve()       # nvcc's split steps run in another folder
+    there = json.loads((args.elsewhere / "evidence.json").read_text()) if args.elsewhere else None
     checkout = mk.Checkout.find(args.mpk_root.resolve())
     k = load_kernel(REPO, args.kernel, write_cache=False)
     rows = {}
     for i, (name, kk) in enumerate(compositions(k, args.variant).items()):
+        if args.composition and name not in args.composition:
+            continue
         rows[name] = build(kk, args.out / f"c{i}", checkout)
+        other = there and there["rows"].get(name)
+        if other:
+            rows[f"{name} (built elsewhere)"] = {**other, "library": str(args.elsewhere / other["library"])}
+            rows[name]["same_machine_code"] = other["worker_sha256"] == rows[name]["worker_sha256"]
         if args.run:
-            rows[name]["run"] = run(kk, rows[name]["library"], checkout.root, args.variant)
-    (args.out / "evidence.json").write_text(json.dumps({"toolchain": toolchain_fact(), "rows": rows}, indent=1))
-    print(f"{args.kernel} {args.variant}; {toolchain_fact()}")
+            for rounds in range(2 if other else 1):     # here, elsewhere, here, elsewhere: drift shows
+                for key in (name, f"{name} (built elsewhere)")[:2 if other else 1]:
+                    lib = rows[key]["library"]
+                    lib = lib if Path(lib).is_absolute() else str(args.out / lib)
+                    rows[key].setdefault("runs", []).append(run(kk, lib, checkout.root, args.variant))
+                    rows[key]["run"] = rows[key]["runs"][-1]
+    (args.out / "evidence.json").write_text(json.dumps({"toolchain": toolchain_fact(), "rows": rows,
+                                                         "elsewhere": there and there["toolchain"]}, indent=1))
+    print(f"{args.kernel} {args.variant}; here: {toolchain_fact()}"
+          + (f"; elsewhere: {there['toolchain']}" if there else ""))
     print("| worker | registers | stack B | spills B | worker SASS instructions | ours µs [95%] | ours / incumbent [95%] | A/A floor |")
     print("|---|---:|---:|---:|---:|---:|---|---:|")
-    for name, r in rows.items():
-        x = r.get("run") or {}
+    for name, r, x in ((n, r, x) for n, r in rows.items() for x in r.get("runs") or [{}]):
         us = x.get("ours_us")
         print(f"| {name} | {r.get('registers')} | {r.get('stack_bytes')} | "
               f"{(r.get('spill_stores') or 0) + (r.get('spill_loads') or 0)} | {r['sass_instructions']} | "
