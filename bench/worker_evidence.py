@@ -10,10 +10,11 @@ same GPU: ours' makespan and ours / the incumbent, with the A/A floor.
     python bench/worker_evidence.py --kernel rmsnorm_v2 --variant decode_r1_h4096 \
         --mpk-root ../shared/mirage/mpk --out /tmp/evidence [--run] [--elsewhere DIR]
 
---elsewhere DIR names an --out folder written by an earlier run on another machine (its
-libraries built by that machine's nvcc and host compiler): each of its libraries is timed
-too, in turn with the one built here, and the two workers' machine code is compared byte for
-byte -- the controlled experiment for "the verdict moved when the build moved machines".
+--elsewhere DIR names an --out folder written by an earlier run, on another machine (its
+libraries built by that machine's nvcc and host compiler) or from another source tree: each
+of its libraries is timed too, in turn with the one built here, and the two workers' machine
+code is compared byte for byte -- the controlled experiment for "the verdict moved when the
+build moved machines", or for one body against another in the same composition.
 """
 from __future__ import annotations
 
@@ -84,6 +85,7 @@ def main() -> int:
     ap.add_argument("--elsewhere", type=Path, help="an --out folder built on another machine, timed beside")
     args = ap.parse_args()
     args.out = args.out.resolve()       # nvcc's split steps run in another folder
+    args.elsewhere = args.elsewhere and args.elsewhere.resolve()
     there = json.loads((args.elsewhere / "evidence.json").read_text()) if args.elsewhere else None
     checkout = mk.Checkout.find(args.mpk_root.resolve())
     k = load_kernel(REPO, args.kernel, write_cache=False)
@@ -94,11 +96,11 @@ def main() -> int:
         rows[name] = build(kk, args.out / f"c{i}", checkout)
         other = there and there["rows"].get(name)
         if other:
-            rows[f"{name} (built elsewhere)"] = {**other, "library": str(args.elsewhere / other["library"])}
+            rows[f"{name} ({args.elsewhere.name})"] = {**other, "library": str(args.elsewhere / other["library"])}
             rows[name]["same_machine_code"] = other["worker_sha256"] == rows[name]["worker_sha256"]
         if args.run:
             for rounds in range(2 if other else 1):     # here, elsewhere, here, elsewhere: drift shows
-                for key in (name, f"{name} (built elsewhere)")[:2 if other else 1]:
+                for key in (name, f"{name} ({args.elsewhere.name})")[:2 if other else 1]:
                     lib = rows[key]["library"]
                     lib = lib if Path(lib).is_absolute() else str(args.out / lib)
                     rows[key].setdefault("runs", []).append(run(kk, lib, checkout.root, args.variant))
