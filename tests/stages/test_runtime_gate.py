@@ -104,16 +104,24 @@ def expand(graph: dict) -> tuple[list[dict], list[dict]]:
     events = [{"type": "termination", "triggers": 0},
               {"type": "launch_dependent", "triggers": 1, "first": 2,
                "last": 2 + graph["layers"][0]["tasks"]}]
-    first = 2
+    first, order = 2, None
     for l, layer in enumerate(graph["layers"]):
-        for t in range(layer["tasks"]):
-            tasks.append({"type": "task", "variant": layer["id"], "offset": t, "trigger": 2 + l})
+        base = len(events)
+        made = layer.get("events") or {"event_of": [0] * layer["tasks"], "order": None,
+                                        "launches": [graph["layers"][l + 1]["tasks"]]
+                                        if l + 1 < len(graph["layers"]) else []}
+        for t in order or range(layer["tasks"]):
+            tasks.append({"type": "task", "variant": layer["id"], "offset": t,
+                          "trigger": base + made["event_of"][t]})
         first += layer["tasks"]
-        if l + 1 < len(graph["layers"]):
-            events.append({"type": "launch_massive", "triggers": layer["tasks"], "first": first,
-                           "last": first + graph["layers"][l + 1]["tasks"]})
-        else:
+        if l + 1 == len(graph["layers"]):
             events.append({"type": "end_of_graph", "triggers": layer["tasks"]})
+        start = first
+        for e, launches in enumerate(made["launches"]):
+            events.append({"type": "launch_massive" if launches >= 8 else "launch_tasks",
+                           "triggers": made["event_of"].count(e), "first": start, "last": start + launches})
+            start += launches
+        order = made["order"]
     return tasks, events
 
 
@@ -164,6 +172,8 @@ def test_block_plan_feeds_each_layer_the_layer_befores_output():
             # the layer before's output tensor is this layer's first input
             assert after["tensors"][0] == before["tensors"][before["num_inputs"]]
         tasks, events = expand(g)
+        # our layers read the whole tensor the layer before writes: one event after each
+        # (rmsnorm's 1-16 rows hand linear_v2's 1792 tasks out in bulk)
         assert [e["type"] for e in events[2:-1]] == ["launch_massive"] * 3
         assert events[-1] == {"type": "end_of_graph", "triggers": layers[-1]["tasks"]}
     # without a checkout no incumbents' chain; a shape that does not chain is refused
@@ -198,6 +208,60 @@ def test_the_incumbents_chain_lays_the_gate_up_weight_in_silu_muls_tiles():
     # one dispatch branch per distinct call: the down projection's is the variant's own
     variant_inc = next(g for g in p["graphs"] if g["name"] == "incumbent:decode_m8_n4096_k14336:linear_swapAB_hopper")
     assert chain["layers"][3]["id"] == variant_inc["layers"][0]["id"]
+
+
+@needs_tree
+def test_the_incumbents_chain_has_mpks_events_between_gate_up_and_silu_mul():
+    """MPK's compile gives the 64 gate|up tasks and silu_mul's 32 tiles gcd(64, 32) = 32
+    events (its annotated graph): a silu_mul tile starts when the two linear tasks that write
+    its columns are done. Ours read the whole tensor the layer before writes, so each of our
+    layers waits for the whole layer before, as MPK would build them too."""
+    k = load_kernel(REPO, "linear_v2", write_cache=False)
+    specs = {c.name: c.spec.data for c in runtime.companions_for(k, {})}
+    p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, specs, PINNED)
+    for b in (1, 8, 16):
+        ours = next(g for g in p["graphs"] if g["name"] == f"block:llama8b_mlp:b{b}")
+        chain = next(g for g in p["graphs"] if g.get("of") == ours["name"])
+        assert not any(l.get("events") for l in ours["layers"])
+        assert [bool(l.get("events")) for l in chain["layers"]] == [False, True, False, False]
+        made = chain["layers"][1]["events"]
+        assert made["launches"] == [1] * 32
+        # linear task j writes columns [448 j, 448 (j + 1)) of 28672; tile i reads [896 i, 896 (i + 1))
+        assert made["event_of"] == [j // 2 for j in range(64)]
+        tasks, events = expand(chain)
+        silu = [t for t in tasks if t.get("variant") == chain["layers"][2]["id"]]
+        linear_events = sorted({t["trigger"] for t in tasks if t.get("variant") == chain["layers"][1]["id"]})
+        assert [e["type"] for e in events[linear_events[0]:linear_events[-1] + 1]] == ["launch_tasks"] * 32
+        assert [t["offset"] for t in silu] == list(range(32))
+        assert all(e["triggers"] == 2 for e in events[linear_events[0]:linear_events[-1] + 1])
+
+
+def test_events_follow_the_tiles_each_side_declares():
+    """events.between, on layers as the plan makes them: MPK's gcd rule per dimension,
+    tasks launched event by event with their own tile index, and one event where a side
+    reads (or writes) the whole tensor or its strides make no equal tiles."""
+    from mpkbuild.stages.runtime import events
+
+    def layer(tasks, tensors, strides, num_inputs=1, grid_x=None, strides_y=None):
+        return {"tasks": tasks, "grid_x": grid_x or tasks, "tensors": tensors, "num_inputs": num_inputs,
+                "strides": strides, "strides_y": strides_y or [0] * len(strides)}
+    # a [4, 96] bf16 tensor: the producer writes 6 column tiles of 16, the consumer reads 4 of 24
+    producer = layer(6, [0, 1], [0, 32])
+    consumer = layer(4, [1, 2], [48, 0])
+    made = events.between(producer, consumer, 1, [4, 96], 2)
+    assert made == {"event_of": [0, 0, 0, 1, 1, 1], "order": [0, 1, 2, 3], "launches": [2, 2]}
+    # rows against columns: 4 row tasks, 3 column tiles; every tile needs every row: one event
+    assert events.between(layer(4, [0, 1], [0, 96 * 2]), layer(3, [1, 2], [64, 0]), 1, [4, 96], 2) is None
+    # a 2-d grid of the consumer (2 column tiles x 2 row tiles) over a producer of 2 row tiles:
+    # the events follow the rows, the tasks launched row by row
+    made = events.between(layer(2, [0, 1], [0, 2 * 96 * 2]),
+                          layer(4, [1, 2], [48 * 2, 0], grid_x=2, strides_y=[2 * 96 * 2, 0]), 1, [4, 96], 2)
+    assert made == {"event_of": [0, 1], "order": [0, 1, 2, 3], "launches": [2, 2]}
+    # tiles that do not cover the tensor are not taken for tiles
+    assert events.between(layer(5, [0, 1], [0, 32]), consumer, 1, [4, 96], 2) is None
+    # a consumer that reads it whole waits for the whole layer
+    assert events.between(producer, layer(4, [1, 2], [0, 0]), 1, [4, 96], 2) is None
+    assert events.kind(7) == "launch_tasks" and events.kind(8) == "launch_massive"
 
 
 def test_hang_phase_from_runtime_counters():
@@ -245,6 +309,9 @@ def test_compiled_builder_makes_the_planned_graph(compiled):
             assert d["events"][0]["type"] == 911 and d["events"][1]["type"] == 903
             assert d["events"][-1]["type"] == 910           # the last event ends the graph
             assert d["events"][-1]["triggers"] == g["layers"][-1]["tasks"]
+            codes = {"launch_tasks": 901, "launch_massive": 902}
+            assert [(e["type"], e["triggers"], e["first"], e["last"]) for e in d["events"][2:-1]] == \
+                [(codes[e["type"]], e["triggers"], e["first"], e["last"]) for e in events[2:-1]], (name, g["name"])
 
 
 @pytest.mark.gpu

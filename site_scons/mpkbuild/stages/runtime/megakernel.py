@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mpkbuild.runners import facts
-from mpkbuild.stages.runtime import composition
+from mpkbuild.stages.runtime import composition, events
 from mpkbuild.util.expr import variant_facts
 from mpkbuild.util import config, tma
 from mpkbuild.util.config import V2_MARKER
@@ -415,6 +415,8 @@ def _block_graphs(spec: dict, specs: dict, dispatch: list, text: str | None,
                                      "task_type": "MPKB_TASK_TYPE",
                                      "call": _call_lines(kspec, sym, wiring_root)})
                 layers.append(_layer(kspec, variant, ids[key], index))
+                if fed is not None and runtime == "v1":
+                    _events_between(layers[-2], layers[-1], fed)
                 fed = (index[len(ins)], *outs[0])
             ours_graphs.append({"name": name, "role": "block", "block": block["name"],
                                 "num_tensors": nxt, "active_tokens": 0, "layers": layers,
@@ -431,6 +433,14 @@ def _block_graphs(spec: dict, specs: dict, dispatch: list, text: str | None,
             dispatch += pending
             chains.append(chain)
     return ours_graphs, chains, missing
+
+
+def _events_between(producer: dict, consumer: dict, fed: tuple) -> None:
+    """The events after `producer` as MPK's compile makes them (events.py), where they are
+    finer than one for the whole layer: `fed` is the (tensor, shape, dtype) it hands on."""
+    made = events.between(producer, consumer, fed[0], fed[1], config.DTYPE_BYTES[fed[2]])
+    if made is not None:
+        producer["events"] = made
 
 
 def _incumbent_chain(block: dict, name: str, ours_layers: list, specs: dict,
@@ -470,9 +480,13 @@ def _incumbent_chain(block: dict, name: str, ours_layers: list, specs: dict,
             where.append(len(tensors))
             tensors.append(r)
         out_local = next(j for j, r in enumerate(lay["tensors"]) if r["use"] == "output")
+        made = _incumbent_layers(lay, where, name, pending, base)
+        if fed is not None:
+            _events_between(layers[-1], made[0], (fed[0], *fed[2:]))
         # a linear layout's tensor 1 is its weight (x, W, y)
-        fed = (where[out_local], where[1] if inc.TABLE[layer["incumbent"]].op == "linear" else None)
-        layers += _incumbent_layers(lay, where, name, pending, base)
+        fed = (where[out_local], where[1] if inc.TABLE[layer["incumbent"]].op == "linear" else None,
+               shapes["outputs"][0], dtypes["outputs"][0])
+        layers += made
         headers += lay["headers"]
     return {"name": f"incumbent:{name}:chain", "role": "incumbent", "of": name,
             "incumbent": " > ".join(l["incumbent"] for l in block["layers"]), "num_tensors": len(tensors), "tensors": tensors,
@@ -537,7 +551,7 @@ def plan(spec: dict, wiring_root: Path, companions: dict | None = None,
     return {"kernel": kernel, "task_type": task_type, "snapshot_type": snapshot_type,
             "runtime": runtime, "dispatch": dispatch, "graphs": graphs,
             "includes": includes, "max_tensors": max_tensors, "missing": missing,
-            "meta_slots": META_SLOTS, "minimal_macro": MINIMAL_MACRO,
+            "meta_slots": META_SLOTS, "minimal_macro": MINIMAL_MACRO, "massive_from": events.MASSIVE_FROM,
             "has_minimal_worker": checkout_root is not None and has_minimal_worker(spec, runtime),
             "task_metadata_names": list(config.TASK_METADATA),
             "max_layers": max(len(g["layers"]) for g in graphs),
