@@ -125,6 +125,15 @@ TABLE: dict[str, Incumbent] = {i.name: i for i in (
                     "    &tma_residual,", "    runtime_config.my_gpu_id == 0"),
               task_type="TASK_LINEAR_SWAPAB_HOPPER",
               headers=('tasks/hopper/linear_swapAB_hopper.cuh',)),
+    Incumbent("linear_swapAB_with_residual_hopper", "linear_with_residual",
+              ("register_linear_swapAB_hopper_task",),
+              "linear_with_residual_layer on sm_90 registers 'linear_swapAB_with_residual_hopper' "
+              "(the same task adding the residual in its epilogue); the qwen3 builder gives "
+              "o_proj and down_proj grid hidden // 64",
+              {"tasks": "output slices (default: grid_for_rmsnorm_linear_layer(n); the qwen3 builder's hidden // 64 at hidden 4096)"},
+              skip=("    nullptr,", "    false/*residual*/"),
+              task_type="TASK_LINEAR_SWAPAB_WITH_RESIDUAL_HOPPER",
+              headers=('tasks/hopper/linear_swapAB_hopper.cuh',)),
 )}
 
 
@@ -272,7 +281,17 @@ def _rmsnorm_v2(shapes, p):
 
 
 def _linear_swapab(shapes, p):
-    (m, k), (n, _) = shapes["inputs"]
+    return _swapab(shapes, p, residual=False)
+
+
+def _linear_swapab_residual(shapes, p):
+    return _swapab(shapes, p, residual=True)
+
+
+def _swapab(shapes, p, residual: bool):
+    """linear_swapAB_hopper's layout: y = x W^T (+ the residual, linear_with_residual_layer's
+    branch of the same register function)."""
+    (m, k), (n, _) = shapes["inputs"][:2]
     tasks = int(p["tasks"]) if "tasks" in p else grid_for_rmsnorm_linear_layer(n)
     if n % tasks:
         raise NoIncumbent(f"{tasks} output slices do not divide n {n}")
@@ -281,25 +300,31 @@ def _linear_swapab(shapes, p):
     out = n // tasks
     # the register function's constants: 3-3-3 swizzle, 64-column TMA copies over a
     # 128-wide K tile (2 copies), W in 64-row atoms, the batch padded to 8 or 16 in SMEM,
-    # 5 stages, no residual, no split K
+    # 5 stages, no split K; the residual's copies unswizzled, as it declares them
     smem_m, out_cp = (8 if m <= 8 else 16), min(out, 64)
     values = [3, 3, 3, m, k, m, 64, k, 1, 1, 2, smem_m * 64,          # TMA_B: x
-              3, 3, 3, out, k, 64, 64, k, 1, 1, 2, 64 * 64,           # TMA_A: this task's W rows
-              3, 3, 3, m, out, m, out_cp, n, 1, 1, 1, smem_m * out_cp,  # TMA_OUT: its y columns
-              m, out, k, 5, "void", n, "false"]
-    tensors = [{"use": "input", "index": 0}, {"use": "input", "index": 1},
-               {"use": "output", "index": 0}]
+              3, 3, 3, out, k, 64, 64, k, 1, 1, 2, 64 * 64]           # TMA_A: this task's W rows
+    if residual:
+        values += [0, 0, 0, m, out, m, out_cp, n, 1, 1, 1, smem_m * out_cp]   # TMA_RESIDUAL
+    values += [3, 3, 3, m, out, m, out_cp, n, 1, 1, 1, smem_m * out_cp,     # TMA_OUT: its y columns
+               m, out, k, 5, "TMA_RESIDUAL" if residual else "void", n, "false"]
+    ins = [0, 1, 2] if residual else [0, 1]
+    tensors = [{"use": "input", "index": i} for i in ins] + [{"use": "output", "index": 0}]
     # the per-task tensors the host-side descriptors are made from (create_tma_desc_by_task
-    # reads each TensorDesc's dims and row stride): x whole, W's and y's slices
-    return tensors, [{"values": values, "grid": [tasks, 1], "inputs": [0, 1], "outputs": [2],
-                      "stride": [[0, 0], [out * k * 2, 0], [out * 2, 0]], "active_tokens": m,
-                      "tma": {"dims": [[m, k], [out, k], [m, out]], "row_stride": [k, k, n]}}]
+    # reads each TensorDesc's dims and row stride): x whole, W's, the residual's and y's slices
+    y = ([m, out], out * 2, n)
+    dims = [[m, k], [out, k]] + [y[0]] * (len(ins) - 1)
+    return tensors, [{"values": values, "grid": [tasks, 1], "inputs": ins, "outputs": [len(ins)],
+                      "stride": [[0, 0], [out * k * 2, 0]] + [[out * 2, 0]] * (len(ins) - 1),
+                      "active_tokens": m,
+                      "tma": {"dims": dims, "row_stride": [k, k] + [n] * (len(ins) - 1)}}]
 
 
 LAYOUTS = {"rmsnorm_hopper": _rmsnorm, "silu_mul": _silu_mul, "silu_mul_hopper": _silu_mul,
            "embedding": _embedding, "embedding_hopper": _embedding, "argmax_hopper": _argmax,
            "rmsnorm_hopper_v2": _rmsnorm_v2, "silu_mul_v2": _silu_mul, "embedding_v2": _embedding,
-           "argmax_sm100_v2": _argmax, "linear_swapAB_hopper": _linear_swapab}
+           "argmax_sm100_v2": _argmax, "linear_swapAB_hopper": _linear_swapab,
+           "linear_swapAB_with_residual_hopper": _linear_swapab_residual}
 
 # ---------------------------------------------------------------- the incumbent at its best
 # Beside the builder's default, the values of its own parameters an incumbent is also timed
@@ -340,7 +365,8 @@ def _argmax_tasks(shapes, p) -> list[dict]:
     return [{"tasks": t} for t in _near_workers([t for t in (64, 96, 192, 256) if vocab % t == 0], default)]
 
 
-ALTERNATIVES = {"linear_swapAB_hopper": _linear_tasks, "rmsnorm_hopper": _rmsnorm_rows,
+ALTERNATIVES = {"linear_swapAB_hopper": _linear_tasks, "linear_swapAB_with_residual_hopper": _linear_tasks,
+                "rmsnorm_hopper": _rmsnorm_rows,
                 "silu_mul": _silu_tiles, "silu_mul_hopper": _silu_tiles, "argmax_hopper": _argmax_tasks}
 
 
@@ -365,7 +391,8 @@ def config_text(params: dict) -> str:
 # what each op's incumbent reads from the spec's tensors, in order (dtypes MPK's tasks take)
 EXPECTS = {"rmsnorm": (("bf16", "bf16"), ("bf16",)), "silu_mul": (("bf16",), ("bf16",)),
            "embedding": ((None, "bf16"), ("bf16",)), "argmax": (("bf16",), ("int64",)),
-           "linear": (("bf16", "bf16"), ("bf16",))}
+           "linear": (("bf16", "bf16"), ("bf16",)),
+           "linear_with_residual": (("bf16", "bf16", "bf16"), ("bf16",))}
 
 
 def layout(name: str, op: str, shapes: dict, dtypes: dict, params: dict, text: str | None) -> dict:

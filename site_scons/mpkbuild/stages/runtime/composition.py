@@ -53,25 +53,9 @@ def _paged_attention(m: dict) -> list:
             m["page_size"], m["batch"], "false", 1, "true", "true"]
 
 
-def _linear_with_residual(m: dict, k: int) -> list:
-    """register_linear_swapAB_hopper_task's values with a residual (o_proj, down_proj):
-    hidden // 64 tasks of 64 output columns, the residual the worker's own rank's."""
-    b, n = m["batch"], m["hidden"]
-    out = 64
-    smem_m = 8 if b <= 8 else 16
-    return [3, 3, 3, b, k, b, 64, k, 1, 1, 2, smem_m * 64,           # TMA_B: x
-            3, 3, 3, out, k, 64, 64, k, 1, 1, 2, 64 * 64,            # TMA_A: W rows
-            0, 0, 0, b, out, b, out, n, 1, 1, 1, smem_m * out,       # TMA_RESIDUAL
-            3, 3, 3, b, out, b, out, n, 1, 1, 1, smem_m * out,       # TMA_OUT
-            b, out, k, 5, "TMA_RESIDUAL", n, "false"]
-
-
-# tasks the builder registers that no spec names as an incumbent: (the name graph.cc
+# tasks the builder registers that no incumbent of the table stands for: (the name graph.cc
 # gives it, its register function, the CodeKeeper lines of the branch it does not take,
 # its task type, its headers)
-_RESIDUAL_LINEAR = ("linear_swapAB_with_residual_hopper", "register_linear_swapAB_hopper_task",
-                    ("    nullptr,", "    false/*residual*/"),
-                    "TASK_LINEAR_SWAPAB_WITH_RESIDUAL_HOPPER", ("tasks/hopper/linear_swapAB_hopper.cuh",))
 _PAGED_ATTENTION = ("paged_attention_hopper", "register_paged_attention_hopper_task", (),
                     "TASK_PAGED_ATTENTION_HOPPER", ("tasks/hopper/multitoken_paged_attention_hopper.cuh",))
 
@@ -84,16 +68,18 @@ def qwen3_layers(m: dict) -> list[tuple[str, str, object]]:
     b, h, inter = m["batch"], m["hidden"], m["intermediate"]
     qkv = (m["q_heads"] + 2 * m["kv_heads"]) * m["head_dim"]
     linear = lambda n, k: ("linear_swapAB_hopper", {"inputs": [[b, k], [n, k]]}, {})
+    # o_proj and down_proj: the residual added in the epilogue, hidden // 64 output slices
+    residual = lambda k: ("linear_swapAB_with_residual_hopper", {"inputs": [[b, k], [h, k], [b, h]]},
+                          {"tasks": h // 64})
     return [
         ("embed_tokens", "embedding", ("embedding", {"inputs": [[b], [m["vocab"], h]]}, {})),
         ("input_layernorm", "rmsnorm", ("rmsnorm_hopper", {"inputs": [[b, h], [h]]}, {})),
         ("qkv_proj", "linear", linear(qkv, h)),
         ("attention", "paged_attention", (_PAGED_ATTENTION, _paged_attention(m))),
-        ("o_proj", "linear_with_residual",
-         (_RESIDUAL_LINEAR, _linear_with_residual(m, m["q_heads"] * m["head_dim"]))),
+        ("o_proj", "linear_with_residual", residual(m["q_heads"] * m["head_dim"])),
         ("gate_up_proj", "linear", linear(2 * inter, h)),
         ("silu_mul", "silu_mul", ("silu_mul", {"inputs": [[b, 2 * inter]]}, {})),
-        ("down_proj", "linear_with_residual", (_RESIDUAL_LINEAR, _linear_with_residual(m, inter))),
+        ("down_proj", "linear_with_residual", residual(inter)),
         ("lm_head", "linear", linear(m["vocab"], h)),
         ("argmax", "argmax", ("argmax_hopper", {"inputs": [[b, m["vocab"]]]}, {"tasks": m["workers"]})),
     ]
