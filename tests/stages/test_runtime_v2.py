@@ -213,7 +213,49 @@ def test_the_compiled_v2_builder_chains_the_layers_by_their_events(compiled_v2):
             assert d["events"][-1]["type"] == 910 and d["events"][-1]["triggers"] == runtime.SNAPSHOT_TASKS
 
 
+@pytest.fixture(scope="session")
+def compiled_tma_v2(tmp_path_factory):
+    """linear_tma_v2's v2 megakernel: a kernel that loads with TMA (issue 58 item 5)."""
+    if not (V2 / "include").is_dir():
+        pytest.skip("../shared/mirage/v2 (the pinned Runtime-V2 tree) is absent")
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc on PATH")
+    return _compile("linear_tma_v2", tmp_path_factory.mktemp("tma_v2") / "linear_tma_v2")
+
+
+@needs_tree
+@pytest.mark.nvcc
+def test_a_kernel_that_loads_with_tma_gets_its_maps_in_runtime_v2_as_in_v1(compiled_tma_v2):
+    """The v2 tree makes a task's tensor maps as v1 does (its tma.cuh's
+    create_tma_desc_by_task, TaskDesc's input_tma_desc_ptrs): the gate's shadow tma.cuh holds
+    the wire's cases under the gate's task type, and the builder fills the TMA tensors'
+    TensorDescs and calls it for each task of ours (v2 has no sm_90 linear: no incumbent)."""
+    ok, log, took, lib = compiled_tma_v2
+    assert ok, "\n".join(l for l in log.splitlines() if "error" in l)[:800]
+    shadow = (lib.parent / "shadow" / "tma.cuh").read_text()
+    assert "case MPKB_TMA_TASK" in shadow
+    source = (lib.parent / "megakernel.cu").read_text()
+    assert "create_tma_desc_by_task(task)" in source and "cuTensorMapEncodeTiled" in source
+    k = load_kernel(REPO, "linear_tma_v2", write_cache=False)
+    p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, {}, V2, "v2")
+    assert {g["role"] for g in p["graphs"]} == {"ours"}
+    assert all(g["layers"][0]["tma"] for g in p["graphs"])
+
+
 # ---------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@needs_tree
+@pytest.mark.nvcc
+def test_a_tma_kernel_passes_in_runtime_v2(compiled_tma_v2, tmp_path):
+    """linear_tma_v2 inside Runtime-V2: each variant's iterations against the float64
+    reference, its maps made by the v2 tree's own create_tma_desc_by_task."""
+    ok, log, took, lib = compiled_tma_v2
+    res, out = _run_v2(REPO, "linear_tma_v2", lib, tmp_path)
+    assert res["verdict"] == "pass", (res["message"], out)
+    for g, r in res["variants"].items():
+        assert r["runtime"] == "v2" and r["iterations"] >= 3 and r["spans"]["count"] == r["tasks"], g
+
+
 @pytest.mark.gpu
 @needs_tree
 @pytest.mark.nvcc

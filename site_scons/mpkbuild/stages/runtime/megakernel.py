@@ -677,10 +677,6 @@ def render_all(k, wiring_root: Path, mpk_root: Path | None, companions=(),
             out[f"shadow/{DISPATCH_V2}"] = v2_dispatch_header(mpk_root, p["task_headers"])
         tma_kernels = [spec for spec in (k.spec.data, *(c.spec.data for c in companions))
                        if tma.tensors(spec["codegen"])]
-        if tma_kernels and runtime != "v1":
-            from mpkbuild.stages.generate import TemplateError
-            raise TemplateError(f"{tma_kernels[0]['kernel']} loads with TMA: the Runtime-V2 gate "
-                                "makes no tensor maps yet (run the gate without runtime=, on v1)")
         if tma_kernels:
             out[f"shadow/{TMA_HEADER}"] = gate_tma_header(mpk_root, tma_kernels, wiring_root, p["task_type"])
     return out
