@@ -37,6 +37,103 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+
+#ifdef __CUDA_ARCH_FEAT_SM100_ALL
+// sm_100a: the same ring, consumed by tcgen05 (the 5th-generation tensor cores) as upstream's
+// linear_sm100_v2 does. Warp 1 (the mma role's first) owns TMEM and issues the MMAs: per stage
+// it re-lays x's rows into 8-row core matrices (x_core: tcgen05's unswizzled B operand), then
+// one lane issues BOX_K / 16 MMAs of M 128 (W rows; the box's BOX_ROWS are real, the rest
+// never read out) x N 8 or 16 (x's rows) x K 16 into TMEM and commits them to empty[]; warps
+// 2-4 arrive on empty[] once the stage is full. After a row block's last stage the commit
+// goes to acc; the warps whose TMEM quarter (warp % 4) holds the block's rows read it out,
+// add nothing, round to bf16 and store y's rows; all four meet before the next block's MMAs.
+// Compiled and resource-checked here; never run (no sm_100a GPU in reach).
+template <int M, int N, int K, int NT, int STAGES>
+__device__ __forceinline__ void tcgen05_mma(__nv_bfloat16* __restrict__ y, char* smem, uint64_t* bars,
+                                            const char* ring_w, const char* ring_x) {
+  namespace P = linear_tma_v2_spec::pipeline;
+  namespace T = linear_tma_v2_spec::pipeline::tc;
+  using R = P::ring<M, N, K, NT, STAGES>;
+  constexpr int BOX_K = linear_tma_v2_spec::BOX_K;
+  constexpr int BOX_ROWS = P::tma_weight::box_rows(NT, K);
+  constexpr int KB = K / BOX_K;
+  constexpr int GROUPS = (M + 7) / 8;                    // 8-row core-matrix groups of x
+  constexpr int MMA_N = 8 * GROUPS;                      // x's rows, padded: the MMA's N
+  constexpr int MMA_M = 128;                             // W rows: TMEM lane i = row i
+  constexpr uint32_t COLUMNS = 32;                       // TMEM columns (>= MMA_N, a power of 2)
+  constexpr uint32_t X_CORE_BYTES = GROUPS * 8 * BOX_K * 2;
+  constexpr uint32_t IDESC = T::instruction(MMA_M, MMA_N);
+  const int warp = P::warp() - P::MMA_WARP_BEGIN, lane = P::lane();
+  // the SMEM plan (codegen.smem, regions in order at their alignment): x_core after ring_x
+  // at 128, tmem_slot after it at 16
+  const size_t x_end = static_cast<size_t>(ring_x - smem) + STAGES * R::COPY_X_BYTES;
+  char* x_core = smem + (x_end + 127) / 128 * 128;
+  uint32_t* tmem_slot = reinterpret_cast<uint32_t*>(x_core + STAGES * X_CORE_BYTES);
+  if (warp == 0) T::alloc(tmem_slot, COLUMNS);
+  T::before_sync();
+  P::sync_epilogue();
+  T::after_sync();
+  const uint32_t tmem = *tmem_slot;
+
+  int s = 0;
+  for (int rb = 0; rb < NT / BOX_ROWS; ++rb) {
+    for (int kb = 0; kb < KB; ++kb, ++s) {
+      const int slot = R::slot(s);
+      P::wait(&bars[R::FULL + slot], R::phase(s));
+      if (warp != 0) {
+        if (lane == 0) P::arrive(&bars[R::EMPTY + slot]);
+        continue;
+      }
+      // x's rows (M x 128 bytes, as the copy left them) into core matrices: chunk c of row r
+      // at (c * GROUPS + r / 8) * 128 + (r % 8) * 16
+      const uint4* from = reinterpret_cast<const uint4*>(ring_x + slot * R::COPY_X_BYTES);
+      char* core = x_core + slot * X_CORE_BYTES;
+      for (int i = lane; i < M * (BOX_K / 8); i += 32) {
+        const int r = i / (BOX_K / 8), c = i % (BOX_K / 8);
+        *reinterpret_cast<uint4*>(core + (c * GROUPS + r / 8) * 128 + (r % 8) * 16) = from[i];
+      }
+      asm volatile("fence.proxy.async.shared::cta;" : : : "memory");   // seen by the MMAs' reads
+      __syncwarp();
+      T::after_sync();
+      if (lane == 0) {
+        const char* wbox = ring_w + slot * R::COPY_W_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < BOX_K / 16; ++kk) {
+          // A: W, 128-byte swizzled rows, 8-row atoms 1024 bytes apart; a k16 step is 32 bytes
+          // into the row. B: x's core matrices, K-adjacent GROUPS * 128 bytes apart
+          const uint64_t a = T::descriptor(wbox + kk * 32, 16, 1024, 128);
+          const uint64_t b = T::descriptor(core + kk * 2 * GROUPS * 128, GROUPS * 128, 128, 0);
+          T::mma(tmem, a, b, IDESC, kb > 0 || kk > 0);
+        }
+        T::commit(&bars[R::EMPTY + slot]);
+        if (kb == KB - 1) T::commit(&bars[R::ACC]);
+      }
+      __syncwarp();
+    }
+    // the row block's accumulator: lane i of TMEM is W row i, column j is x's row j
+    P::wait(&bars[R::ACC], static_cast<uint32_t>(rb) & 1u);
+    T::after_sync();
+    const int quarter = P::warp() % 4;                    // the TMEM lanes this warp may read
+    if (quarter * 32 < BOX_ROWS) {
+      const int row = quarter * 32 + lane;
+#pragma unroll
+      for (int c0 = 0; c0 < MMA_N; c0 += 8) {
+        float v[8];
+        T::load8(v, tmem + (static_cast<uint32_t>(quarter * 32) << 16) + c0);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if (c0 + j < M && row < BOX_ROWS)
+            y[static_cast<size_t>(c0 + j) * N + rb * BOX_ROWS + row] = __float2bfloat16(v[j]);
+        }
+      }
+    }
+    T::before_sync();
+    P::sync_epilogue();                                   // read out before it is overwritten
+    T::after_sync();
+  }
+  if (warp == 0) T::dealloc(tmem, COLUMNS);
+}
+#endif
 }  // namespace linear_tma_v2_detail
 
 template <int M, int N, int K, int NT, int STAGES>
@@ -51,7 +148,7 @@ __device__ __forceinline__ void linear_tma_v2_task(const __nv_bfloat16* __restri
   constexpr int BOX_K = linear_tma_v2_spec::BOX_K;                   // k a box row holds
   constexpr int BOX_ROWS = P::tma_weight::box_rows(NT, K);           // W rows a box holds
   constexpr int KB = K / BOX_K;                                      // k boxes a row block
-  constexpr int TILES = (M + 7) / 8;                                 // n8 tiles of x's rows
+  [[maybe_unused]] constexpr int TILES = (M + 7) / 8;                // n8 tiles of x's rows (sm_90a)
   constexpr uint32_t W_BYTES = R::COPY_W_BYTES, X_BYTES = R::COPY_X_BYTES;
   static_assert(M >= 1 && M <= 16, "decode M: one or two n8 tiles");
   static_assert(BOX_K * 2 == 128, "a W box row is one 128-byte swizzle span");
@@ -84,6 +181,9 @@ __device__ __forceinline__ void linear_tma_v2_task(const __nv_bfloat16* __restri
     return;
   }
   if (!P::is_mma()) return;
+#ifdef __CUDA_ARCH_FEAT_SM100_ALL
+  D::tcgen05_mma<M, N, K, NT, STAGES>(y, smem, bars, ring_w, ring_x);
+#else
   const int warp = P::warp() - P::MMA_WARP_BEGIN, lane = P::lane();
   const bool active = warp * 16 < BOX_ROWS;
   // ldmatrix addresses of this lane (each lane names one 16-byte row of an 8 x 8 matrix):
@@ -137,4 +237,5 @@ __device__ __forceinline__ void linear_tma_v2_task(const __nv_bfloat16* __restri
       }
     }
   }
+#endif
 }

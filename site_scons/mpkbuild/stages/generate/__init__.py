@@ -263,7 +263,7 @@ BODY_RULES = (
      "{kernel}_spec::task_barrier(), whose id the tool assigns per runtime"),
     # an mbarrier protocol is the spec's (codegen.pipeline), audited at load, and the header's
     # helpers re-initialise, fence and count it as audited
-    ("hand-rolled pipeline PTX", r"\b(mbarrier\.\w|cp\.async\.bulk\b|elect\.sync\b|fence\.mbarrier_init\b)",
+    ("hand-rolled pipeline PTX", r"\b(mbarrier\.\w|cp\.async\.bulk\b|elect\.sync\b|fence\.mbarrier_init\b|tcgen05\.commit\b)",
      "a protocol written by hand is checked by nothing: declare it in codegen.pipeline and "
      "use {kernel}_spec::pipeline's helpers (ring<...>::begin, arrive, arrive_expect_tx, wait, copy)"),
     ("state kept in a __device__ global", r"(?m)^[ \t]*(static[ \t]+)?__device__[ \t]+(?!.*\()(?!(const|constexpr)\b)[^;\n]*;",

@@ -89,6 +89,10 @@ SCHEMA: dict = {
                 "tx_bytes": {**INT_OR_EXPR, "description":
                              "transaction bytes expected per phase: the copies completing on it"},
                 "wait": {**_ROLE_NAMES, "description": "the roles that wait on it"},
+                "completes": {"enum": ["tcgen05"], "description":
+                              "tcgen05: its arrivals are tcgen05.commit's (sm_100a), made when "
+                              "the MMAs issued before them complete, so the issuing role may "
+                              "wait on it itself"},
                 "init": {"type": "string", "pattern": C_IDENT,
                          "description": "the role that re-initialises it at task start "
                                         "(default: the arriving role; a transaction-counted "
@@ -191,7 +195,7 @@ def _barrier_problems(p: dict, roles: dict, where: tuple):
                 f"arrives on it ({b['arrive']}) must re-initialise it at task start, not {b['init']}")
         if b["name"] in tx and not b.get("per_stage", True):
             yield (*at, "per_stage"), f"{b['name']} counts a stage's copies: it is one per stage"
-        if b["arrive"] in b["wait"] and len(b["wait"]) == 1:
+        if b["arrive"] in b["wait"] and len(b["wait"]) == 1 and b.get("completes") != "tcgen05":
             yield (*at, "wait"), f"only its arriving role {b['arrive']!r} waits on {b['name']}: nobody hands it over"
     for i, c in enumerate(p["copies"]):
         if c["barrier"] not in tx:
