@@ -160,14 +160,14 @@ def test_call_is_the_wired_one():
 def test_block_plan_feeds_each_layer_the_layer_befores_output():
     k = load_kernel(REPO, "linear_v2", write_cache=False)
     specs = {c.name: c.spec.data for c in runtime.companions_for(k, {})}
-    assert sorted(specs) == ["rmsnorm_v2", "silu_mul_v2"]
+    assert sorted(specs) == ["linear_residual_v2", "rmsnorm_v2", "silu_mul_v2"]
     p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, specs)
     blocks = [g for g in p["graphs"] if g["role"] == "block"]
     assert [g["name"] for g in blocks] == ["block:llama8b_mlp:b1", "block:llama8b_mlp:b8",
                                           "block:llama8b_mlp:b16"]
     for g in blocks:
         layers = g["layers"]
-        assert [l["kernel"] for l in layers] == ["rmsnorm_v2", "linear_v2", "silu_mul_v2", "linear_v2"]
+        assert [l["kernel"] for l in layers] == ["rmsnorm_v2", "linear_v2", "silu_mul_v2", "linear_residual_v2"]
         for before, after in zip(layers, layers[1:]):
             # the layer before's output tensor is this layer's first input
             assert after["tensors"][0] == before["tensors"][before["num_inputs"]]
@@ -196,18 +196,23 @@ def test_the_incumbents_chain_lays_the_gate_up_weight_in_silu_muls_tiles():
     p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, specs, PINNED)
     ours = next(g for g in p["graphs"] if g["name"] == "block:llama8b_mlp:b8")
     chain = next(g for g in p["graphs"] if g.get("of") == ours["name"])
-    assert chain["incumbent"] == "rmsnorm_hopper > linear_swapAB_hopper > silu_mul > linear_swapAB_hopper"
+    assert chain["incumbent"] == ("rmsnorm_hopper > linear_swapAB_hopper > silu_mul > "
+                                  "linear_swapAB_with_residual_hopper")
     recipes = chain["tensors"]
     weight = ours["layers"][1]["tensors"][1]
     assert {"use": "gate_up_rows", "index": weight, "tiles": 32} in recipes
     compared = [r for r in recipes if r["use"] == "output" and not r.get("intermediate")]
-    assert compared == [{"use": "output", "index": ours["layers"][-1]["tensors"][2]}]
-    linear, silu = chain["layers"][1], chain["layers"][2]
+    assert compared == [{"use": "output", "index": ours["layers"][-1]["tensors"][3]}]
+    linear, silu, down = chain["layers"][1], chain["layers"][2], chain["layers"][3]
     assert silu["tensors"][0] == linear["tensors"][2]       # the linear's output, as it is
     assert linear["tma"] and linear["tma_dims"][:3] == [[8, 4096], [448, 4096], [8, 448]]
-    # one dispatch branch per distinct call: the down projection's is the variant's own
-    variant_inc = next(g for g in p["graphs"] if g["name"] == "incumbent:decode_m8_n4096_k14336:linear_swapAB_hopper")
-    assert chain["layers"][3]["id"] == variant_inc["layers"][0]["id"]
+    # the down projection adds the residual in its epilogue, as the builder's
+    # linear_with_residual_layer: MPK's task reads our residual, with its own TMA map
+    assert down["task_type"] == "TASK_LINEAR_SWAPAB_WITH_RESIDUAL_HOPPER" and down["num_inputs"] == 3
+    assert recipes[down["tensors"][2]] == {"use": "input", "index": ours["layers"][-1]["tensors"][2]}
+    assert down["tma_dims"][:4] == [[8, 14336], [64, 14336], [8, 64], [8, 64]]
+    call = next(d for d in p["dispatch"] if d["id"] == down["id"])["call"]
+    assert any("TMA_RESIDUAL" in line for line in call) and "    nullptr," not in call
 
 
 @needs_tree
