@@ -272,7 +272,8 @@ def test_every_kernel_passes_in_runtime_v2_against_its_v2_incumbent(compiled_v2,
             h2h = r["head_to_head"]
             assert h2h["iterations_per_launch"] == r["iterations"]
             (inc,) = h2h["incumbents"].values()
-            assert len(inc["makespan_us"]) == len(h2h["ours"]["makespan_us"]) == h2h["pairs"] * r["iterations"]
+            # a launch is one sample (the median of its iterations: not independent samples)
+            assert len(inc["makespan_us"]) == len(h2h["ours"]["makespan_us"]) == h2h["pairs"]
 
 
 @pytest.mark.gpu
