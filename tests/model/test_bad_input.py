@@ -72,8 +72,8 @@ def chain(*mutates):
 
 # the large variants at row counts that hidden happens to divide: every listed variant splits
 # evenly, and only a binding beyond them shows what is wrong
-_SMALL_LARGE = (replace("{rows: 4096, hidden: 7168}", "{rows: 4, hidden: 7168}"),
-                replace("{rows: 16384, hidden: 7168}", "{rows: 16, hidden: 7168}"))
+_SMALL_LARGE = (replace("{rows: 4096, hidden: 7168, rpt: 4}", "{rows: 4, hidden: 7168, rpt: 4}"),
+                replace("{rows: 16384, hidden: 7168, rpt: 8}", "{rows: 16, hidden: 7168, rpt: 8}"))
 
 
 def alias_bomb(levels: int = 9) -> str:
@@ -90,7 +90,7 @@ def many_variants(n: int):
         text = p.read_text()
         start = text.index("  variants:\n") + len("  variants:\n")
         end = text.index("  # every variant must satisfy")
-        body = "".join(f"    v{i}: {{rows: 1, hidden: 4096}}\n" for i in range(n))
+        body = "".join(f"    v{i}: {{rows: 1, hidden: 4096, rpt: 1}}\n" for i in range(n))
         p.write_text(text[:start] + body + text[end:])
     return mutate
 
@@ -116,7 +116,7 @@ CASES: dict[str, Case] = {
     "implicit date": Case(replace("description: RMSNorm over the hidden dim, bf16 in/out, fp32 accumulation, "
                                   "128 threads per task.", "description: 2001-12-14"),
                           "description", "quote it", "description: 2001"),
-    "5000-digit integer": Case(replace("{rows: 1, hidden: 4096}", "{rows: " + "9" * 5000 + ", hidden: 4096}"),
+    "5000-digit integer": Case(replace("{rows: 1, hidden: 4096, rpt: 1}", "{rows: " + "9" * 5000 + ", hidden: 4096, rpt: 1}"),
                                "codegen.variants.decode_r1_h4096.rows", "cannot be read", "decode_r1_h4096:"),
     "deeply nested mapping": Case(whole(nested(40)), "description.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a",
                                   f"nested deeper than {config.MAX_YAML_DEPTH}", 1),
@@ -155,7 +155,7 @@ CASES: dict[str, Case] = {
                          "codegen.tiling.0.multiple_of", "`**`", "multiple_of: 2 **"),
     "// 0": Case(replace("bytes: {read: (rows * hidden + hidden) * 2, write: rows * hidden * 2}", "bytes: rows // 0"),
                  "perf.bytes", "division by zero", "bytes: rows // 0"),
-    "% 0 in the grid": Case(replace("grid: [rows]", 'grid: ["rows % 0"]'), "codegen.grid.0",
+    "% 0 in the grid": Case(replace("grid: [rows // rpt]", 'grid: ["rows % 0"]'), "codegen.grid.0",
                             "division by zero", "grid: ["),
     "/ 0.0 in a shape": Case(replace("shape: [hidden],", 'shape: ["hidden / 0.0"],'),
                              "codegen.inputs.1.shape.0", "division by zero", "name: weight"),
@@ -169,15 +169,15 @@ CASES: dict[str, Case] = {
     "include folder that is no folder": Case(replace("  threads: 128", "  include_dirs: [kernels/no_such_folder]\n  threads: 128"),
                                               "codegen.include_dirs.0", "is not a folder", "include_dirs:"),
     # ranges: what becomes a C++ int, float or size
-    "rows: 4294967296": Case(replace("{rows: 1, hidden: 4096}", "{rows: 4294967296, hidden: 4096}"),
+    "rows: 4294967296": Case(replace("{rows: 1, hidden: 4096, rpt: 1}", "{rows: 4294967296, hidden: 4096, rpt: 1}"),
                              "codegen.variants.decode_r1_h4096.rows",
                              "above the maximum 2147483647 (it becomes a C++ int)", "rows: 4294967296"),
-    "hidden: 2147484672": Case(replace("{rows: 1, hidden: 4096}", "{rows: 1, hidden: 2147484672}"),
+    "hidden: 2147484672": Case(replace("{rows: 1, hidden: 4096, rpt: 1}", "{rows: 1, hidden: 2147484672, rpt: 1}"),
                                "codegen.variants.decode_r1_h4096.hidden", "it becomes a C++ int",
                                "hidden: 2147484672"),
-    "negative size": Case(replace("{rows: 1, hidden: 4096}", "{rows: -1, hidden: 4096}"),
+    "negative size": Case(replace("{rows: 1, hidden: 4096, rpt: 1}", "{rows: -1, hidden: 4096, rpt: 1}"),
                           "codegen.variants.decode_r1_h4096.rows", "below the minimum 0", "rows: -1"),
-    "grid past int32": Case(replace("grid: [rows]", 'grid: ["rows * 2147483648"]'), "codegen.grid.0",
+    "grid past int32": Case(replace("grid: [rows // rpt]", 'grid: ["rows * 2147483648"]'), "codegen.grid.0",
                             "does not fit the C++ int GRID", "grid: ["),
     "extent past int32": Case(replace("{name: input,  dtype: bf16, shape: [rows, hidden]",
                                       '{name: input,  dtype: bf16, shape: [rows, "hidden * 524288"]'),
@@ -194,9 +194,9 @@ CASES: dict[str, Case] = {
                                      "does not fit the C++ float", "eps: 1.0e+39"),
     "float param inf": Case(replace("eps: 1.0e-6", "eps: .inf"), "codegen.params.eps", "not a finite number",
                             "eps: .inf"),
-    "smem region past the budget": Case(replace("bytes: 16, align: 16", "bytes: 4294967296, align: 16"),
+    "smem region past the budget": Case(replace("bytes: 64, align: 16", "bytes: 4294967296, align: 16"),
                                         "codegen.smem.regions.0", "SMEM over budget", "name: warp_sums"),
-    "alignment past the harness's 1024": Case(replace("bytes: 16, align: 16", "bytes: 16, align: 4096"),
+    "alignment past the harness's 1024": Case(replace("bytes: 64, align: 16", "bytes: 64, align: 4096"),
                                               "codegen.smem.regions.0.align", "above the maximum 1024",
                                               "name: warp_sums"),
     "perf bytes past 2**63": Case(replace("bytes: {read: (rows * hidden + hidden) * 2, write: rows * hidden * 2}",
@@ -223,11 +223,11 @@ CASES: dict[str, Case] = {
     "repeats: a billion": Case(replace("repeats: 7", "repeats: 1000000000"), "perf.repeats",
                                "above the maximum 1000", "repeats: 1000000000"),
     # loaded, then failed later before issue 43: every one is refused at load now
-    "align: 16.0": Case(replace("bytes: 16, align: 16}", "bytes: 16, align: 16.0}"),
+    "align: 16.0": Case(replace("bytes: 64, align: 16}", "bytes: 64, align: 16.0}"),
                         "codegen.smem.regions.0.align", "expected integer, got float", "align: 16.0"),
     "trials: 3.0": Case(replace("  trials: 3\n", "  trials: 3.0\n"), "validate.trials",
                         "expected integer, got float", "trials: 3.0"),
-    "float template argument": Case(replace("{rows: 1, hidden: 4096}", "{rows: 1, hidden: 4096.0}"),
+    "float template argument": Case(replace("{rows: 1, hidden: 4096, rpt: 1}", "{rows: 1, hidden: 4096.0, rpt: 1}"),
                                     "codegen.variants.decode_r1_h4096.hidden", "expected integer, got float",
                                     "hidden: 4096.0"),
     "threads: 512": Case(replace("  threads: 128", "  threads: 512"), "codegen.threads",
@@ -247,11 +247,11 @@ CASES: dict[str, Case] = {
                                    "codegen.outputs.0.name", "a CUDA built-in variable", "name: threadIdx"),
     "variant named blockDim": Case(replace("decode_r1_h4096:    {rows: 1", "blockDim:    {rows: 1"),
                                    "codegen.variants.blockDim", "a CUDA built-in variable", "blockDim:"),
-    "variant symbol grid": Case(replace("{rows: 1, hidden: 4096}", "{rows: 1, hidden: 4096, grid: 2}"),
+    "variant symbol grid": Case(replace("{rows: 1, hidden: 4096, rpt: 1}", "{rows: 1, hidden: 4096, rpt: 1, grid: 2}"),
                                 "codegen.variants.decode_r1_h4096.grid", "decode_r1_h4096::GRID", "grid: 2"),
     "param worker_threads": Case(replace("    eps: 1.0e-6\n", "    eps: 1.0e-6\n    worker_threads: 256\n"),
                                  "codegen.params.worker_threads", "WORKER_THREADS", "worker_threads: 256"),
-    "more tasks than the split dim": Case(replace("grid: [rows]", 'grid: ["rows * 2"]'), "codegen.grid.0",
+    "more tasks than the split dim": Case(replace("grid: [rows // rpt]", 'grid: ["rows * 2"]'), "codegen.grid.0",
                                           "has only 1 elements to give them", "grid: ["),
     "split dim the grid does not count": Case(
         chain(*_SMALL_LARGE, replace("{name: output, dtype: bf16, shape: [rows, hidden], partition: [0, -1]}",
@@ -265,7 +265,8 @@ CASES: dict[str, Case] = {
     "output whole beyond the listed variants": Case(
         chain(replace("{name: output, dtype: bf16, shape: [rows, hidden], partition: [0, -1]}",
                       "{name: output, dtype: bf16, shape: [hidden], partition: [-1]}"),
-              *[replace(f"{{rows: {r}, hidden", "{rows: 1, hidden") for r in (8, 16, 8, 16, 4096, 16384)]),
+              *[replace(f"{{rows: {r}, hidden", "{rows: 1, hidden") for r in (8, 16, 8, 16, 4096, 16384)],
+              replace("rpt: 4}", "rpt: 1}"), replace("rpt: 8}", "rpt: 1}")),
         "codegen.outputs.0.partition", "decode_r1_h4096 with rows=2", "name: output"),
     "params eps and EPS": Case(replace("    eps: 1.0e-6\n", "    eps: 1.0e-6\n    EPS: 1.0e-5\n"),
                                "codegen.params.EPS", "param 'eps'", "EPS: 1.0e-5"),
@@ -454,7 +455,7 @@ def test_non_utf8_body_is_one_located_error_at_generate(root, suffix):
     spec = load_spec(root / SPEC, root)
     body = root / "kernels" / K / f"{K}{suffix}"
     text = (root / "kernels" / K / f"{K}.cuh.j2").read_bytes()
-    body.write_bytes(text.replace(b"// One task = one row.", b"// One task \xff one row.", 1))
+    body.write_bytes(text.replace(b"// One task = RPT", b"// One task \xff RPT", 1))
     line = body.read_bytes().split(b"\n").index(next(l for l in body.read_bytes().split(b"\n") if b"\xff" in l)) + 1
     with pytest.raises(codegen.TemplateError) as info:
         codegen.render_file("body", spec.sections["codegen"], spec.file, body, root)

@@ -105,13 +105,13 @@ def test_reference_escaping_the_repository(root):
 
 
 def test_variant_that_does_not_tile_the_thread_count(root):
-    edit(root, "decode_r8_h4096:    {rows: 8, hidden: 4096}", "decode_r8_h4096:    {rows: 8, hidden: 4000}")
+    edit(root, "decode_r8_h4096:    {rows: 8, hidden: 4096, rpt: 1}", "decode_r8_h4096:    {rows: 8, hidden: 4000, rpt: 1}")
     err = expect_error(root, "hidden: 4000", "codegen.variants.decode_r8_h4096.hidden", "does not tile")
     assert "threads * vec_elems = 1024" in err.message
 
 
 def test_smem_over_budget(root):
-    edit(root, "{name: warp_sums, bytes: 16, align: 16}", "{name: warp_sums, bytes: 300000, align: 16}")
+    edit(root, "{name: warp_sums, bytes: 64, align: 16}", "{name: warp_sums, bytes: 300000, align: 16}")
     expect_error(root, "name: warp_sums", "codegen.smem.regions.0", "SMEM over budget")
 
 
@@ -136,13 +136,13 @@ def test_kernel_name_must_match_file(root):
 
 
 def test_split_dim_not_divisible_by_grid(root):
-    edit(root, "grid: [rows]", 'grid: ["max(1, rows // 3)"]')
+    edit(root, "grid: [rows // rpt]", 'grid: ["max(1, rows // 3)"]')
     expect_error(root, "{name: input,", "codegen.inputs.0.shape.0", "not a multiple")
 
 
 def test_more_tasks_than_a_split_dim_is_the_grids_error(root):
     """The grid is what is wrong (issue 43: it was reported at the input)."""
-    edit(root, "grid: [rows]", "grid: [rows * 3]")
+    edit(root, "grid: [rows // rpt]", "grid: [rows * 3]")
     expect_error(root, "grid: [rows * 3]", "codegen.grid.0", "has only 1 elements")
 
 
@@ -168,7 +168,7 @@ def test_exported_schema_is_current_and_accepts_the_spec():
 
 
 # ---------------------------------------------------------------- per-variant overrides
-OVERRIDE = "  grid: [rows]"
+OVERRIDE = "  grid: [rows // rpt]"
 
 
 def test_partition_override_applies_to_matching_variants_only(root):
@@ -202,20 +202,21 @@ def test_two_overrides_for_one_tensor_of_one_variant(root):
 
 
 def test_overridden_split_must_divide_by_the_grid(root):
-    edit(root, OVERRIDE, OVERRIDE + '\n  overrides:\n    - {variants: "large_r4096_*", partition: {weight: [0]}}')
+    # 7168 weight elements over large_r16384's 2048 tasks
+    edit(root, OVERRIDE, OVERRIDE + '\n  overrides:\n    - {variants: "large_r16384_*", partition: {weight: [0]}}')
     err = expect_error(root, "{name: weight,", "codegen.inputs.1.shape.0", "not a multiple")
     assert "codegen.overrides[0]" in err.message
 
 
 def test_min_and_max_in_expressions(root):
-    edit(root, "grid: [rows]", "grid: [\"max(rows, 1) * min(1, rows, 2)\"]")
+    edit(root, "grid: [rows // rpt]", "grid: [\"max(rows, 1) * min(1, rows, 2)\"]")
     load_spec(spec_path(root), root)
     edit(root, "grid: [\"max(rows, 1) * min(1, rows, 2)\"]", "grid: [\"min(rows)\"]")
     expect_error(root, "grid: [\"min(rows)\"]", "codegen.grid.0", "takes two or more plain arguments")
 
 
 def test_smem_region_sized_by_variant_symbols(root):
-    edit(root, "{name: warp_sums, bytes: 16, align: 16}", "{name: warp_sums, bytes: rows * 8, align: 16}")
+    edit(root, "{name: warp_sums, bytes: 64, align: 16}", "{name: warp_sums, bytes: rows * 8, align: 16}")
     load_spec(spec_path(root), root)
     edit(root, "bytes: rows * 8,", "bytes: rows * 64,")    # 16384 rows * 64 > the budget
     err = expect_error(root, "name: warp_sums", "codegen.smem.regions.0", "SMEM over budget")
@@ -301,8 +302,9 @@ def test_task_metadata_sharing_bytes_is_refused(root):
 def test_more_tasks_than_a_metadata_field_holds_is_the_grids_error(root):
     edit(root, "  inputs:\n", "  task_metadata: [request_id]\n  inputs:\n")
     edit(root, "tile_indexed: true", "tile_indexed: false")
-    edit(root, "large_r16384_h7168: {rows: 16384,", "large_r16384_h7168: {rows: 32769,")
-    expect_error(root, "grid: [rows]", "codegen.grid.0", "task_metadata request_id holds task indices up to 32767")
+    # 8 rows a task: 32769 tasks
+    edit(root, "large_r16384_h7168: {rows: 16384,", "large_r16384_h7168: {rows: 262152,")
+    expect_error(root, "grid: [rows // rpt]", "codegen.grid.0", "task_metadata request_id holds task indices up to 32767")
 
 
 def _fifteen_regions(can_pack: str = "") -> str:
@@ -312,14 +314,14 @@ def _fifteen_regions(can_pack: str = "") -> str:
 def test_a_plan_of_fifteen_pages_is_refused_with_its_page_table(root):
     """Runtime-V2 plans SMEM in 16 KB pages, at most 14: fifteen 1 KiB regions of their own
     take fifteen, though their 15 KiB fit the budget many times over."""
-    edit(root, "      - {name: warp_sums, bytes: 16, align: 16}   # one fp32 partial per warp",
+    edit(root, "      - {name: warp_sums, bytes: 64, align: 16}   # one fp32 partial per warp and row of a batch (up to 4)",
          _fifteen_regions())
     err = expect_error(root, "name: r14,", "codegen.smem.regions.14", "SMEM needs 15 pages of 16 KB")
     assert "at most 14: pages by region: r0 1, r1 1," in err.message and "r14 1 (" in err.message
 
 
 def test_packable_regions_share_pages(root):
-    edit(root, "      - {name: warp_sums, bytes: 16, align: 16}   # one fp32 partial per warp",
+    edit(root, "      - {name: warp_sums, bytes: 64, align: 16}   # one fp32 partial per warp and row of a batch (up to 4)",
          _fifteen_regions(", can_pack: true"))
     load_spec(spec_path(root), root)                 # 15 KiB packed: one page
 

@@ -146,7 +146,7 @@ def test_every_catalog_body_and_header_leaves_the_global_scope_to_others(tmp_pat
 
 def test_launch_bounds_follow_min_blocks_per_sm(root):
     spec = root / "specs" / f"{K}.yaml"
-    spec.write_text(spec.read_text().replace("  grid: [rows]", "  min_blocks_per_sm: 1 + rows // 4096\n  grid: [rows]"))
+    spec.write_text(spec.read_text().replace("  grid: [rows // rpt]", "  min_blocks_per_sm: 1 + rows // 4096\n  grid: [rows // rpt]"))
     harness = render(load_kernel(root, K), "harness")
     assert "__launch_bounds__(kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_spec::THREADS, 1)\nrmsnorm_v2__decode_r16_h7168(" in harness
     assert "__launch_bounds__(kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_spec::THREADS, 5)\nrmsnorm_v2__large_r16384_h7168(" in harness
@@ -155,7 +155,7 @@ def test_launch_bounds_follow_min_blocks_per_sm(root):
 def test_partition_override_moves_the_task_slice(root):
     spec = root / "specs" / f"{K}.yaml"
     spec.write_text(spec.read_text().replace(
-        "  grid: [rows]", '  grid: [rows]\n  overrides:\n    - {variants: "large_r16384_*", partition: {input: [-1, -1]}}'))
+        "  grid: [rows // rpt]", '  grid: [rows // rpt]\n  overrides:\n    - {variants: "large_r16384_*", partition: {input: [-1, -1]}}'))
     harness = render(load_kernel(root, K), "harness")
     large = harness[harness.index("rmsnorm_v2__large_r16384_h7168("):]
     assert "input + static_cast<size_t>(task)" not in large.split("task, kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_spec::task_smem()")[0]
@@ -164,7 +164,7 @@ def test_partition_override_moves_the_task_slice(root):
 
 def test_smem_sized_by_variant_symbols_is_planned_per_variant(root):
     spec = root / "specs" / f"{K}.yaml"
-    spec.write_text(spec.read_text().replace("bytes: 16, align: 16", "bytes: \"max(16, rows // 4)\", align: 16"))
+    spec.write_text(spec.read_text().replace("bytes: 64, align: 16", "bytes: \"max(64, rows // 4)\", align: 16"))
     k = load_kernel(root, K)
     header, harness = render(k, "spec_header"), render(k, "harness")
     assert "constexpr size_t SMEM_TOTAL_MAX = 4096;" in header            # 16384 // 4

@@ -80,12 +80,13 @@ def test_forced_spill_fails_the_build_and_leaves_no_library(project):
     text = spec.read_text()
     start = text.index("  variants:")
     end = text.index("  # every variant must")
-    spec.write_text(text[:start] + "  variants:\n    decode_r8_h4096: {rows: 2, hidden: 65536}\n" + text[end:])
+    spec.write_text(text[:start] + "  variants:\n    decode_r8_h4096: {rows: 2, hidden: 65536, rpt: 1}\n" + text[end:])
     project.edit("specs/rmsnorm_v2.yaml", '{variants: "large_r16384_*", min_bandwidth_fraction: 0.90}', '{variants: "decode_r8_h4096", max_us: 100}')
     project.edit("specs/rmsnorm_v2.yaml", '    - {variants: "decode_*", max_time_vs_baseline: 1.0}\n', "")
     project.edit("specs/rmsnorm_v2.yaml", '    - {variants: "large_r4096_*",  min_bandwidth_fraction: 0.85}\n', "")
     project.edit("specs/rmsnorm_v2.yaml", '    - {variants: "large_r16384_*", max_time_vs_baseline: 1.08, baseline: compile}\n', "")
-    project.edit("specs/rmsnorm_v2.yaml", "bytes: 16, align: 16", "bytes: 128, align: 16")
+    project.edit("specs/rmsnorm_v2.yaml", '    - {variants: "large_*", max_vs_incumbent: 0.5, figure: makespan, incumbent: rmsnorm_hopper}\n', "")
+    project.edit("specs/rmsnorm_v2.yaml", "bytes: 64, align: 16", "bytes: 128, align: 16")
     run = project.scons("stage=compile", check=False)
     assert run.returncode != 0
     assert "resource gate failed" in run.stderr and "spills" in run.stderr

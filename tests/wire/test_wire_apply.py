@@ -38,7 +38,8 @@ def test_wired_tree_compiles_and_dispatches(tree):
     res = run_driver(exe, "rmsnorm_v2_hopper", *RMS_T, "+", "rmsnorm_v2_sm100", *RMS_T,
                      "+", "silu_mul_v1_hopper", *SILU_T, "+", "silu_mul_v1_sm100", *SILU_T,
                      "+", "rmsnorm_v2_hopper", *RMS_T,
-                     "+", "rmsnorm_v2_hopper", "1x7168:8x7168", "7168:7168", "1x7168:8x7168")
+                     "+", "rmsnorm_v2_hopper", "1x7168:8x7168", "7168:7168", "1x7168:8x7168",
+                     "+", "rmsnorm_v2_hopper", "4x7168:16x7168", "7168:7168", "4x7168:16x7168")
     assert res.returncode == 0, res.stderr
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("dispatch")]
     assert lines == [
@@ -50,13 +51,15 @@ def test_wired_tree_compiles_and_dispatches(tree):
         # identical code shares a variant; another hidden size is a new variant
         "dispatch rmsnorm_v2_hopper -> TASK_RMSNORM_V2_HOPPER(153) inputs=2 outputs=1 variant=0 task_offset=5 tma=0",
         "dispatch rmsnorm_v2_hopper -> TASK_RMSNORM_V2_HOPPER(153) inputs=2 outputs=1 variant=1 task_offset=5 tma=0",
+        # four rows a task (the layer's grid made the output tile 4 rows): a variant of its own
+        "dispatch rmsnorm_v2_hopper -> TASK_RMSNORM_V2_HOPPER(153) inputs=2 outputs=1 variant=2 task_offset=5 tma=0",
     ]
     code = [ln[6:] for ln in res.stdout.splitlines() if ln.startswith("code| ")]
     # the body runs on its spec's threads of the worker block, with MPK's own pointers and
     # the SMEM base by MPK's convention (the stand-in CodeKeeper does not indent)
     assert code[:8] == [
         "  if (threadIdx.x < kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_spec::THREADS) {",
-        "  kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_task<4096>(",
+        "  kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_task<4096, 1>(",  # rpt: the rows of the task's output tile
         "      static_cast<__nv_bfloat16 const *>(task_desc->input_ptrs[0]),",
         "      static_cast<__nv_bfloat16 const *>(task_desc->input_ptrs[1]),",
         "      static_cast<__nv_bfloat16 *>(task_desc->output_ptrs[0]),",
@@ -65,7 +68,8 @@ def test_wired_tree_compiles_and_dispatches(tree):
         "  }",
     ]
     assert "  kernel::mpkbuild_silu_mul_v1::silu_mul_v1_task<2048, 0>(" in code
-    assert "  kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_task<7168>(" in code
+    assert "  kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_task<7168, 1>(" in code
+    assert "  kernel::mpkbuild_rmsnorm_v2::rmsnorm_v2_task<7168, 4>(" in code
     # the existing tasks still dispatch
     res = run_driver(exe, "rmsnorm_hopper", *RMS_T)
     assert "TASK_RMS_NORM_HOPPER(152)" in res.stdout

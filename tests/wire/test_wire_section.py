@@ -26,7 +26,8 @@ def test_schema_is_valid_and_accepts_the_examples():
 
 def test_defaults_fill_every_name():
     spec = rmsnorm_spec()
-    spec["wiring"] = {}                                   # every name from its default
+    # every name from its default; the call stays: rpt is a tile dim the defaults cannot name
+    spec["wiring"] = {"call": spec["wiring"]["call"]}
     frags = wire.render(spec, WIRING, {"sm_90a": 170, "sm_100a": 240})
     assert frags["enum.sm_90a.h"] == "  TASK_RMSNORM_V2_HOPPER = 170,\n"
     assert frags["enum.sm_100a.h"] == "  TASK_RMSNORM_V2_SM100 = 240,\n"
