@@ -14,7 +14,8 @@ same GPU: ours' makespan and ours / the incumbent, with the A/A floor.
 libraries built by that machine's nvcc and host compiler) or from another source tree: each
 of its libraries is timed too, in turn with the one built here, and the two workers' machine
 code is compared byte for byte -- the controlled experiment for "the verdict moved when the
-build moved machines", or for one body against another in the same composition.
+build moved machines", or for one body against another in the same composition (a run
+from another source tree is timed with that tree's own graphs, where the tree is here).
 """
 from __future__ import annotations
 
@@ -89,23 +90,28 @@ def main() -> int:
     there = json.loads((args.elsewhere / "evidence.json").read_text()) if args.elsewhere else None
     checkout = mk.Checkout.find(args.mpk_root.resolve())
     k = load_kernel(REPO, args.kernel, write_cache=False)
+    # a run from another source tree is timed with its own tree's job (its spec's graphs)
+    theirs = (compositions(load_kernel(Path(there["repo"]), args.kernel, write_cache=False), args.variant)
+              if there and there.get("repo") and Path(there["repo"]).is_dir() else None)
     rows = {}
     for i, (name, kk) in enumerate(compositions(k, args.variant).items()):
         if args.composition and name not in args.composition:
             continue
         rows[name] = build(kk, args.out / f"c{i}", checkout)
+        sides = [(name, kk)]
         other = there and there["rows"].get(name)
         if other:
-            rows[f"{name} ({args.elsewhere.name})"] = {**other, "library": str(args.elsewhere / other["library"])}
+            label = f"{name} ({args.elsewhere.name})"
+            rows[label] = {**other, "library": str(args.elsewhere / other["library"])}
             rows[name]["same_machine_code"] = other["worker_sha256"] == rows[name]["worker_sha256"]
-        if args.run:
-            for rounds in range(2 if other else 1):     # here, elsewhere, here, elsewhere: drift shows
-                for key in (name, f"{name} ({args.elsewhere.name})")[:2 if other else 1]:
-                    lib = rows[key]["library"]
-                    lib = lib if Path(lib).is_absolute() else str(args.out / lib)
-                    rows[key].setdefault("runs", []).append(run(kk, lib, checkout.root, args.variant))
-                    rows[key]["run"] = rows[key]["runs"][-1]
-    (args.out / "evidence.json").write_text(json.dumps({"toolchain": toolchain_fact(), "rows": rows,
+            sides.append((label, theirs[name] if theirs else kk))
+        for _ in range(2 if other and args.run else 1 if args.run else 0):   # A B A B: drift shows
+            for key, spec_of in sides:
+                lib = rows[key]["library"]
+                lib = lib if Path(lib).is_absolute() else str(args.out / lib)
+                rows[key].setdefault("runs", []).append(run(spec_of, lib, checkout.root, args.variant))
+                rows[key]["run"] = rows[key]["runs"][-1]
+    (args.out / "evidence.json").write_text(json.dumps({"toolchain": toolchain_fact(), "repo": str(REPO), "rows": rows,
                                                          "elsewhere": there and there["toolchain"]}, indent=1))
     print(f"{args.kernel} {args.variant}; here: {toolchain_fact()}"
           + (f"; elsewhere: {there['toolchain']}" if there else ""))
