@@ -85,7 +85,7 @@ def main() -> int:
     ap.add_argument("--composition", action="append", help="build only these (e.g. 'production worker, every variant')")
     ap.add_argument("--elsewhere", type=Path, help="an --out folder built on another machine, timed beside")
     args = ap.parse_args()
-    args.out = args.out.resolve()       # nvcc's split steps run in another folder
+    args.out = args.out.resolve()
     args.elsewhere = args.elsewhere and args.elsewhere.resolve()
     there = json.loads((args.elsewhere / "evidence.json").read_text()) if args.elsewhere else None
     checkout = mk.Checkout.find(args.mpk_root.resolve())

@@ -85,6 +85,7 @@ def build_in(k, work: Path, checkout, runtime: str = "v1") -> tuple[bool, str, f
     `work`, its generated headers under work/gen: (ok, nvcc's log text, seconds, library).
     The tune's runtime trial and a composition experiment build theirs so."""
     from mpkbuild.stages import generate
+    work = Path(work).resolve()        # nvcc's split steps run in another folder
     section = k.spec.sections["codegen"]
     for role, name in (("spec_header", f"{k.name}_spec.h"), ("body", f"{k.name}.cuh")):
         generate.generate_file(role, section, k.spec.file, k.body_source, k.root, work / "gen" / name)
