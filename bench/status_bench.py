@@ -58,7 +58,7 @@ TRIVIAL_BODY = """\
 #pragma once
 #include <cuda_bf16.h>
 
-template <int HIDDEN>
+template <int HIDDEN, int RPT>
 __device__ __forceinline__ void {{ kernel }}_task(const __nv_bfloat16* input,
                                                  const __nv_bfloat16* weight,
                                                  __nv_bfloat16* output,
@@ -95,8 +95,8 @@ def make_tree(dest: Path, n: int) -> list[str]:
         spec["description"] = f"synthetic bench kernel {i}: copies a row"
         cg = spec["codegen"]
         cg["body"] = f"kernels/{k}/{k}.cuh.j2"
-        cg["variants"] = {"decode_r1_h1024": {"rows": 1, "hidden": 1024},
-                          "decode_r8_h2048": {"rows": 8, "hidden": 2048}}
+        cg["variants"] = {"decode_r1_h1024": {"rows": 1, "hidden": 1024, "rpt": 1},
+                          "decode_r8_h2048": {"rows": 8, "hidden": 2048, "rpt": 1}}
         spec["validate"]["reference"] = f"kernels/{k}/reference.py:rmsnorm_reference"
         spec["perf"]["baseline"] = f"kernels/{k}/reference.py:torch_rms_norm"
         for extra in spec["perf"].get("baselines", []):     # torch.compile etc.: this kernel's file

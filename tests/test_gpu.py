@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
 
 K = "rmsnorm_v2"
 BODY = f"kernels/{K}/{K}.cuh.j2"
-STORE = "  for (int i = 0; i < ITERS; ++i) __stcs(out4 + i * THREADS + tid, scale(x[i], w[i], inv_rms));"
+STORE = "      for (int i = 0; i < ITERS; ++i) __stcs(out4 + b * ROW + i * THREADS + tid, scale(x[b][i], w[i], inv_rms));"
 
 
 def only_sm90(project):
@@ -86,7 +86,7 @@ FAULTS = {
     "state": (("  float ss = 0.f;", "  __shared__ int bump; if (tid == 0) bump = atomicAdd(&mpk_fault_steps, 1);\n"
                                     "  __syncthreads();  // mpk-lint: allow (the fault under test)\n  float ss = (bump % 2) ? 1.0f : 0.f;"),
               "fail", "differs bitwise between step"),
-    "crash": ((STORE, STORE.replace("out4 + i", "out4 + (1ull << 40) + i")), "crash", "illegal"),
+    "crash": ((STORE, STORE.replace("out4 + b", "out4 + (1ull << 40) + b")), "crash", "illegal"),
     "hang": (("  float ss = 0.f;", "  while (task_index >= 0) __nanosleep(1000);\n  float ss = 0.f;"), "hang", "timeout"),
 }
 

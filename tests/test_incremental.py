@@ -70,7 +70,7 @@ def test_variant_edit_regenerates_and_rebuilds(built):
 
 def test_body_edit_reruns_compile_and_gpu_gates_not_spec(built):
     # wire installs the rendered body into a checkout, so its fragments change too
-    built.edit(BODY, "// One task = one row.", "// One task = one row (edited).")
+    built.edit(BODY, "// One task = RPT consecutive rows", "// One task = RPT consecutive rows (edited)")
     run = built.scons("stage=review")
     assert sorted(run.actions) == sorted([f"generate {K} {K}.cuh", f"wire {K}"] + DOWNSTREAM_OF_COMPILE)
 

@@ -88,7 +88,7 @@ CORPUS = {
     "perf": edit_spec("repeats: 7", "repeats: 9"),
     "wiring": edit_spec("test_variant: decode_r8_h4096", "test_variant: decode_r16_h4096"),
     "comment only": edit_spec("# one fp32 partial per warp", "# reworded"),
-    "body": lambda p: p.edit(f"kernels/{K}/{K}.cuh.j2", "// One task = one row.", "// One task, one row."),
+    "body": lambda p: p.edit(f"kernels/{K}/{K}.cuh.j2", "// One task = RPT consecutive rows", "// One task, RPT consecutive rows"),
     "body comment at end": lambda p: p.path(f"kernels/{K}/{K}.cuh.j2").write_text(
         p.path(f"kernels/{K}/{K}.cuh.j2").read_text() + "// trailing note\n"),
     "reference": lambda p: p.edit(f"kernels/{K}/reference.py", '"""Called with float64', '"""Called (edited) with float64'),
@@ -97,8 +97,8 @@ CORPUS = {
     # a stage's own part of the review (its row's report): the review renders it
     "review part": append(f"{PKG}/stages/validate/review.md.j2", "\n"),
     "touch": touch_all,
-    "body, same size, mtime kept": kept_mtime_edit(f"kernels/{K}/{K}.cuh.j2", "// One task = one row.",
-                                                   "// One task = one ROW."),
+    "body, same size, mtime kept": kept_mtime_edit(f"kernels/{K}/{K}.cuh.j2", "// One task = RPT consecutive rows",
+                                                   "// One task = RPT consecutive ROWS"),
     "reference, same size, mtime kept": kept_mtime_edit(f"kernels/{K}/reference.py", '"""Called with float64',
                                                         '"""CALLED with float64'),
     "spec, same size, mtime kept": kept_mtime_edit(SPEC, "rel_max: 3.0e-2", "rel_max: 2.0e-2"),
@@ -176,7 +176,7 @@ def test_dry_run_status_and_build_agree(built, case):
 
 def test_reasons_are_concrete(built):
     built.edit(SPEC, "rel_max: 3.0e-2", "rel_max: 2.0e-2")
-    built.edit(f"kernels/{K}/{K}.cuh.j2", "// One task = one row.", "// One task, one row.")
+    built.edit(f"kernels/{K}/{K}.cuh.j2", "// One task = RPT consecutive rows", "// One task, RPT consecutive rows")
     nodes = {n["label"]: n for n in status_json(built)["nodes"]}
     assert "spec field `validate.rel_max` changed 0.03 -> 0.02" in nodes[f"validate {K} {GPU}"]["reasons"]
     assert f"kernels/{K}/{K}.cuh.j2 changed" in nodes[f"generate {K} {K}.cuh"]["reasons"]
@@ -381,13 +381,13 @@ def test_old_timestamp_is_not_trusted_by_the_build(built):
     old = time.time() - 5 * 24 * 3600
     os.utime(built.path(body), (old, old))
     assert built.scons("stage=review").actions == []       # SCons records the old timestamp
-    kept_mtime_edit(body, "// One task = one row.", "// One task = one ROW.")(built)
+    kept_mtime_edit(body, "// One task = RPT consecutive rows", "// One task = RPT consecutive ROWS")(built)
     predicted = dry_run_set(built, "stage=review")
     assert f"compile {K} sm_90a" in predicted
     assert predicted == stale_set(built, "stage=review")
     executed = set(built.scons("stage=review").actions)
     assert executed == predicted
-    assert "One task = one ROW." in (built.root / "build" / K / "gen" / f"{K}.cuh").read_text()
+    assert "One task = RPT consecutive ROWS" in (built.root / "build" / K / "gen" / f"{K}.cuh").read_text()
     assert stale_set(built, "stage=review") == set()
 
 

@@ -128,8 +128,8 @@ def test_a_composition_edit_makes_exactly_the_runtime_nodes_stale(project):
     assert not [l for l in after if l.split()[0] in ("compile", "validate", "perf", "generate")], after
     # issue 59 item 3: a variant added to the spec joins the worker every variant is measured
     # in, so the gate measures them all again (and its result says what changed)
-    project.edit("specs/rmsnorm_v2.yaml", "    decode_r8_h4096:    {rows: 8, hidden: 4096}",
-                 "    decode_r8_h4096:    {rows: 8, hidden: 4096}\n    decode_r4_h4096:    {rows: 4, hidden: 4096}")
+    project.edit("specs/rmsnorm_v2.yaml", "    decode_r8_h4096:    {rows: 8, hidden: 4096, rpt: 1}",
+                 "    decode_r8_h4096:    {rows: 8, hidden: 4096, rpt: 1}\n    decode_r4_h4096:    {rows: 4, hidden: 4096, rpt: 1}")
     grown = listed()
     assert {"megakernel rmsnorm_v2", "megakernel-compile rmsnorm_v2 sm_90a"} <= set(grown), grown
     assert any(l.startswith("runtime rmsnorm_v2") for l in grown), grown

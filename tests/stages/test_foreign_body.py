@@ -46,9 +46,13 @@ def foreign(tmp_path):
         spec.pop(section, None)
     cg = spec["codegen"]
     cg.pop("levers", None)
+    # MPK's task takes the hidden size alone: one row a task
     cg.update(body=f"kernels/{K}/{K}.cuh", variants={"decode_r1_h4096": {"rows": 1, "hidden": 4096}},
+              template_params=["hidden"], grid=["rows"],
+              tiling=[t for t in cg["tiling"] if t["symbol"] != "rows"],
               include_dirs=[str(mpk / "include/mirage/persistent_kernel")])
     spec["perf"]["thresholds"] = []
+    spec["runtime"]["thresholds"] = [t for t in spec["runtime"]["thresholds"] if t["variants"] == "*"]
     (project.root / "specs" / f"{K}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     kdir = project.root / "kernels" / K
     kdir.mkdir()
