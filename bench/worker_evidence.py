@@ -105,12 +105,12 @@ def main() -> int:
             rows[label] = {**other, "library": str(args.elsewhere / other["library"])}
             rows[name]["same_machine_code"] = other["worker_sha256"] == rows[name]["worker_sha256"]
             sides.append((label, theirs[name] if theirs else kk))
-        for _ in range(2 if other and args.run else 1 if args.run else 0):   # A B A B: drift shows
+        rounds = (2 if other else 1) if args.run else 0       # A B A B: drift shows
+        for _ in range(rounds):
             for key, spec_of in sides:
                 lib = rows[key]["library"]
                 lib = lib if Path(lib).is_absolute() else str(args.out / lib)
                 rows[key].setdefault("runs", []).append(run(spec_of, lib, checkout.root, args.variant))
-                rows[key]["run"] = rows[key]["runs"][-1]
     (args.out / "evidence.json").write_text(json.dumps({"toolchain": toolchain_fact(), "repo": str(REPO), "rows": rows,
                                                          "elsewhere": there and there["toolchain"]}, indent=1))
     print(f"{args.kernel} {args.variant}; here: {toolchain_fact()}"

@@ -53,13 +53,17 @@ def _run_v2(root: Path, name: str, lib: Path, tmp_path: Path) -> tuple[dict, str
     return _run_runtime(root, name, lib, tmp_path, V2, "v2")
 
 
-@pytest.fixture(scope="session")
-def compiled_v2(tmp_path_factory):
-    """{kernel: (ok, log, seconds, library)}: each v2 megakernel compiled once, in parallel."""
+def _skip_without_tree_or_nvcc():
     if not (V2 / "include").is_dir():
         pytest.skip("../shared/mirage/v2 (the pinned Runtime-V2 tree) is absent")
     if shutil.which("nvcc") is None:
         pytest.skip("needs nvcc on PATH")
+
+
+@pytest.fixture(scope="session")
+def compiled_v2(tmp_path_factory):
+    """{kernel: (ok, log, seconds, library)}: each v2 megakernel compiled once, in parallel."""
+    _skip_without_tree_or_nvcc()
     base = tmp_path_factory.mktemp("megakernels_v2")
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         return dict(pool.map(lambda n: (n, _compile(n, base / n)), KERNELS))
@@ -216,10 +220,7 @@ def test_the_compiled_v2_builder_chains_the_layers_by_their_events(compiled_v2):
 @pytest.fixture(scope="session")
 def compiled_tma_v2(tmp_path_factory):
     """linear_tma_v2's v2 megakernel: a kernel that loads with TMA (issue 58 item 5)."""
-    if not (V2 / "include").is_dir():
-        pytest.skip("../shared/mirage/v2 (the pinned Runtime-V2 tree) is absent")
-    if shutil.which("nvcc") is None:
-        pytest.skip("needs nvcc on PATH")
+    _skip_without_tree_or_nvcc()
     return _compile("linear_tma_v2", tmp_path_factory.mktemp("tma_v2") / "linear_tma_v2")
 
 

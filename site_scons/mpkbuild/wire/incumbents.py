@@ -312,8 +312,7 @@ def _swapab(shapes, p, residual: bool):
     tensors = [{"use": "input", "index": i} for i in ins] + [{"use": "output", "index": 0}]
     # the per-task tensors the host-side descriptors are made from (create_tma_desc_by_task
     # reads each TensorDesc's dims and row stride): x whole, W's, the residual's and y's slices
-    y = ([m, out], out * 2, n)
-    dims = [[m, k], [out, k]] + [y[0]] * (len(ins) - 1)
+    dims = [[m, k], [out, k]] + [[m, out]] * (len(ins) - 1)       # x, W, (the residual,) y
     return tensors, [{"values": values, "grid": [tasks, 1], "inputs": ins, "outputs": [len(ins)],
                       "stride": [[0, 0], [out * k * 2, 0]] + [[out * 2, 0]] * (len(ins) - 1),
                       "active_tokens": m,
