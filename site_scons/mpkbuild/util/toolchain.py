@@ -22,9 +22,15 @@ def toolchain_fingerprint(nvcc: str = "nvcc") -> str:
     names the change). The host compiler is nvcc's (NVCC_CCBIN, else the gcc on PATH): it
     builds the host side and its version is handed to the device front end (cicc's
     --gnu_version), so two machines with one nvcc and another gcc build different binaries."""
-    extra = [f"{name}={value}" for name in NVCC_ENV_FLAGS if (value := os.environ.get(name, "")).strip()]
-    ccbin = os.environ.get("NVCC_CCBIN") or "gcc"
-    host = shutil.which(os.path.join(ccbin, "gcc") if os.path.isdir(ccbin) else ccbin)
+    extra = tuple(f"{name}={value}" for name in NVCC_ENV_FLAGS if (value := os.environ.get(name, "")).strip())
+    return _fingerprint(nvcc, os.environ.get("NVCC_CCBIN") or "gcc", os.environ.get("PATH", ""), extra)
+
+
+@functools.lru_cache(maxsize=None)
+def _fingerprint(nvcc: str, ccbin: str, path: str, extra: tuple[str, ...]) -> str:
+    """Per process and environment: every compiling node asks (800 times at 200 kernels),
+    and finding the host compiler on PATH is a stat per PATH entry (~40 ms in all)."""
+    host = shutil.which(os.path.join(ccbin, "gcc") if os.path.isdir(ccbin) else ccbin, path=path)
     return (_nvcc_version(nvcc) + f", host {_host_version(host)}"
             + (f" with {' '.join(extra)}" if extra else ""))
 
