@@ -8,7 +8,11 @@ then times the variant against its incumbent in each library, one after another 
 same GPU: ours' makespan and ours / the incumbent, with the A/A floor.
 
     python bench/worker_evidence.py --kernel rmsnorm_v2 --variant decode_r1_h4096 \
-        --mpk-root ../shared/mirage/mpk --out /tmp/evidence [--run] [--elsewhere DIR]
+        --mpk-root ../shared/mirage/mpk --out /tmp/evidence [--run] [--probes N] [--elsewhere DIR]
+
+--probes N adds, in each worker, a composition holding every variant and N more (the tune
+space's nearest configurations): the controlled experiment for "a spec grown by candidate
+configurations moves the variants it already had".
 
 --elsewhere DIR names an --out folder written by an earlier run, on another machine (its
 libraries built by that machine's nvcc and host compiler) or from another source tree: each
@@ -35,14 +39,35 @@ from mpkbuild.util.nvcc_steps import cubin_functions  # noqa: E402
 from mpkbuild.util.toolchain import toolchain_fact  # noqa: E402
 
 
-def compositions(k, variant: str) -> dict:
+def compositions(k, variant: str, probes: int = 0) -> dict:
     """name -> the kernel as that megakernel's source is made from."""
     data = k.base.data
-    one = {variant: data["codegen"]["variants"][variant]}
+    every = data["codegen"]["variants"]
+    sets = [("every variant", every), (f"{variant} only", {variant: every[variant]})]
+    if probes:
+        sets.insert(1, (f"every variant + {probes} probes", {**every, **probe_variants(data, probes)}))
     runtime = {**data["runtime"], "blocks": [], "thresholds": []}
     return {f"{worker} worker, {which}": kernel_with(k, variants, {**runtime, "composition": worker})
-            for worker in ("production", "minimal")
-            for which, variants in (("every variant", data["codegen"]["variants"]), (f"{variant} only", one))}
+            for worker in ("production", "minimal") for which, variants in sets}
+
+
+def probe_variants(data: dict, n: int) -> dict:
+    """n more variants, the tune space's nearest configurations of each tuned variant taken in
+    turn: a spec grown by candidates, as RESULTS section 16's probe megakernel of 40 silu_mul
+    configurations was (its decode tasks then ran 3-4x slower than in the catalog's)."""
+    from mpkbuild.stages.tune.space import space
+    variants = data["codegen"]["variants"]
+    pools = [(v, [c for c in s["candidates"] if not c.current]) for v, s in space(data).items()]
+    seen = {json.dumps(b, sort_keys=True) for b in variants.values()}
+    out: dict = {}
+    while len(out) < n and any(pool for _, pool in pools):
+        for v, pool in pools:
+            if pool and len(out) < n:
+                binding = {**variants[v], **pool.pop(0).values}
+                if json.dumps(binding, sort_keys=True) not in seen:
+                    seen.add(json.dumps(binding, sort_keys=True))
+                    out[f"probe{len(out)}_{v}"] = binding
+    return out
 
 
 def build(k, out: Path, checkout) -> dict:
@@ -63,6 +88,8 @@ def run(k, lib: str, checkout_root: Path, variant: str) -> dict:
     from mpkbuild.runners import runtime as runner
     from mpkbuild.stages.runtime import judge
     payload = mk.job_payload(k, checkout_root=checkout_root)
+    # only the studied variant's graphs (ours and its incumbents'): the rest are compiled in
+    payload["graphs"] = [g for g in payload["graphs"] if g["name"] == variant or f":{variant}:" in g["name"]]
     res = runner.main({"root": str(k.root), "library": lib, "kernel": k.name, "runtime": payload})
     r = (res.get("variants") or {}).get(variant) or {}
     h = r.get("head_to_head")
@@ -84,6 +111,8 @@ def main() -> int:
     ap.add_argument("--run", action="store_true", help="time each library on this GPU")
     ap.add_argument("--composition", action="append", help="build only these (e.g. 'production worker, every variant')")
     ap.add_argument("--elsewhere", type=Path, help="an --out folder built on another machine, timed beside")
+    ap.add_argument("--probes", type=int, default=0,
+                    help="also build each worker with every variant and this many more (tune-space neighbours)")
     args = ap.parse_args()
     args.out = args.out.resolve()
     args.elsewhere = args.elsewhere and args.elsewhere.resolve()
@@ -91,10 +120,10 @@ def main() -> int:
     checkout = mk.Checkout.find(args.mpk_root.resolve())
     k = load_kernel(REPO, args.kernel, write_cache=False)
     # a run from another source tree is timed with its own tree's job (its spec's graphs)
-    theirs = (compositions(load_kernel(Path(there["repo"]), args.kernel, write_cache=False), args.variant)
+    theirs = (compositions(load_kernel(Path(there["repo"]), args.kernel, write_cache=False), args.variant, args.probes)
               if there and there.get("repo") and Path(there["repo"]).is_dir() else None)
     rows = {}
-    for i, (name, kk) in enumerate(compositions(k, args.variant).items()):
+    for i, (name, kk) in enumerate(compositions(k, args.variant, args.probes).items()):
         if args.composition and name not in args.composition:
             continue
         rows[name] = build(kk, args.out / f"c{i}", checkout)
