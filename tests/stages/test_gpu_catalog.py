@@ -10,7 +10,8 @@ from mpkbuild.stages.perf.report import dram_figures
 
 pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
 
-CATALOG = ("silu_mul_v2", "embedding_v2", "embedding_tokens_v2", "argmax_v2", "argmax_fp32_v2", "linear_v2")
+CATALOG = ("silu_mul_v2", "embedding_v2", "embedding_tokens_v2", "argmax_v2", "argmax_fp32_v2", "linear_v2",
+           "linear_residual_v2")
 
 
 def only_sm90(project, kernel):
