@@ -278,16 +278,27 @@ def test_hang_phase_from_runtime_counters():
     assert hang_phase("events 0 1 8; workers 1; schedulers 1", g, 1).startswith("termination")
 
 
+# Issue 59 item 3: a spec's variants share the gate's worker. silu_mul_v2's ten (with their
+# incumbents) take the production-shaped worker to 255 registers and 56 B of spill stores and
+# loads; one variant alone beside the model's tasks compiles to 217 registers and none
+# (bench/worker_evidence.py, RESULTS 28). The day it stops spilling this set says so.
+SPILLING_WORKERS = {"silu_mul_v2"}
+
+
 @needs_tree
 @pytest.mark.nvcc
 def test_every_catalog_megakernel_compiles(compiled):
     bad = {n: "\n".join(l for l in r[1].splitlines() if "error" in l)[:800]
            for n, r in compiled.items() if not r[0]}
     assert not bad, bad
+    spilling = {}
     for name, (ok, log, took, lib) in compiled.items():
         assert lib.stat().st_size > 0
-        assert "worker_kernel" in log            # ptxas -v named the runtime's kernels
-        assert "0 bytes spill stores" in log
+        worker = runtime.worker_facts(log)      # ptxas -v named the runtime's worker entry
+        assert "worker_kernel" in worker["entry"] and 0 < worker["registers"] <= 255, (name, worker)
+        if worker["spill_stores"] or worker["spill_loads"]:
+            spilling[name] = worker
+    assert set(spilling) == SPILLING_WORKERS, spilling
 
 
 @needs_tree
