@@ -3,7 +3,7 @@
 # each fits one 10-minute device call (the whole GPU suite did not: on one H200, 2026-12-01,
 # 35 of its 37 tests took 575 s, with noise-driven sampling and the torch.compile baselines).
 #
-#   bash bench/gpu_box.sh OUTDIR PART      PART: gates | catalog | catalog-perf | runtime | pipeline | linear | bench | review | tune
+#   bash bench/gpu_box.sh OUTDIR PART      PART: gates | catalog | catalog-perf | runtime | targets | pipeline | linear | bench | review | tune
 #
 #   gates    pytest -m gpu: the fault verdicts, rmsnorm_v2's gates, the context flags
 #   catalog  pytest -m gpu: every catalog kernel's validate, and the edge behaviours' teeth
@@ -12,6 +12,9 @@
 #   runtime  pytest -m gpu: the runtime gate in the real MPK persistent kernel, v1 and v2;
 #            needs the MPK headers carried as .mirage/ (mpk/ and v2/ include and src,
 #            cutlass/include, json/include copied from ../shared/mirage; docs/gpu-box.md)
+#   targets  pytest -m gpu: issue 58's targets (linear_tma_v2, linear_residual_v2 through every
+#            gate with the MPK checkout, as for runtime), strict expected failures naming the
+#            numbers they miss by
 #   pipeline pytest -m gpu: the warp-role pipeline (pipe_copy, pipe_tma, the family-A starter, the fault
 #            that hangs) and the profile stage (ncu on linear_v2)
 #   linear   the two linears through scons, every gate (validate, perf, profile; with .mirage/
@@ -27,8 +30,8 @@
 # Each test's name and outcome is in OUTDIR/PART.log as it runs (-v), so a call cut short
 # still says which tests passed; `timeout` ends a part that would outlive the call.
 set -uo pipefail
-out=${1:?usage: gpu_box.sh OUTDIR gates|catalog|catalog-perf|runtime|pipeline|linear|bench|review|tune}
-part=${2:?usage: gpu_box.sh OUTDIR gates|catalog|catalog-perf|runtime|pipeline|linear|bench|review|tune}
+out=${1:?usage: gpu_box.sh OUTDIR gates|catalog|catalog-perf|runtime|targets|pipeline|linear|bench|review|tune}
+part=${2:?usage: gpu_box.sh OUTDIR gates|catalog|catalog-perf|runtime|targets|pipeline|linear|bench|review|tune}
 limit=${PART_TIMEOUT_S:-560}
 work=/tmp/mpk-gpu-box
 mkdir -p "$out" "$work"
@@ -46,6 +49,10 @@ case "$part" in
     # the tests look for the pinned tree at ../shared/mirage, as on the CPU machines
     mkdir -p ../shared && ln -sfn "$PWD/.mirage" ../shared/mirage
     tests tests/stages/test_runtime_gate.py tests/stages/test_runtime_v2.py ;;
+  targets)
+    [ -d .mirage/mpk/include ] || { echo "no .mirage/mpk/include: carry the MPK headers"; exit 1; }
+    mkdir -p ../shared && ln -sfn "$PWD/.mirage" ../shared/mirage
+    tests tests/stages/test_gpu_linear_targets.py ;;
   bench)
     # with the MPK headers carried, the runtime gate's wall time and edit-to-verdict too
     mpk=(); [ -d .mirage/mpk/include ] && mpk=(--mpk-root .mirage/mpk)
@@ -65,5 +72,5 @@ case "$part" in
   tune)
     timeout "$limit" python3 bench/tune_bench.py -j16 2>&1 | tee "$out/tune.txt"
     cp -r tuned "$out/" ;;
-  *) echo "unknown part $part (gates, catalog, catalog-perf, runtime, pipeline, linear, bench, review, tune)"; exit 2 ;;
+  *) echo "unknown part $part (gates, catalog, catalog-perf, runtime, targets, pipeline, linear, bench, review, tune)"; exit 2 ;;
 esac

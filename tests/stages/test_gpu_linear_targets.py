@@ -1,0 +1,63 @@
+"""Issue 58's targets on a real GPU: the TMA pipeline linear and the residual linear through
+validate, perf and the runtime gate in the pinned MPK checkout, their thresholds being the
+issue's targets (0.8x MPK's task inside MPK at every shape; the harness at most 1.0x cuBLAS
+cold). Not met today: each kernel's test is a strict expected failure that names the numbers,
+raised only by missed thresholds -- a crash, a hang, wrong numerics or a variant without a
+result fail it outright -- so the day a kernel meets its targets the suite says so.
+Marked `gpu`: skipped with a reason where there is no CUDA GPU; `bench/gpu_box.sh OUT targets`."""
+import json
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
+
+PINNED = REPO.parent / "shared" / "mirage" / "mpk"
+
+
+class TargetsUnmet(AssertionError):
+    """The kernel ran every gate soundly and missed only thresholds (issue 58's targets)."""
+
+
+# the figures the targets were missed by (bench/RESULTS.md sections 27 and 28)
+MISSED = {
+    "linear_tma_v2": "in-runtime 0.84-1.53x linear_swapAB_hopper on the H200, 0.95-1.31x on the H100 "
+                     "(target 0.8x at every shape); harness cold 1.21x the baseline at m16 n14336 "
+                     "on the H100 (limit 1.0x)",
+    "linear_residual_v2": "in-runtime 0.84-1.38x linear_swapAB_with_residual_hopper on the H200, "
+                          "0.88-1.26x on the H100 (target 0.8x at every shape)",
+}
+
+
+def gate_result(project, kernel, gate):
+    (path,) = list((project.root / "build" / kernel / "gpu").glob(f"*/{gate}.json"))
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("kernel", [
+    pytest.param(k, marks=pytest.mark.xfail(strict=True, raises=TargetsUnmet, reason=why))
+    for k, why in MISSED.items()])
+def test_linear_meets_issue_58s_targets_in_the_harness_and_inside_mpk(project_all, kernel):
+    if not (PINNED / "include").is_dir():
+        pytest.skip("../shared/mirage (the pinned MPK tree) is absent")
+    project = project_all
+    run = project.scons(f"kernel={kernel}", "stage=review", f"mpk_root={PINNED}", "-k",
+                        fake_gpu=False, check=False)
+    validate = gate_result(project, kernel, "validate")
+    assert validate["verdict"] == "pass", validate["message"]
+    missed = []
+    for gate in ("perf", "runtime"):
+        res = gate_result(project, kernel, gate)
+        # judged: every variant ran soundly (numerics against the incumbent included), so what
+        # is left is thresholds
+        assert res["verdict"] in ("pass", "fail", "unsure") and "problems" in res, (gate, res["message"])
+        assert not [p for p in res["problems"] if "no result" in p], res["problems"]
+        missed += [f"{gate}: {p}" for p in res["problems"] + res.get("unsure", [])]
+    runtime = gate_result(project, kernel, "runtime")
+    assert set(runtime["variants"]) >= set(validate["variants"])
+    for name, r in runtime["variants"].items():
+        assert r["iterations"] >= 3 and r["head_to_head"]["incumbents"], name
+    if missed:
+        raise TargetsUnmet("\n".join(missed))
+    assert run.returncode == 0, run.stdout[-2000:]
