@@ -549,7 +549,7 @@ def test_a_cold_head_to_head_judges_launches_after_the_l2_is_written_over_and_ke
     head_to_head.payload["memory"] = "cold"
     res = head_to_head(task_us={"ours": 1.0, "rmsnorm_hopper": 2.0})
     h = res["variants"]["decode_r1_h4096"]["head_to_head"]
-    assert h["memory"].startswith("cold: the L2 written over before each launch")
+    assert h["memory"].startswith("cold: the L2 filled with other, clean data before each launch")
     assert len(h["ours"]["makespan_us"]) == 9 and len(h["hot"]["ours"]["makespan_us"]) == 9
     assert list(h["hot"]["incumbents"]) == ["rmsnorm_hopper"] and len(h["hot"]["aa"]["makespan_us"]) == 9
     launches = [c for c in head_to_head.made[-1].calls if c.startswith("restore")]

@@ -11,8 +11,9 @@ when the whole interval is within `max_vs_incumbent`, fails when the whole of it
 is unsure otherwise; a rule with nothing to judge (the incumbent cannot run on this
 checkout) fails and says why; a rule naming an incumbent of the other runtime (v1 or
 Runtime-V2) is not this run's to judge. Every sample is one launch (on Runtime-V2 the median
-of its iterations; with `runtime.memory: cold` a launch after the L2 was written over, the hot
-launches beside them a diagnostic, judged alike but held to no rule), timed by the runtime's own profiler (on v2 the megakernel's marks). The
+of its iterations; with `runtime.memory: cold` a launch after the L2 was filled with other,
+clean data, the hot launches beside them a diagnostic, judged alike but held to no rule), timed
+by the runtime's own profiler (on v2 the megakernel's marks). The
 floor is the gate's own: ours against ours set up separately in the same megakernel (the A/A
 side), whose ratio should be 1; how far its interval reaches from 1 widens every ratio's
 interval each side, as perf's capture floor does, so "faster" and "slower" are said only

@@ -108,10 +108,10 @@ SCHEMA: dict = {
             ]},
         "memory": {"enum": ["hot", "cold"], "default": "hot",
                    "description": "the state the judged launches find memory in: hot (what the "
-                                  "launch before left in L2) or cold (the L2 written over before "
-                                  "each launch of every side, as a decode step streams its "
-                                  "weights from DRAM: for weight-streaming ops; the hot figure "
-                                  "is then shown as a diagnostic)"},
+                                  "launch before left in L2) or cold (the L2 filled with other, "
+                                  "clean data before each launch of every side, as a decode step "
+                                  "streams its weights from DRAM: for weight-streaming ops; the "
+                                  "hot figure is then shown as a diagnostic)"},
         "pairs": {"type": "integer", "minimum": 5, "maximum": 1000, "default": 20,
                   "description": "interleaved launches (ours, incumbent, ours, ...) "
                                  "timed per variant"},
