@@ -6,6 +6,7 @@ raised only by missed thresholds -- a crash, a hang, wrong numerics or a variant
 result fail it outright -- so the day a kernel meets its targets the suite says so.
 Marked `gpu`: skipped with a reason where there is no CUDA GPU; `bench/gpu_box.sh OUT targets`."""
 import json
+import os
 
 import pytest
 
@@ -42,8 +43,9 @@ def test_linear_meets_issue_58s_targets_in_the_harness_and_inside_mpk(project_al
     if not (PINNED / "include").is_dir():
         pytest.skip("../shared/mirage (the pinned MPK tree) is absent")
     project = project_all
+    # both archs' variants compile side by side (the box has the cores; the GPU gates queue)
     run = project.scons(f"kernel={kernel}", "stage=review", f"mpk_root={PINNED}", "-k",
-                        fake_gpu=False, check=False)
+                        f"-j{os.cpu_count() or 2}", fake_gpu=False, check=False)
     validate = gate_result(project, kernel, "validate")
     assert validate["verdict"] == "pass", validate["message"]
     missed = []
