@@ -940,3 +940,29 @@ def test_where_the_worker_is_production_shaped_the_other_configurations_run_in_t
     assert any("rms_norm_hopper_impl<bfloat16, 4, 4096>(" in b for b in minimal_only), minimal_only
     assert not any("rms_norm_hopper_impl<bfloat16, 1, 4096>(" in b for b in minimal_only)
     assert "#ifndef MPKB_MINIMAL_WORKER" in source
+
+
+def test_a_cold_head_to_head_says_what_it_asks_of_dram_and_when_a_limit_asks_past_the_ceiling():
+    """In DRAM terms (issue 58: where a target cannot be met, say by how much): each side's
+    bytes over its makespan, the ceiling measured for the mix, and what the 0.8x rule asks.
+    linear_tma_v2 on the H100 (tests/fixtures/runtime_h100): at large_m1_n28672_k8192 MPK's
+    linear already moves 2.64 TB/s, so 0.8x of it asks 3.30, past the 3.21 measured."""
+    from mpkbuild.stages import review
+    from mpkbuild.stages.runtime.report import head_to_head_table
+    fixture = REPO / "tests" / "fixtures" / "runtime_h100"
+    rt, perf = (json.loads((fixture / f"{n}.json").read_text()) for n in ("runtime", "perf"))
+    rows = {r["variant"]: r for r in head_to_head_table(rt, perf) if r["incumbent"] == "linear_swapAB_hopper"}
+    large, m1 = rows["large_m1_n28672_k8192"]["dram"], rows["decode_m1_n14336_k4096"]["dram"]
+    nbytes = perf["variants"]["large_m1_n28672_k8192"]["bytes"]
+    theirs = rt["variants"]["large_m1_n28672_k8192"]["head_to_head"]["incumbents"]["linear_swapAB_hopper"]
+    assert large["theirs_tbps"] == pytest.approx(nbytes / theirs["figures"]["makespan"]["median"] / 1e6)
+    assert large["ceiling_tbps"] == perf["variants"]["large_m1_n28672_k8192"]["ceiling"]["Bps"] / 1e12
+    assert [(a["limit"], round(a["tbps"], 2)) for a in large["asks"]] == [(0.8, 3.3)]
+    assert large["asks"][0]["of_ceiling"] > 1 > m1["asks"][0]["of_ceiling"]
+    # the configurations beside the default are MPK at another task count: no rule asks of them
+    assert all("dram" not in r for r in head_to_head_table(rt, perf) if "@" in r["incumbent"])
+    page = review.render_kernel(review.kernel_review("linear_tma_v2", fixture, [], "h100", {},
+                                                     {"runtime": fixture / "runtime.json",
+                                                      "perf": fixture / "perf.json"}))
+    assert "DRAM 2.61 / 2.64 TB/s, ceiling 3.21; **0.8x asks 3.30 TB/s, above the measured ceiling**" in page
+    assert "DRAM 2.02 / 1.94 TB/s, ceiling 3.21; 0.8x asks 2.43 (76%)" in page

@@ -100,6 +100,12 @@ def head_to_head_table(rt: dict, perf: dict | None) -> list[dict]:
                 row["flag"] = "timed in the minimal worker, against ours there"
             if not x.get("default", True) and (h2h.get("best") or {}).get(x.get("task")) == inc:
                 row["flag"] = "; ".join(filter(None, [f"MPK's task at its best: {x['config']}", row["flag"]]))
+            if h2h.get("hot") and x.get("default", True):       # cold: both sides stream from DRAM
+                row["dram"] = dram_figures((perf or {}).get("variants", {}).get(name) or {},
+                                           row["makespan"], row["incumbent_makespan"],
+                                           [rule for rule in r.get("limits") or []
+                                            if rule.get("incumbent") in (None, inc)
+                                            and rule.get("against", "default") == "default"])
             verdict = (vs.get("makespan") or {}).get("verdict")
             if h and verdict in ("faster", "slower") and h["verdict"] in ("faster", "slower") \
                     and verdict != h["verdict"]:
@@ -113,6 +119,23 @@ def head_to_head_table(rt: dict, perf: dict | None) -> list[dict]:
             rows.append({"variant": name, "incumbent": m["incumbent"] or "none", "why": m["why"],
                          "harness": h})
     return rows
+
+
+def dram_figures(perf_variant: dict, ours: dict | None, theirs: dict | None, limits: list) -> dict | None:
+    """A cold head to head in DRAM terms: the bytes the op moves (perf's count) over each
+    side's makespan, the ceiling measured for its mix, and what each makespan rule's limit
+    asks (the bytes over limit x the incumbent's makespan). A limit asking more than the
+    ceiling is one no kernel is known to reach on this GPU: the review says so beside it."""
+    nbytes, ceiling = perf_variant.get("bytes"), (perf_variant.get("ceiling") or {}).get("Bps")
+    if not nbytes or not ceiling or not ours or not theirs or not ours["us"] or not theirs["us"]:
+        return None
+    tbps = lambda us: nbytes / (us * 1e-6) / 1e12              # noqa: E731
+    asks = [{"limit": rule["max_vs_incumbent"], "tbps": tbps(rule["max_vs_incumbent"] * theirs["us"])}
+            for rule in limits if rule.get("figure", "makespan") == "makespan" and "max_vs_incumbent" in rule]
+    for a in asks:
+        a["of_ceiling"] = a["tbps"] / (ceiling / 1e12)
+    return {"ours_tbps": tbps(ours["us"]), "theirs_tbps": tbps(theirs["us"]), "ceiling_tbps": ceiling / 1e12,
+            "asks": asks}
 
 
 def status_note(root, node, files=None) -> str | None:
