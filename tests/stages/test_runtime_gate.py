@@ -429,8 +429,9 @@ def _stand_in(monkeypatch, checkout=None, names=("decode_r1_h4096", "decode_r8_h
             FakeMegakernel(payload["graphs"], hang, **fake) if path == "stand-in" else
             FakeMegakernel(payload["graphs"], None, **{**fake, **minimal})) or made[-1])
         job = {"root": str(REPO), "library": "stand-in", "runtime": payload}
-        if minimal is not None:
-            job["library_minimal"] = "stand-in minimal worker"
+        if minimal is not None:         # each variant's worker alone: one library each
+            job["library_alone"] = {g["name"]: f"stand-in {g['name']} alone" for g in payload["graphs"]
+                                    if g.get("role") != "incumbent"}
         return side.main(job)
 
     run.graphs = [g for g in payload["graphs"] if g.get("role") != "incumbent"]
@@ -561,11 +562,12 @@ def test_a_cold_head_to_head_judges_launches_after_the_l2_is_written_over_and_ke
     assert out["verdict"] == "pass" and len(out["variants"]["decode_r1_h4096"]["limits"]) == 1
 
 
-def test_ours_is_timed_in_the_minimal_worker_too_and_the_review_shows_the_compositions_effect(head_to_head):
-    """Issue 59 item 2: where the worker is production-shaped, ours is also set up in the
-    minimal worker's library and launched in the same alternating rounds; ours here / ours
-    there is the composition's effect (a stand-in 1.3x slower among the model's tasks),
-    judged with the A/A floor like any ratio, and the review's lead has it per variant."""
+def test_ours_is_timed_in_its_worker_alone_too_and_the_review_shows_the_compositions_effect(head_to_head):
+    """Issue 59 items 2 and 3: where the worker is production-shaped, ours is also set up in
+    the library of its variant's worker alone (no model task, no other variant) and launched
+    in the same alternating rounds; ours here / ours there is the composition's effect (a
+    stand-in 1.3x slower among the model's tasks and the other variants), judged with the
+    A/A floor like any ratio, and the review's lead has it per variant."""
     res = head_to_head(task_us={"ours": 1.3, "rmsnorm_hopper": 2.0}, minimal={"task_us": {"ours": 1.0}})
     main, small = head_to_head.made[-2:]
     h = res["variants"]["decode_r1_h4096"]["head_to_head"]
@@ -588,8 +590,9 @@ def test_ours_is_timed_in_the_minimal_worker_too_and_the_review_shows_the_compos
         page = review.render_kernel(review.kernel_review("rmsnorm_v2", Path(d), [], "h200", {}, {"runtime": path}))
     # the gate says which verdicts the worker's other tasks move beyond its floor
     assert out["composition_effect"] == {"graphs": 1, "beyond_floor": {"decode_r1_h4096": pytest.approx(1.3, rel=0.05)}}
-    assert ("The composition's effect on ours (ours in the production worker / in the minimal one) is "
-            "within the A/A floor for 0 of 1 graphs; beyond it: decode_r1_h4096 1.3") in page, page
+    assert ("The composition's effect on ours (ours in the production worker / in its variant's worker "
+            "alone: the model's tasks and the other variants together) is within the A/A floor for 0 of "
+            "1 graphs; beyond it: decode_r1_h4096 1.3") in page, page
     row = next(l for l in page.splitlines() if l.startswith("| decode_r1_h4096 | rmsnorm_hopper"))
     floor_at = row.split(" | ").index(next(c for c in row.split(" | ") if c.startswith("±")))
     assert row.split(" | ")[floor_at + 1].startswith(f"{effect['ratio']:.3f}× [") and "slower" in row
@@ -929,7 +932,7 @@ def test_where_the_worker_is_production_shaped_the_other_configurations_run_in_t
     theirs = h["incumbents"]["rmsnorm_hopper@rows_per_task=4"]["figures"]["makespan"]["median"]
     assert ours_there < 0.95 * h["ours_figures"]["makespan"]["median"]
     assert (f"in-runtime makespan {ours_there:.2f} us is" in out["problems"][0]
-            and f"rows_per_task=4)'s {theirs:.2f} us (both in the minimal worker)" in out["problems"][0]), out["problems"]
+            and f"rows_per_task=4)'s {theirs:.2f} us (both in the worker of the variant alone)" in out["problems"][0]), out["problems"]
     # 8 x 0.9 against 2 x 1.5, both in the minimal worker
     assert h["incumbents"]["rmsnorm_hopper@rows_per_task=4"]["vs"]["makespan"]["ratio"] == pytest.approx(7.2 / 3, rel=0.05)
     assert h["best"]["rmsnorm_hopper"] == "rmsnorm_hopper@rows_per_task=4"

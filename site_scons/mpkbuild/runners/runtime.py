@@ -492,7 +492,7 @@ class _Slots:
         self.lib = lib
         # (slot, whose, graph, its task types): ours first, then each incumbent, launched in turn
         self.order = [(0, "ours", graph, {lib.task_type})]
-        # the library of a side set up in another (the minimal worker's)
+        # the library of a side set up in another (the variant's worker alone)
         self.lib_of: dict[str, Megakernel] = {}
         self.live, self.held_tensors = [(lib, 0)], []
 
@@ -513,7 +513,7 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
                  gen, names: dict, minimal: Megakernel | None = None) -> dict:
     """Ours and each incumbent on the same inputs, set up side by side (mpkb_save/restore)
     and launched in turn, with ours again set up separately (the A/A side) and, given the
-    minimal worker's library, in it (the composition's effect), `pairs` rounds in
+    library of the variant's worker alone (`minimal`), in it (the composition's effect), `pairs` rounds in
     alternating order (A B C | C B A): per launch the op's makespan and
     slowest task from the runtime's profiler (a block's: the whole block's, and each
     layer's). Before timing, each incumbent's output is compared with the float64
@@ -582,7 +582,7 @@ def _set_up_rivals(lib: Megakernel, minimal: Megakernel | None, rt: dict, graph:
                    grid, tensors: list, refs: dict, checks: list, prof: torch.Tensor, names: dict,
                    slots: _Slots, numbers: dict) -> tuple[int, dict, dict | None]:
     """Each incumbent set up in a slot of its own (slot 0 of each library is ours; an
-    incumbent at another of its configurations is the minimal worker's only, where there is
+    incumbent at another of its configurations is the worker alone's only, where there is
     one): (the main library's next free slot, {side: why it was left out}, a verdict that
     ends the head to head or None)."""
     used, dropped = {id(lib): 0, id(minimal): 0}, {}
@@ -609,14 +609,15 @@ def _set_up_rivals(lib: Megakernel, minimal: Megakernel | None, rt: dict, graph:
 # inputs; ours against it measures the gate's own systematic spread (stages/runtime/judge.py
 # widens every ratio's interval by it)
 AA = "A/A"
-# ours set up in the minimal worker (the same source without the production worker's other
-# tasks): ours against it is the composition's effect on ours (issue 59)
-MINIMAL = "minimal worker"
+# ours set up in its variant's worker alone (the same source without the production worker's
+# other tasks and without the other variants): ours against it is the composition's effect
+# on ours, the model's tasks and the spec's other variants together (issue 59)
+MINIMAL = "worker alone"
 
 
 def _set_up_again(lib: Megakernel, rt: dict, graph: dict, gi: int, slot: int, grid,
                   tensors: list, prof: torch.Tensor, slots: _Slots, whose: str) -> dict | None:
-    """Ours set up again in `slot` of `lib` (the A/A side, or the minimal worker's) on
+    """Ours set up again in `slot` of `lib` (the A/A side, or the variant's worker alone) on
     copies of its tensors and launched once: a verdict that ends the head to head, or None."""
     copies = [t.clone() for t in tensors]
     slots.held_tensors.append(copies)
@@ -880,7 +881,7 @@ def worker_record(rt: dict) -> dict:
     stack then and now, the task bodies added and removed."""
     now = {**(rt.get("worker") or {}), "composition": rt.get("composition") or [],
            "kind": rt.get("composition_kind"),
-           **({"minimal": rt["worker_minimal"]} if rt.get("worker_minimal") else {})}
+           **({"alone": rt["worker_alone"]} if rt.get("worker_alone") else {})}
     before = rt.get("worker_before") or {}
     if before and {k: before.get(k) for k in now} != now:
         now["changed"] = {"registers": [before.get("registers"), now.get("registers")],
@@ -901,15 +902,19 @@ def main(job: dict) -> dict:
     grid = grid_for(facts["sm_count"])
     with _phase("library load"):
         lib = Megakernel(job["library"])
-        # the minimal worker (where the gate's is production-shaped): ours timed in it too
-        minimal = Megakernel(job["library_minimal"]) if job.get("library_minimal") else None
+    # each variant's worker alone (where the gate's is production-shaped): ours timed in it
+    # too, loaded when its graph comes (a block's graphs have none)
+    alone_paths, alone = job.get("library_alone") or {}, {}
     graphs, failed = {}, []
     for gi, name in enumerate(lib.graphs):
         graph = job["runtime"]["graphs"][gi]
         assert graph["name"] == name, (graph["name"], name)
         if graph.get("role") == "incumbent":
             continue            # run beside its variant (head_to_head)
-        res = run_graph(lib, job, gi, graph, grid, minimal)
+        if name in alone_paths and name not in alone:
+            with _phase("library load"):
+                alone[name] = Megakernel(alone_paths[name])
+        res = run_graph(lib, job, gi, graph, grid, alone.get(name))
         if name in (job["runtime"].get("missing") or {}):
             res["no_incumbent"] = job["runtime"]["missing"][name]
         graphs[name] = res

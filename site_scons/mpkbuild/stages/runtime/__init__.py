@@ -47,13 +47,14 @@ def source_path(k) -> Path:
     return runtime_dir(k) / "megakernel.cu"
 
 
-def library_path(k, arch: str = "sm_90a", minimal: bool = False) -> Path:
-    return runtime_dir(k) / arch / ("minimal" if minimal else "") / f"lib{k.name}_mpk.so"
+def library_path(k, arch: str = "sm_90a", alone: str | None = None) -> Path:
+    """The gate's worker's library, or (alone) that of the variant's worker alone."""
+    return runtime_dir(k) / arch / ("alone/" + alone if alone else "") / f"lib{k.name}_mpk.so"
 
 
-def worker_path(k, arch: str = "sm_90a", minimal: bool = False) -> Path:
+def worker_path(k, arch: str = "sm_90a", alone: str | None = None) -> Path:
     """The worker's registers, stack and spills as the megakernel's compile built it."""
-    return runtime_dir(k) / arch / ("minimal" if minimal else "") / "worker.json"
+    return runtime_dir(k) / arch / ("alone/" + alone if alone else "") / "worker.json"
 
 
 def kernel_with(k, variants: dict, runtime: dict):
@@ -97,10 +98,12 @@ def build_in(k, work: Path, checkout, runtime: str = "v1") -> tuple[bool, str, f
     return ok, text, took, lib
 
 
-def builds_minimal(k, runtime: str) -> bool:
-    """Whether the megakernel is also built as the minimal worker: where the gate's worker
-    is production-shaped, ours is timed in both (the composition's effect, issue 59)."""
-    return has_minimal_worker(k.spec.data, runtime)
+def alone_variants(k, runtime: str) -> list[str]:
+    """The variants whose worker alone is built beside the gate's: where that is
+    production-shaped, each variant is also timed in a worker of only itself and its
+    incumbents, so that what the model's tasks and the other variants do to it is seen
+    (issue 59); none otherwise."""
+    return list(k.spec.data["codegen"]["variants"]) if has_minimal_worker(k.spec.data, runtime) else []
 
 
 def shadow_dir(k) -> Path:
@@ -163,9 +166,9 @@ def nodes(g, k, stage: str) -> None:
     headers, include_facts = include_inputs(g, k)
     runtime_headers = tuple(g.rel(p) for p in checkout.headers())
     built = [lib, lib.parent / "compile.log", worker_path(k)]
-    if builds_minimal(k, runtime):
-        small = library_path(k, minimal=True)
-        built += [small, small.parent / "compile.log", worker_path(k, minimal=True)]
+    for variant in alone_variants(k, runtime):
+        small = library_path(k, alone=variant)
+        built += [small, small.parent / "compile.log", worker_path(k, alone=variant)]
     comp = g.add(Node(f"megakernel-compile {k.name} sm_90a", "megakernel_compile", stage, k.name,
                       tuple(g.rel(p) for p in built),
                       tuple(dict.fromkeys((*src.targets, *gen, *[p for p in extra if p.endswith((".h", ".cuh"))],
@@ -224,32 +227,38 @@ def run_source(build, info, target, source) -> int:
 
 
 def run_compile(build, info, target, source) -> int:
-    """The megakernel's library (and, where builds_minimal, the minimal worker's beside it:
-    the two nvcc runs side by side), each with its worker's figures."""
+    """The megakernel's library (and, per alone_variants, each variant's worker alone: one
+    source, the nvcc runs side by side, as many at once as there are cores), each with its
+    worker's figures."""
     k = build.kernels[info["MPK_KERNEL"]]
     checkout = build.runtime_request.checkout
     gen_dirs = [k.gen_dir, *k.include_dirs]
     for c in companions_for(k, build.kernels):
         gen_dirs += [c.gen_dir, *c.include_dirs]
     paths = [Path(t.abspath) for t in target]
-    builds = [(paths[i:i + 3], i > 0) for i in range(0, len(paths), 3)]
+    alone = [None, *alone_variants(k, build.runtime_request.runtime)]
+    builds = [(paths[3 * i:3 * i + 3], variant) for i, variant in enumerate(alone)]
+    order = list(k.spec.data["codegen"]["variants"])
 
-    def one(build_paths, minimal):
+    def one(build_paths, variant):
         lib, log, _ = build_paths
         return compile_megakernel(checkout, source_path(k), gen_dirs, lib, log, shadow=shadow_dir(k),
-                                  runtime=build.runtime_request.runtime, minimal=minimal)
+                                  runtime=build.runtime_request.runtime,
+                                  alone=None if variant is None else order.index(variant))
 
-    with ThreadPoolExecutor(max_workers=len(builds)) as pool:
+    with ThreadPoolExecutor(max_workers=min(len(builds), os.cpu_count() or 1)) as pool:
         done = list(pool.map(lambda b: one(*b), builds))
-    for (build_paths, minimal), (ok, text, took) in zip(builds, done):
-        what = "the minimal worker of " if minimal else ""
+    for (build_paths, variant), (ok, text, took) in zip(builds, done):
+        what = f"the worker of {variant} alone of " if variant else ""
         if not ok:
             return build.fail(f"megakernel-compile {k.name}: nvcc of {what}it failed ({took:.0f} s), see "
                               f"{os.path.relpath(build_paths[1], build.root)}\n"
                               + "\n".join(l for l in text.splitlines() if "error" in l)[:4000])
         write_atomic(build_paths[2], json.dumps(worker_facts(text), indent=1, sort_keys=True) + "\n")
-        which = " (the minimal worker)" if minimal else " (the production worker)" if len(builds) > 1 else ""
-        say(f"          megakernel {k.name}{which}: compiled in {took:.1f} s")
+    took = [t for _, _, t in done]
+    say(f"          megakernel {k.name}: compiled in {took[0]:.1f} s"
+        + (f" (the production worker), and {len(took) - 1} workers of one variant alone in "
+           f"{min(took[1:]):.1f}-{max(took[1:]):.1f} s" if len(took) > 1 else ""))
     return 0
 
 
@@ -279,10 +288,11 @@ def gate_job(k, build, arch: str, payload: dict) -> tuple[Path, list[Path]]:
     payload.update(library=str(library), runtime=job_payload(k, build))
     payload["runtime"]["worker"] = read_json(worker_path(k, arch)) or {}
     more = []
-    if builds_minimal(k, build.runtime_request.runtime):
-        more.append(library_path(k, arch, minimal=True))
-        payload["library_minimal"] = str(more[0])
-        payload["runtime"]["worker_minimal"] = read_json(worker_path(k, arch, minimal=True)) or {}
+    alone = alone_variants(k, build.runtime_request.runtime)
+    if alone:
+        more = [library_path(k, arch, alone=v) for v in alone]
+        payload["library_alone"] = {v: str(p) for v, p in zip(alone, more)}
+        payload["runtime"]["worker_alone"] = {v: read_json(worker_path(k, arch, alone=v)) or {} for v in alone}
     # the worker the last verdict was measured in: a new variant (or any other task body
     # compiled in) moves every variant's figures, and the result says so
     last = read_json(k.root / k.rel.gate_result("runtime", build.fingerprint.key)) or {}

@@ -18,8 +18,9 @@ floor is the gate's own: ours against ours set up separately in the same megaker
 side), whose ratio should be 1; how far its interval reaches from 1 widens every ratio's
 interval each side, as perf's capture floor does, so "faster" and "slower" are said only
 beyond what the gate cannot tell apart from itself. Where the worker is production-shaped,
-ours is also timed in the minimal worker (the same source without the model's other tasks):
-ours / that, widened alike, is the composition's effect on ours, shown, held to no rule.
+ours is also timed in its variant's worker alone (the same source without the model's other
+tasks and the other variants; the key "minimal"): ours / that, widened alike, is the
+composition's effect on ours, shown, held to no rule.
 Standard library only.
 """
 from __future__ import annotations
@@ -40,7 +41,7 @@ def figures(h2h: dict) -> None:
         aa = h2h["aa"]
         aa["vs"] = {f: stats.ratio_figure(ours[f"{f}_us"], aa[f"{f}_us"], floor=0.0) for f in FIGURES}
         h2h["floor"] = {f: aa_floor(aa["vs"][f]) for f in FIGURES}
-    if h2h.get("minimal"):              # ours in the production worker / in the minimal one
+    if h2h.get("minimal"):              # ours in the production worker / in its worker alone
         m = h2h["minimal"]
         m["vs"] = {f: stats.ratio_figure(ours[f"{f}_us"], m[f"{f}_us"], floor=h2h["floor"][f])
                    for f in FIGURES}
@@ -48,7 +49,7 @@ def figures(h2h: dict) -> None:
     for x in h2h["incumbents"].values():
         x["figures"] = {f: stats.median_interval(x[f"{f}_us"]) for f in FIGURES}
         # paired with ours in the same worker (an incumbent's other configuration is timed
-        # in the minimal worker, beside ours there)
+        # in the variant's worker alone, beside ours there)
         mine = h2h["minimal"] if x.get("worker") == "minimal" else ours
         x["vs"] = {f: stats.ratio_figure(mine[f"{f}_us"], x[f"{f}_us"], floor=h2h["floor"][f])
                    for f in FIGURES}
@@ -102,7 +103,7 @@ def rule_outcomes(name: str, r: dict, rule: dict) -> list[tuple[str, str]]:
             out.append(("unsure", f"{name}: no paired {fig} samples against {inc}"))
             continue
         verdict = stats.at_most(c["lo"], c["hi"], limit)
-        # ours as paired with it: in the minimal worker for a configuration timed there
+        # ours as paired with it: in the worker alone for a configuration timed there
         there = x.get("worker") == "minimal"
         ours_med = (h2h["minimal"]["figures"] if there else h2h["ours_figures"])[fig]["median"]
         theirs_med = x["figures"][fig]["median"]
@@ -110,7 +111,7 @@ def rule_outcomes(name: str, r: dict, rule: dict) -> list[tuple[str, str]]:
         which = (f"{inc} at its best ({'its builder default' if x.get('default', True) else x['config']})"
                  if best else inc)
         out.append((verdict, f"{name}: in-runtime {fig} {ours_med:.2f} us is {c['ratio']:.3f}x "
-                             f"{which}'s {theirs_med:.2f} us{' (both in the minimal worker)' if there else ''} "
+                             f"{which}'s {theirs_med:.2f} us{' (both in the worker of the variant alone)' if there else ''} "
                              f"(limit {limit}x; 95% CI "
                              f"{c['lo']:.3f}-{c['hi']:.3f}x with the A/A floor of "
                              f"{100 * floor:.1f}%, n={c['n']})"))
@@ -163,7 +164,7 @@ def judge(result: dict, thresholds: list, expected: list[str], **_ignored) -> di
 
 def composition_effect(variants: dict) -> dict:
     """Whether the worker's other tasks move ours (ours in the production worker / in the
-    minimal one, widened by the A/A floor) beyond what the gate can tell from itself: the
+    variant's worker alone, widened by the A/A floor) beyond what the gate can tell from itself: the
     graphs where they do, or that none does; nothing where ours was not timed in both."""
     effects = {name: r["head_to_head"]["minimal"]["vs"]["makespan"] for name, r in variants.items()
                if ((r.get("head_to_head") or {}).get("minimal") or {}).get("vs")}

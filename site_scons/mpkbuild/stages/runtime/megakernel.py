@@ -56,9 +56,13 @@ MODE_MACROS_V2 = ("-DMODE_ONLINE_NOTOKEN", "-DUSE_RUNTIME_V2", *MODE_MACROS[2:])
 ITERATIONS = 3           # at least; validate.steps when larger
 
 
-# the same source built without the production worker's other tasks: the minimal worker,
-# in which ours is timed beside the production one (the composition's effect on it)
+# the same source built without the production worker's other tasks (with ALONE_MACRO: the
+# worker of one variant alone, in which ours is timed beside the production one)
 MINIMAL_MACRO = "MPKB_MINIMAL_WORKER"
+# with MINIMAL_MACRO: the worker of one variant alone, its index in codegen.variants (its
+# incumbents beside it, no other variant's task): what ours is timed in beside the gate's
+# worker, so that a verdict that moves with the other variants compiled in is seen (issue 59)
+ALONE_MACRO = "MPKB_ALONE_VARIANT"
 
 
 def grid_for(sm_count: int) -> tuple[int, int]:
@@ -168,10 +172,12 @@ def compile_flags(arch: str, profiling: bool = True, runtime: str = "v1") -> lis
 
 def nvcc_command(checkout: Checkout, source: Path, gen_dirs: list[Path], out: Path,
                  arch: str = "sm_90a", shadow: Path | None = None, runtime: str = "v1",
-                 minimal: bool = False) -> list[str]:
+                 alone: int | None = None) -> list[str]:
+    """alone: the index of the variant whose worker alone this builds (ALONE_MACRO)."""
     first = [f"-I{shadow}"] if shadow is not None else []
     return ["nvcc", str(source), *first, *checkout.include_flags(), *(f"-I{d}" for d in gen_dirs),
-            *compile_flags(arch, runtime=runtime), *([f"-D{MINIMAL_MACRO}"] if minimal else []),
+            *compile_flags(arch, runtime=runtime),
+            *([f"-D{MINIMAL_MACRO}", f"-D{ALONE_MACRO}={alone}"] if alone is not None else []),
             "-Xptxas", "-v", "-o", str(out)]
 
 
@@ -241,7 +247,7 @@ def _incumbent_layers(lay: dict, where: list[int], variant: str, pending: list,
                       base: int, alternative: bool = False) -> list[dict]:
     """The plan layers of one incumbent layout whose tensors are `where` in the graph's
     table; their dispatch entries are appended to `pending` (ids from `base`; an
-    `alternative`, another configuration of the incumbent, is the minimal worker's only
+    `alternative`, another configuration of the incumbent, is the workers alone's only
     where there is one)."""
     layers = []
     for layer in lay["layers"]:
@@ -335,6 +341,21 @@ def _one_branch_per_call(dispatch: list, rivals: list) -> list:
         for l in g["layers"]:
             l["id"] = same.get(l["id"], l["id"])
     return keep
+
+
+def _mark_owners(dispatch: list, graphs: list, variants: list[str]) -> None:
+    """Each branch the graphs run gets `alone`: the indices of the variants whose graphs
+    (ours, its incumbents at every configuration) run it -- the branches a variant's worker
+    alone keeps (ALONE_MACRO). A branch only a block's graphs run has none: no variant's."""
+    owners: dict[int, set[int]] = {}
+    for g in graphs:
+        variant = g["name"] if g.get("role") != "incumbent" else g.get("of")
+        if variant in variants:
+            for layer in g["layers"]:
+                owners.setdefault(layer["id"], set()).add(variants.index(variant))
+    for d in dispatch:
+        if "filler" not in d:
+            d["alone"] = sorted(owners.get(d["id"], ()))
 
 
 def _block_error(spec: dict, bi: int, where: str, message: str):
@@ -532,6 +553,7 @@ def plan(spec: dict, wiring_root: Path, companions: dict | None = None,
     fillers, filler_headers = _production_tasks(spec, companions or {}, text, runtime,
                                                 checkout_root, len(dispatch))
     dispatch = _one_branch_per_call(dispatch + fillers, rivals + chains)
+    _mark_owners(dispatch, graphs, list(cg["variants"]))
     includes = [f"{name}{suffix}" for name in block_kernels(spec) + [kernel]
                 for suffix in ("_spec.h", ".cuh")]
     max_tensors = max(len(l["tensors"]) for g in graphs for l in g["layers"])
@@ -551,7 +573,8 @@ def plan(spec: dict, wiring_root: Path, companions: dict | None = None,
     return {"kernel": kernel, "task_type": task_type, "snapshot_type": snapshot_type,
             "runtime": runtime, "dispatch": dispatch, "graphs": graphs,
             "includes": includes, "max_tensors": max_tensors, "missing": missing,
-            "meta_slots": META_SLOTS, "minimal_macro": MINIMAL_MACRO, "massive_from": events.MASSIVE_FROM,
+            "meta_slots": META_SLOTS, "minimal_macro": MINIMAL_MACRO, "alone_macro": ALONE_MACRO,
+            "massive_from": events.MASSIVE_FROM,
             "has_minimal_worker": checkout_root is not None and has_minimal_worker(spec, runtime),
             "task_metadata_names": list(config.TASK_METADATA),
             "max_layers": max(len(g["layers"]) for g in graphs),
@@ -562,7 +585,7 @@ def plan(spec: dict, wiring_root: Path, companions: dict | None = None,
 
 def has_minimal_worker(spec: dict, runtime: str) -> bool:
     """Whether the gate's worker is production-shaped (v1, runtime.composition not minimal)
-    and so is built a second time as the minimal worker (MINIMAL_MACRO)."""
+    and so is built again for each variant alone (MINIMAL_MACRO and ALONE_MACRO)."""
     return runtime == "v1" and composition.declared(spec) is not None
 
 
@@ -721,12 +744,12 @@ def companions_for(k, kernels: dict) -> list:
 # ---------------------------------------------------------------- compiling
 def compile_megakernel(checkout: Checkout, source: Path, gen_dirs: list[Path], out: Path,
                        log: Path, shadow: Path | None = None, runtime: str = "v1",
-                       minimal: bool = False) -> tuple[bool, str, float]:
+                       alone: int | None = None) -> tuple[bool, str, float]:
     """The library to `out` (atomically), by split_compile; (ok, log text, seconds).
-    `minimal`: the minimal worker (MINIMAL_MACRO)."""
+    `alone`: the worker of that variant alone (ALONE_MACRO)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{temp_name(out)}nvcc.tmp")      # named for its writer: an orphan is removed
-    cmd = nvcc_command(checkout, source, gen_dirs, tmp, shadow=shadow, runtime=runtime, minimal=minimal)
+    cmd = nvcc_command(checkout, source, gen_dirs, tmp, shadow=shadow, runtime=runtime, alone=alone)
     t0 = time.perf_counter()
     ok, text = split_compile(cmd, out.parent / "nvcc-steps")
     took = time.perf_counter() - t0

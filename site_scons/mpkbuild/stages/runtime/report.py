@@ -97,7 +97,7 @@ def head_to_head_table(rt: dict, perf: dict | None) -> list[dict]:
                    "numerics": {out: n.get("ours_vs_incumbent") for out, n in (x.get("numerics") or {}).items()},
                    "harness": h, "flag": ""}
             if x.get("worker") == "minimal":
-                row["flag"] = "timed in the minimal worker, against ours there"
+                row["flag"] = "timed in the worker of the variant alone, against ours there"
             if not x.get("default", True) and (h2h.get("best") or {}).get(x.get("task")) == inc:
                 row["flag"] = "; ".join(filter(None, [f"MPK's task at its best: {x['config']}", row["flag"]]))
             if h2h.get("hot") and x.get("default", True):       # cold: both sides stream from DRAM
