@@ -2,12 +2,11 @@
 they deserve (unwritten output, NaN, state that changes between steps, a CUDA fault, a
 hang). Marked `gpu`: skipped with a reason where there is no CUDA GPU; run on the GPU box."""
 import json
-import shutil
 import statistics
-import subprocess
 
 import pytest
 
+from mpkbuild import gpu
 from mpkbuild.util import perfspec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
@@ -34,12 +33,9 @@ class LargeShapesBelowTarget(AssertionError):
 
 
 def gpu_name() -> str:
-    """The first GPU's name, or "" where there is none (read at collection, so no torch)."""
-    if shutil.which("nvidia-smi") is None:
-        return ""
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                         capture_output=True, text=True, check=False).stdout
-    return out.splitlines()[0].strip() if out.strip() else ""
+    """The first visible GPU's name (the tool's own nvidia-smi query), or "" without one."""
+    found = gpu.detect()
+    return found.name if found else ""
 
 
 # The large variants take several rows a task (the in-runtime verdict's choice: 0.29-0.35x
