@@ -64,8 +64,9 @@ def probe_variants(data: dict, n: int) -> dict:
         for v, pool in pools:
             if pool and len(out) < n:
                 binding = {**variants[v], **pool.pop(0).values}
-                if json.dumps(binding, sort_keys=True) not in seen:
-                    seen.add(json.dumps(binding, sort_keys=True))
+                key = json.dumps(binding, sort_keys=True)
+                if key not in seen:
+                    seen.add(key)
                     out[f"probe{len(out)}_{v}"] = binding
     return out
 
