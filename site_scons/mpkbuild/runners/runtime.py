@@ -582,8 +582,8 @@ def _set_up_rivals(lib: Megakernel, minimal: Megakernel | None, rt: dict, graph:
                    grid, tensors: list, refs: dict, checks: list, prof: torch.Tensor, names: dict,
                    slots: _Slots, numbers: dict) -> tuple[int, dict, dict | None]:
     """Each incumbent set up in a slot of its own (slot 0 of each library is ours; an
-    incumbent at another of its configurations is the worker alone's only, where there is
-    one): (the main library's next free slot, {side: why it was left out}, a verdict that
+    incumbent at another of its configurations is set up in the variant's worker
+    alone only, where there is one): (the main library's next free slot, {side: why it was left out}, a verdict that
     ends the head to head or None)."""
     used, dropped = {id(lib): 0, id(minimal): 0}, {}
     for ri, rg in rivals:

@@ -247,8 +247,8 @@ def _incumbent_layers(lay: dict, where: list[int], variant: str, pending: list,
                       base: int, alternative: bool = False) -> list[dict]:
     """The plan layers of one incumbent layout whose tensors are `where` in the graph's
     table; their dispatch entries are appended to `pending` (ids from `base`; an
-    `alternative`, another configuration of the incumbent, is the workers alone's only
-    where there is one)."""
+    `alternative`, another configuration of the incumbent, is compiled into the
+    workers alone only, where there are any)."""
     layers = []
     for layer in lay["layers"]:
         gx, gy = layer["grid"]
