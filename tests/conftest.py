@@ -1,6 +1,7 @@
 """Shared fixtures: a temporary copy of the project and a runner for real `scons` in it."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -79,6 +80,11 @@ class Project:
 
     def path(self, rel: str) -> Path:
         return self.root / rel
+
+    def gate_result(self, kernel: str, gate: str) -> dict:
+        """The one result of a GPU gate (build/<kernel>/gpu/<gpu>/<gate>.json)."""
+        (found,) = (self.root / "build" / kernel / "gpu").glob(f"*/{gate}.json")
+        return json.loads(found.read_text())
 
     def edit(self, rel: str, old: str, new: str) -> None:
         p = self.path(rel)

@@ -1,7 +1,6 @@
 """GPU gates on a real GPU: the shipped kernel passes, and broken bodies get the verdict
 they deserve (unwritten output, NaN, state that changes between steps, a CUDA fault, a
 hang). Marked `gpu`: skipped with a reason where there is no CUDA GPU; run on the GPU box."""
-import json
 import statistics
 
 import pytest
@@ -21,11 +20,6 @@ def only_sm90(project):
     spec = project.path(f"specs/{K}.yaml")
     text = spec.read_text().replace("archs: [sm_90a, sm_100a]", "archs: [sm_90a]")
     spec.write_text(text[:text.index("\nwiring:")] + "\n")
-
-
-def validate_result(project):
-    (path,) = list((project.root / "build" / K / "gpu").glob("*/validate.json"))
-    return json.loads(path.read_text())
 
 
 class LargeShapesBelowTarget(AssertionError):
@@ -48,7 +42,7 @@ def gpu_name() -> str:
                           "cold (target 90%) and 1.13x torch.compile cold (limit 1.08x)")
 def test_rmsnorm_passes_every_gate_on_this_gpu(project):
     run = project.scons("stage=review", "-k", fake_gpu=False, check=False)
-    v = validate_result(project)
+    v = project.gate_result(K, "validate")
     assert v["verdict"] == "pass", v
     assert v["gpu"]["name"] == v["device"]["name"]
     assert v["device"]["wait"] == "blocking_sync"       # no CPU spun beside another gate
@@ -57,8 +51,7 @@ def test_rmsnorm_passes_every_gate_on_this_gpu(project):
     for res in v["variants"].values():
         assert res["cos_min_seen"] >= 0.999 and res["rel_max_seen"] <= 3e-2
         assert len(res["trials"]) == 3
-    (perf_path,) = list((project.root / "build" / K / "gpu").glob("*/perf.json"))
-    perf = json.loads(perf_path.read_text())
+    perf = project.gate_result(K, "perf")
     assert perf["verdict"] in ("pass", "fail"), perf["message"]
     assert not [m for m in perf["problems"] + perf["unsure"] if not m.startswith("large_")], perf["message"]
     assert perf["device"]["wait"] == "blocking_sync"
@@ -116,7 +109,7 @@ def test_broken_body_gets_the_right_verdict(project, fault, verdict, phrase):
     project.edit(f"specs/{K}.yaml", "timeout_s: 300", "timeout_s: 20")
     run = project.scons("stage=validate", fake_gpu=False, check=False)
     assert run.returncode != 0
-    v = validate_result(project)
+    v = project.gate_result(K, "validate")
     assert v["verdict"] == verdict, v
     assert phrase in v["message"], v["message"]
     assert not list((project.root / "build" / K / "gpu").glob("*/validate.ok"))
@@ -125,4 +118,4 @@ def test_broken_body_gets_the_right_verdict(project, fault, verdict, phrase):
         old, new = FAULTS[fault][0]
         project.edit(BODY, new, old)
         project.scons("stage=validate", fake_gpu=False)
-        assert validate_result(project)["verdict"] == "pass"
+        assert project.gate_result(K, "validate")["verdict"] == "pass"

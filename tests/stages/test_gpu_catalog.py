@@ -2,7 +2,6 @@
 (fresh inputs, poison, >= 3 steps, determinism; argmax exactly), the perf gate meets the
 spec's thresholds, and the documented edge behaviours have teeth: a body that breaks them
 fails validate. Marked `gpu`: skipped with a reason where there is no CUDA GPU."""
-import json
 
 import pytest
 
@@ -18,17 +17,12 @@ def only_sm90(project, kernel):
     project.edit(f"specs/{kernel}.yaml", "archs: [sm_90a, sm_100a]", "archs: [sm_90a]")
 
 
-def gate_result(project, kernel, gate):
-    (path,) = list((project.root / "build" / kernel / "gpu").glob(f"*/{gate}.json"))
-    return json.loads(path.read_text())
-
-
 @pytest.mark.parametrize("kernel", CATALOG)
 def test_kernel_validates_on_this_gpu(project_all, kernel):
     project = project_all
     only_sm90(project, kernel)
     run = project.scons(f"kernel={kernel}", "stage=validate", fake_gpu=False, check=False)
-    v = gate_result(project, kernel, "validate")
+    v = project.gate_result(kernel, "validate")
     assert run.returncode == 0 and v["verdict"] == "pass", v.get("message", v)
     for name, res in v["variants"].items():
         assert len(res["trials"]) == 3 and all(t["steps"] >= 3 for t in res["trials"]), name
@@ -43,7 +37,7 @@ def test_kernel_meets_its_perf_thresholds(project_all, kernel):
     project = project_all
     only_sm90(project, kernel)
     run = project.scons(f"kernel={kernel}", "stage=perf", fake_gpu=False, check=False)
-    perf = gate_result(project, kernel, "perf")
+    perf = project.gate_result(kernel, "perf")
     table = "\n".join(
         f"{name:28s} hot {r['hot']['median_us']:8.2f} us  torch {r['baseline_hot']['median_us']:8.2f} us  "
         f"x{r['vs_baseline_hot']:.2f}  cold bw {r.get('cold_bandwidth_fraction', float('nan')):.1%}  "
@@ -91,7 +85,7 @@ def test_embedding_gate_catches_a_body_that_reads_row_zero_for_bad_ids(project_a
     for edit in ROW_ZERO_FOR_BAD_IDS:
         project.edit(*edit)
     run = project.scons(f"kernel={k}", "stage=validate", fake_gpu=False, check=False)
-    v = gate_result(project, k, "validate")
+    v = project.gate_result(k, "validate")
     assert run.returncode != 0 and v["verdict"] == "fail", v
     assert "large_r16384_h7168" in v["message"]
 
@@ -105,6 +99,6 @@ def test_argmax_gate_catches_highest_index_ties(project_all, k):
     for edit in LAST_OF_TIES:
         project.edit(*edit)
     run = project.scons(f"kernel={k}", "stage=validate", fake_gpu=False, check=False)
-    v = gate_result(project, k, "validate")
+    v = project.gate_result(k, "validate")
     assert run.returncode != 0 and v["verdict"] == "fail", v
     assert "exact compare" in v["message"]

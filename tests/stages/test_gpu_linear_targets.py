@@ -5,7 +5,6 @@ cold). Not met today: each kernel's test is a strict expected failure that names
 raised only by missed thresholds -- a crash, a hang, wrong numerics or a variant without a
 result fail it outright -- so the day a kernel meets its targets the suite says so.
 Marked `gpu`: skipped with a reason where there is no CUDA GPU; `bench/gpu_box.sh OUT targets`."""
-import json
 import os
 
 import pytest
@@ -31,11 +30,6 @@ MISSED = {
 }
 
 
-def gate_result(project, kernel, gate):
-    (path,) = list((project.root / "build" / kernel / "gpu").glob(f"*/{gate}.json"))
-    return json.loads(path.read_text())
-
-
 @pytest.mark.parametrize("kernel", [
     pytest.param(k, marks=pytest.mark.xfail(strict=True, raises=TargetsUnmet, reason=why))
     for k, why in MISSED.items()])
@@ -46,17 +40,17 @@ def test_linear_meets_issue_58s_targets_in_the_harness_and_inside_mpk(project_al
     # both archs' variants compile side by side (the box has the cores; the GPU gates queue)
     run = project.scons(f"kernel={kernel}", "stage=review", f"mpk_root={PINNED}", "-k",
                         f"-j{os.cpu_count() or 2}", fake_gpu=False, check=False)
-    validate = gate_result(project, kernel, "validate")
+    validate = project.gate_result(kernel, "validate")
     assert validate["verdict"] == "pass", validate["message"]
+    judged = {gate: project.gate_result(kernel, gate) for gate in ("perf", "runtime")}
     missed = []
-    for gate in ("perf", "runtime"):
-        res = gate_result(project, kernel, gate)
+    for gate, res in judged.items():
         # judged: every variant ran soundly (numerics against the incumbent included), so what
         # is left is thresholds
         assert res["verdict"] in ("pass", "fail", "unsure") and "problems" in res, (gate, res["message"])
         assert not [p for p in res["problems"] if "no result" in p], res["problems"]
         missed += [f"{gate}: {p}" for p in res["problems"] + res.get("unsure", [])]
-    runtime = gate_result(project, kernel, "runtime")
+    runtime = judged["runtime"]
     assert set(runtime["variants"]) >= set(validate["variants"])
     for name, r in runtime["variants"].items():
         assert r["iterations"] >= 3 and r["head_to_head"]["incumbents"], name

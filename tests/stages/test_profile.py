@@ -156,14 +156,9 @@ def profiled_project(tmp_path_factory):
     return p
 
 
-def gate_result(p, kernel="linear_v2"):
-    (path,) = (p.root / "build" / kernel / "gpu").glob("*/profile.json")
-    return json.loads(path.read_text())
-
-
 def test_the_stage_profiles_after_validate_and_the_review_shows_each_bound(profiled_project, tmp_path):
     p = clone_built(profiled_project, tmp_path / "proj")
-    res = gate_result(p)
+    res = p.gate_result("linear_v2", "profile")
     assert res["verdict"] == "pass" and res["message"] == "3 variants profiled: 3 memory-bound"
     assert sorted(res["variants"]) == ["decode_m16_n14336_k4096", "decode_m1_n4096_k4096", "large_m1_n28672_k8192"]
     assert not p.scons("-n", "kernel=linear_v2", "stage=profile").actions
@@ -187,7 +182,7 @@ def test_an_expectation_edit_rejudges_only_the_profile_and_a_miss_fails_it(profi
     assert [a for a in listed if not a.startswith("spec")] == ["profile linear_v2 fake-gpu-sm90"], listed
     run = p.scons("kernel=linear_v2", "stage=profile", check=False)
     assert run.returncode != 0
-    res = gate_result(p)
+    res = p.gate_result("linear_v2", "profile")
     assert res["verdict"] == "fail" and res["problems"][0].startswith(
         "large_m1_n28672_k8192: expected compute-bound, measured memory-bound (DRAM at 90%")
 
@@ -199,7 +194,7 @@ def test_where_ncu_cannot_read_counters_the_stage_says_so_and_is_not_passed(prof
     p.edit(SPEC, EXPECT, '{variants: "large_*", bound: memory}')
     run = p.scons("kernel=linear_v2", "stage=profile", check=False, env={"FAKE_GPU_TOOL_REPORT": str(report)})
     assert run.returncode != 0 and "ncu could not read the hardware counters on this machine" in run.stderr
-    assert gate_result(p)["verdict"] == "unavailable"
+    assert p.gate_result("linear_v2", "profile")["verdict"] == "unavailable"
     # not passed, so never cached: the next build profiles again
     assert "profile linear_v2 fake-gpu-sm90" in p.scons("-n", "kernel=linear_v2", "stage=profile").actions
 
@@ -211,7 +206,7 @@ def test_linear_v2_profiles_on_the_gpu_as_its_spec_expects(tmp_path):
     p = copy_project(tmp_path / "proj", kernels=None)
     p.edit(SPEC, "archs: [sm_90a, sm_100a]", "archs: [sm_90a]")
     run = p.scons("kernel=linear_v2", "stage=profile", fake_gpu=False, check=False, timeout=900)
-    res = gate_result(p)
+    res = p.gate_result("linear_v2", "profile")
     assert res["verdict"] == "pass", (res.get("message"), run.stdout[-2000:], run.stderr[-2000:])
     for name, v in res["variants"].items():
         assert v["us"] > 0 and v["dram_Bps"] > 0 and v["top_stalls"], (name, v)
