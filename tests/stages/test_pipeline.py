@@ -331,3 +331,22 @@ def test_an_sm100a_kernel_waits_for_its_hardware_never_passed_never_an_error(tmp
     b200 = {n["label"]: n for n in json.loads(p.scons("status", "--json", "gpu=nvidia-b200-sm100").stdout)["nodes"]}
     n = b200["validate pipe_copy nvidia-b200-sm100"]
     assert n["state"] == "pending" and not n["waits"] and "no GPU of this profile here" in n["reasons"][0]
+
+
+def test_declaring_a_pipeline_regenerates_an_unchanged_body_and_checks_it(tmp_path):
+    """The body's node reads the codegen section even for a plain (non-template) body: declaring
+    codegen.pipeline must re-run the body's contract check, which a body that never calls
+    begin(bars) then fails. (Without that edge the node was up to date, and under -j it could run
+    before the spec node had written the section at all.)"""
+    p = fixture_project(tmp_path / "proj")
+    p.edit(BODY, "  R::begin(bars);\n", "")
+    spec = p.root / SPEC
+    text = spec.read_text()
+    block = text[text.index("  pipeline:\n"):text.index("\ngenerators:")]
+    spec.write_text(text.replace(block, ""))
+    first = p.scons("stage=generate", "kernel=pipe_copy", check=False)
+    assert first.returncode == 0, first.stdout + first.stderr
+    spec.write_text(text)
+    again = p.scons("stage=generate", "kernel=pipe_copy", check=False)
+    assert again.returncode != 0, again.stdout
+    assert "never calls its ring's begin(bars)" in again.stdout + again.stderr

@@ -321,7 +321,9 @@ def nodes(g, k, stage: str) -> None:
     sources = {
         "spec_header": (codegen_section, g.pkg("templates", "spec_header.h.j2"),
                         *(g.pkg("templates", t) for t in pipeline.TEMPLATES if "pipeline" in k.spec.data["codegen"])),
-        "body": ((codegen_section,) if k.body_is_template else ()) + (k.rel.body_source,),
+        # the body's node reads the codegen section even where the body is no template (its
+        # kernel name and pipeline for the contract check): without the edge, -j ran it first
+        "body": (codegen_section, k.rel.body_source),
         "harness": (codegen_section, g.pkg("templates", "harness.cu.j2")),
     }
     generated = []
