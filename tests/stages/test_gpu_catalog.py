@@ -3,6 +3,8 @@
 spec's thresholds, and the documented edge behaviours have teeth: a body that breaks them
 fails validate. Marked `gpu`: skipped with a reason where there is no CUDA GPU."""
 
+import re
+
 import pytest
 
 from mpkbuild.stages.perf.report import dram_figures
@@ -14,7 +16,11 @@ CATALOG = ("silu_mul_v2", "embedding_v2", "embedding_tokens_v2", "argmax_v2", "a
 
 
 def only_sm90(project, kernel):
-    project.edit(f"specs/{kernel}.yaml", "archs: [sm_90a, sm_100a]", "archs: [sm_90a]")
+    """The spec built for sm_90a alone: its archs, and the per-arch wiring entries that name
+    sm_100a (which the spec's check refuses for an arch it does not build)."""
+    spec = project.root / f"specs/{kernel}.yaml"
+    text = spec.read_text().replace("archs: [sm_90a, sm_100a]", "archs: [sm_90a]")
+    spec.write_text(re.sub(r", sm_100a: [^,}]+", "", text))
 
 
 @pytest.mark.parametrize("kernel", CATALOG)
