@@ -89,9 +89,9 @@ def run(k, lib: str, checkout_root: Path, variant: str) -> dict:
     from mpkbuild.runners import runtime as runner
     from mpkbuild.stages.runtime import judge
     payload = mk.job_payload(k, checkout_root=checkout_root)
-    # only the studied variant's graphs (ours and its incumbents'): the rest are compiled in
-    payload["graphs"] = [g for g in payload["graphs"] if g["name"] == variant or f":{variant}:" in g["name"]]
-    res = runner.main({"root": str(k.root), "library": lib, "kernel": k.name, "runtime": payload})
+    # the job's graphs are the library's, index for index; only the studied variant's run
+    res = runner.main({"root": str(k.root), "library": lib, "kernel": k.name, "runtime": payload,
+                       "only": [variant]})
     r = (res.get("variants") or {}).get(variant) or {}
     h = r.get("head_to_head")
     if res["verdict"] != "pass" or not h:

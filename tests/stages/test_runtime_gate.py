@@ -423,12 +423,14 @@ def _stand_in(monkeypatch, checkout=None, names=("decode_r1_h4096", "decode_r8_h
     payload["graphs"] = [g for g in payload["graphs"] if g["name"] in names or g.get("of") in names]
     payload["pairs"] = 9
 
-    def run(hang=None, minimal=None, **fake):
-        """minimal: the minimal worker's stand-in options over `fake` (None: no minimal worker)."""
+    def run(hang=None, minimal=None, only=None, **fake):
+        """minimal: the minimal worker's stand-in options over `fake` (None: no minimal worker);
+        only: the graphs asked for (the job's `only`)."""
         monkeypatch.setattr(side, "Megakernel", lambda path: made.append(
             FakeMegakernel(payload["graphs"], hang, **fake) if path == "stand-in" else
             FakeMegakernel(payload["graphs"], None, **{**fake, **minimal})) or made[-1])
-        job = {"root": str(REPO), "library": "stand-in", "runtime": payload}
+        job = {"root": str(REPO), "library": "stand-in", "runtime": payload,
+               **({"only": only} if only else {})}
         if minimal is not None:         # each variant's worker alone: one library each
             job["library_alone"] = {g["name"]: f"stand-in {g['name']} alone" for g in payload["graphs"]
                                     if g.get("role") != "incumbent"}
@@ -458,6 +460,15 @@ def test_a_stand_in_without_a_hang_passes_every_graph_for_3_iterations(stand_in)
     assert res["grid"] == {"workers": 128, "schedulers": 16}
     assert [r["iterations"] for r in res["variants"].values()] == [3, 3]
     assert stand_in.made[-1].calls.count("finalize 1") == 1
+
+
+def test_a_job_that_asks_for_one_graph_runs_only_it_from_the_whole_library(stand_in):
+    """bench/worker_evidence.py times one variant in a library that holds them all: the job
+    keeps every graph (its index is the library's) and names the one to run."""
+    first, second = (g["name"] for g in stand_in.graphs)
+    res = stand_in(None, only=[second])
+    assert res["verdict"] == "pass", res["message"]
+    assert list(res["variants"]) == [second]
 
 
 @pytest.mark.parametrize("hang, phase", [

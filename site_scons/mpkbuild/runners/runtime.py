@@ -911,6 +911,8 @@ def main(job: dict) -> dict:
         assert graph["name"] == name, (graph["name"], name)
         if graph.get("role") == "incumbent":
             continue            # run beside its variant (head_to_head)
+        if job.get("only") and name not in job["only"]:
+            continue            # compiled in, not asked for (bench/worker_evidence.py: one variant)
         if name in alone_paths and name not in alone:
             with _phase("library load"):
                 alone[name] = Megakernel(alone_paths[name])
