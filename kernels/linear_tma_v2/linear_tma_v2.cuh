@@ -8,7 +8,8 @@
 //   mma (warps 1-4): warp w takes rows [16 w, 16 w + 16) of each W box (the warps past the
 //     box's rows only keep the handshake) and runs mma.sync m16n8k16 with W as the A operand
 //     and x as B (the decode M is the mma's n = 8 side: one n8 tile for M <= 8, two for 16);
-//     each warp hands the stage back with one arrival on empty[], and after a row block's
+//     (a stage's fragments all loaded before its mmas, two accumulator chains); each warp
+//     hands the stage back with one arrival on empty[], and after a row block's
 //     last k box writes its 16 rows of y.
 // Steps go row block by row block, k box by k box: step s is row block s / KB, k box s % KB.
 // The harness (or the runtime) passes x whole, this task's NT rows of W through weight_tmap
@@ -199,40 +200,48 @@ __device__ __forceinline__ void linear_tma_v2_task(const __nv_bfloat16* __restri
 
   int s = 0;
   for (int rb = 0; rb < NT / BOX_ROWS; ++rb) {
-    float acc[TILES][4];
+    // two accumulator sets (even and odd k16 steps): two mma chains in flight, not one
+    float acc[2][TILES][4];
 #pragma unroll
-    for (int t = 0; t < TILES; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int t = 0; t < TILES; ++t) acc[h][t][0] = acc[h][t][1] = acc[h][t][2] = acc[h][t][3] = 0.f;
     for (int kb = 0; kb < KB; ++kb, ++s) {
       const int slot = R::slot(s);
       P::wait(&bars[R::FULL + slot], R::phase(s));
       if (active) {
         const char* wbox = ring_w + slot * W_BYTES;
         const char* xbox = ring_x + slot * X_BYTES;
+        // every fragment of the stage first, then the mmas: the asm statements keep their
+        // order, so loading inside the mma loop made each mma wait out its own ldmatrix
+        // (the profile's short-scoreboard stalls at m16, two tiles a k16 step)
+        uint32_t a[BOX_K / 16][4], b[BOX_K / 16][TILES][2];
 #pragma unroll
         for (int kk = 0; kk < BOX_K / 16; ++kk) {
-          uint32_t a[4];
           // the 128-byte swizzle: row r's 16-byte chunk c sits at chunk c ^ (r % 8)
-          D::ldmatrix_x4(a, wbox + a_row * 128 + (((kk * 2 + a_chunk) ^ (a_row % 8)) * 16));
+          D::ldmatrix_x4(a[kk], wbox + a_row * 128 + (((kk * 2 + a_chunk) ^ (a_row % 8)) * 16));
 #pragma unroll
-          for (int t = 0; t < TILES; ++t) {
-            uint32_t b[2];
-            D::ldmatrix_x2(b, xbox + b_row[t] * 128 + (kk * 2 + b_chunk) * 16);
-            D::mma_16816(acc[t], a, b);
-          }
+          for (int t = 0; t < TILES; ++t)
+            D::ldmatrix_x2(b[kk][t], xbox + b_row[t] * 128 + (kk * 2 + b_chunk) * 16);
         }
+#pragma unroll
+        for (int kk = 0; kk < BOX_K / 16; ++kk)
+#pragma unroll
+          for (int t = 0; t < TILES; ++t) D::mma_16816(acc[kk % 2][t], a[kk], b[kk][t]);
       }
       __syncwarp();
       if (lane == 0) P::arrive(&bars[R::EMPTY + slot]);
     }
     if (active) {
-      // acc[t]: rows (lane / 4) and + 8 of the warp's 16, columns t * 8 + 2 (lane % 4) (+ 1)
+      // acc[.][t]: rows (lane / 4) and + 8 of the warp's 16, columns t * 8 + 2 (lane % 4) (+ 1)
       const int row = rb * BOX_ROWS + warp * 16 + lane / 4;
 #pragma unroll
       for (int t = 0; t < TILES; ++t) {
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int col = t * 8 + 2 * (lane % 4) + (c % 2);
-          if (col < M) y[static_cast<size_t>(col) * N + row + (c / 2) * 8] = __float2bfloat16(acc[t][c]);
+          if (col < M)
+            y[static_cast<size_t>(col) * N + row + (c / 2) * 8] = __float2bfloat16(acc[0][t][c] + acc[1][t][c]);
         }
       }
     }
