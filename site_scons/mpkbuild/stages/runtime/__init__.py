@@ -47,14 +47,19 @@ def source_path(k) -> Path:
     return runtime_dir(k) / "megakernel.cu"
 
 
+def _worker_dir(k, arch: str, alone: str | None) -> Path:
+    """A block's graph is named block:<name>:b<batch>; its folder takes '-' for ':'."""
+    return runtime_dir(k) / arch / ("alone/" + alone.replace(":", "-") if alone else "")
+
+
 def library_path(k, arch: str = "sm_90a", alone: str | None = None) -> Path:
     """The gate's worker's library, or (alone) that of the variant's worker alone."""
-    return runtime_dir(k) / arch / ("alone/" + alone if alone else "") / f"lib{k.name}_mpk.so"
+    return _worker_dir(k, arch, alone) / f"lib{k.name}_mpk.so"
 
 
 def worker_path(k, arch: str = "sm_90a", alone: str | None = None) -> Path:
     """The worker's registers, stack and spills as the megakernel's compile built it."""
-    return runtime_dir(k) / arch / ("alone/" + alone if alone else "") / "worker.json"
+    return _worker_dir(k, arch, alone) / "worker.json"
 
 
 def kernel_with(k, variants: dict, runtime: dict):
@@ -99,11 +104,12 @@ def build_in(k, work: Path, checkout, runtime: str = "v1") -> tuple[bool, str, f
 
 
 def alone_variants(k, runtime: str) -> list[str]:
-    """The variants whose worker alone is built beside the gate's: where that is
-    production-shaped, each variant is also timed in a worker of only itself and its
+    """The variants (and blocks' graphs) whose worker alone is built beside the gate's: where
+    that is production-shaped, each is also timed in a worker of only itself and its
     incumbents, so that what the model's tasks and the other variants do to it is seen
     (issue 59); none otherwise."""
-    return list(k.spec.data["codegen"]["variants"]) if has_minimal_worker(k.spec.data, runtime) else []
+    from mpkbuild.stages.runtime.megakernel import alone_units
+    return alone_units(k.spec.data) if has_minimal_worker(k.spec.data, runtime) else []
 
 
 def shadow_dir(k) -> Path:
@@ -238,7 +244,7 @@ def run_compile(build, info, target, source) -> int:
     paths = [Path(t.abspath) for t in target]
     alone = [None, *alone_variants(k, build.runtime_request.runtime)]
     builds = [(paths[3 * i:3 * i + 3], variant) for i, variant in enumerate(alone)]
-    order = list(k.spec.data["codegen"]["variants"])
+    order = alone[1:]
 
     def one(build_paths, variant):
         lib, log, _ = build_paths
@@ -257,7 +263,7 @@ def run_compile(build, info, target, source) -> int:
         write_atomic(build_paths[2], json.dumps(worker_facts(text), indent=1, sort_keys=True) + "\n")
     took = [t for _, _, t in done]
     say(f"          megakernel {k.name}: compiled in {took[0]:.1f} s"
-        + (f" (the production worker), and {len(took) - 1} workers of one variant alone in "
+        + (f" (the production worker), and {len(took) - 1} workers of one variant or block alone in "
            f"{min(took[1:]):.1f}-{max(took[1:]):.1f} s" if len(took) > 1 else ""))
     return 0
 

@@ -59,9 +59,10 @@ ITERATIONS = 3           # at least; validate.steps when larger
 # the same source built without the production worker's other tasks (with ALONE_MACRO: the
 # worker of one variant alone, in which ours is timed beside the production one)
 MINIMAL_MACRO = "MPKB_MINIMAL_WORKER"
-# with MINIMAL_MACRO: the worker of one variant alone, its index in codegen.variants (its
-# incumbents beside it, no other variant's task): what ours is timed in beside the gate's
-# worker, so that a verdict that moves with the other variants compiled in is seen (issue 59)
+# with MINIMAL_MACRO: the worker of one variant (or one block's graph) alone, its index in
+# alone_units (its incumbents beside it, no other variant's task): what ours is timed in
+# beside the gate's worker, so that a verdict that moves with the other variants compiled in
+# is seen (issue 59)
 ALONE_MACRO = "MPKB_ALONE_VARIANT"
 
 
@@ -343,16 +344,24 @@ def _one_branch_per_call(dispatch: list, rivals: list) -> list:
     return keep
 
 
-def _mark_owners(dispatch: list, graphs: list, variants: list[str]) -> None:
-    """Each branch the graphs run gets `alone`: the indices of the variants whose graphs
-    (ours, its incumbents at every configuration) run it -- the branches a variant's worker
-    alone keeps (ALONE_MACRO). A branch only a block's graphs run has none: no variant's."""
+def alone_units(spec: dict) -> list[str]:
+    """What a worker alone is built for, in ALONE_MACRO's order: each variant, then each
+    block's graph (its layers' kernels and the incumbents' chain: a block is judged too, and
+    its production worker grows with every variant of its kernels)."""
+    from mpkbuild.wire.incumbents import block_graph_names
+    return list(spec["codegen"]["variants"]) + block_graph_names(spec)
+
+
+def _mark_owners(dispatch: list, graphs: list, units: list[str]) -> None:
+    """Each branch the graphs run gets `alone`: the indices (alone_units) of the variants and
+    blocks whose graphs (ours, its incumbents at every configuration) run it -- the branches
+    that unit's worker alone keeps (ALONE_MACRO)."""
     owners: dict[int, set[int]] = {}
     for g in graphs:
-        variant = g["name"] if g.get("role") != "incumbent" else g.get("of")
-        if variant in variants:
+        unit = g["name"] if g.get("role") != "incumbent" else g.get("of")
+        if unit in units:
             for layer in g["layers"]:
-                owners.setdefault(layer["id"], set()).add(variants.index(variant))
+                owners.setdefault(layer["id"], set()).add(units.index(unit))
     for d in dispatch:
         if "filler" not in d:
             d["alone"] = sorted(owners.get(d["id"], ()))
@@ -553,7 +562,7 @@ def plan(spec: dict, wiring_root: Path, companions: dict | None = None,
     fillers, filler_headers = _production_tasks(spec, companions or {}, text, runtime,
                                                 checkout_root, len(dispatch))
     dispatch = _one_branch_per_call(dispatch + fillers, rivals + chains)
-    _mark_owners(dispatch, graphs, list(cg["variants"]))
+    _mark_owners(dispatch, graphs, alone_units(spec))
     includes = [f"{name}{suffix}" for name in block_kernels(spec) + [kernel]
                 for suffix in ("_spec.h", ".cuh")]
     max_tensors = max(len(l["tensors"]) for g in graphs for l in g["layers"])
