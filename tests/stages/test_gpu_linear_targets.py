@@ -1,7 +1,7 @@
 """Issue 58's targets on a real GPU: the TMA pipeline linear and the residual linear through
 validate, perf and the runtime gate in the pinned MPK checkout, their thresholds being the
-issue's targets (0.8x MPK's task inside MPK at every shape; the harness at most 1.0x cuBLAS
-cold). Not met today: each kernel's test is a strict expected failure that names the numbers,
+issue's targets (0.8x MPK's task inside MPK at every shape, the MLP block 0.85x MPK's chain;
+the harness at most 1.0x cuBLAS cold). Not met today: each kernel's test is a strict expected failure that names the numbers,
 raised only by missed thresholds -- a crash, a hang, wrong numerics or a variant without a
 result fail it outright -- so the day a kernel meets its targets the suite says so.
 Marked `gpu`: skipped with a reason where there is no CUDA GPU; `bench/gpu_box.sh OUT targets`."""
@@ -20,13 +20,14 @@ class TargetsUnmet(AssertionError):
     """The kernel ran every gate soundly and missed only thresholds (issue 58's targets)."""
 
 
-# the figures the targets were missed by (bench/RESULTS.md sections 27 and 28)
+# the figures the targets were missed by (bench/RESULTS.md sections 27-29)
 MISSED = {
-    "linear_tma_v2": "in-runtime 0.84-1.53x linear_swapAB_hopper on the H200, 0.95-1.31x on the H100 "
-                     "(target 0.8x at every shape); harness cold 1.21x the baseline at m16 n14336 "
-                     "on the H100 (limit 1.0x)",
-    "linear_residual_v2": "in-runtime 0.84-1.38x linear_swapAB_with_residual_hopper on the H200, "
-                          "0.88-1.26x on the H100 (target 0.8x at every shape)",
+    "linear_tma_v2": "in-runtime 0.80-1.65x linear_swapAB_hopper on the H200 (section 29), 0.95-1.31x on "
+                     "the H100 (target 0.8x at every shape, its interval below); the MLP block with it "
+                     "as gate|up not yet measured (target 0.85x MPK's chain); harness cold 1.21x the "
+                     "baseline at m16 n14336 on the H100 (limit 1.0x)",
+    "linear_residual_v2": "in-runtime 0.88-1.54x linear_swapAB_with_residual_hopper on the H200 (section "
+                          "29), 0.88-1.26x on the H100 (target 0.8x at every shape)",
 }
 
 
