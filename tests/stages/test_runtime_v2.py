@@ -238,9 +238,13 @@ def test_a_kernel_that_loads_with_tma_gets_its_maps_in_runtime_v2_as_in_v1(compi
     source = (lib.parent / "megakernel.cu").read_text()
     assert "create_tma_desc_by_task(task)" in source and "cuTensorMapEncodeTiled" in source
     k = load_kernel(REPO, "linear_tma_v2", write_cache=False)
-    p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, {}, V2, "v2")
-    assert {g["role"] for g in p["graphs"]} == {"ours"}
-    assert all(g["layers"][0]["tma"] for g in p["graphs"])
+    specs = {c.name: c.spec.data for c in runtime.companions_for(k, {})}
+    p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, specs, V2, "v2")
+    # its MLP block runs too (ours only: the block's incumbents are v1's tasks)
+    assert {g["role"] for g in p["graphs"]} == {"ours", "block"}
+    assert all(g["layers"][0]["tma"] for g in p["graphs"] if g["role"] == "ours")
+    assert all(l["tma"] for g in p["graphs"] if g["role"] == "block" for l in g["layers"]
+               if l["kernel"] == "linear_tma_v2")
 
 
 # ---------------------------------------------------------------- GPU
