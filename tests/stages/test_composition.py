@@ -23,8 +23,8 @@ needs_tree = pytest.mark.skipif(not (PINNED / "include").is_dir(),
                                 reason="../shared/mirage (the pinned MPK tree) is absent")
 
 
-def _plan(data: dict) -> dict:
-    return runtime.plan(data, config.wiring_roots(REPO), {}, PINNED)
+def _plan(data: dict, companions: dict | None = None) -> dict:
+    return runtime.plan(data, config.wiring_roots(REPO), companions or {}, PINNED)
 
 
 def _fillers(p: dict) -> dict[str, list[str]]:
@@ -63,10 +63,17 @@ def test_the_worker_holds_the_qwen3_decode_tasks_with_ours_in_place_of_its_op():
     assert payload["composition_kind"] == p["composition"]
     assert "paged_attention_hopper (qwen3 attention)" in payload["composition"]
 
-    # a linear replaces the model's plain linears, not its residual ones (another op)
-    lin = _fillers(_plan(load_kernel(REPO, "linear_tma_v2", write_cache=False).spec.data))
+    # a linear replaces the model's plain linears, not its residual ones (another op)...
+    k = load_kernel(REPO, "linear_tma_v2", write_cache=False)
+    alone = copy.deepcopy(k.spec.data)
+    alone["runtime"]["blocks"] = []
+    lin = _fillers(_plan(alone))
     assert {"qwen3 qkv_proj", "qwen3 gate_up_proj", "qwen3 lm_head"}.isdisjoint(lin)
     assert {"qwen3 o_proj", "qwen3 down_proj", "qwen3 input_layernorm"} <= set(lin)
+    # ... and a spec whose block runs other kernels of ours has them in place of theirs too
+    companions = {c.name: c.spec.data for c in runtime.companions_for(k, {})}
+    assert set(_fillers(_plan(k.spec.data, companions))) == {"qwen3 embed_tokens", "qwen3 attention",
+                                                             "qwen3 argmax"}
 
 
 @needs_tree
