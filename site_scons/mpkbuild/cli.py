@@ -525,11 +525,11 @@ def load_companions(build: Build, root: Path, kernels: list) -> list:
             if name in build.kernels:
                 continue
             if not (root / config.SPEC_DIRNAME / f"{name}.yaml").is_file():
-                where = next(f"runtime.blocks[{bi}].layers[{li}].kernel"
+                field = next(("runtime", "blocks", bi, "layers", li, "kernel")
                              for bi, b in enumerate(k.spec.data["runtime"]["blocks"])
                              for li, l in enumerate(b["layers"]) if l["kernel"] == name)
-                fail_early(f"{k.spec.file}: {where}: no kernel {name!r} "
-                           f"({config.SPEC_DIRNAME}/{name}.yaml does not exist)")
+                fail_early(str(spec_mod.error_at(root / k.spec.file, root, field, f"no kernel {name!r} "
+                                                 f"({config.SPEC_DIRNAME}/{name}.yaml does not exist)")))
             try:
                 build.kernels[name] = apply_tuned(stages.load_kernel(root, name, write_cache=False),
                                                   build.fingerprint)

@@ -311,6 +311,13 @@ class SpecLoader:
                           source_sha=sha256_bytes(raw_bytes), loader=self.version)
 
 
+def error_at(path: Path | str, root: Path | str, field: tuple, message: str) -> SpecError:
+    """The error for a field of a spec file that a check outside its own load found (another
+    spec it names, say), at the field's line."""
+    rel, _, _, lines = _read(path, root)
+    return SpecError(rel, line_for(lines, tuple(field)), tuple(field), message)
+
+
 @functools.lru_cache(maxsize=None)
 def _validator():
     """Draft 2020-12 with integers that are integers: JSON Schema counts 16.0 as one, and a
