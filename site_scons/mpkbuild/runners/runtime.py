@@ -902,8 +902,8 @@ def main(job: dict) -> dict:
     grid = grid_for(facts["sm_count"])
     with _phase("library load"):
         lib = Megakernel(job["library"])
-    # each variant's worker alone (where the gate's is production-shaped): ours timed in it
-    # too, loaded when its graph comes (a block's graphs have none)
+    # each variant's (and block's) worker alone, where the gate's is production-shaped: ours
+    # timed in it too, loaded when its graph comes
     alone_paths, alone = job.get("library_alone") or {}, {}
     graphs, failed = {}, []
     for gi, name in enumerate(lib.graphs):

@@ -53,7 +53,7 @@ def _worker_dir(k, arch: str, alone: str | None) -> Path:
 
 
 def library_path(k, arch: str = "sm_90a", alone: str | None = None) -> Path:
-    """The gate's worker's library, or (alone) that of the variant's worker alone."""
+    """The gate's worker's library, or (alone) that of a variant's or block's worker alone."""
     return _worker_dir(k, arch, alone) / f"lib{k.name}_mpk.so"
 
 
@@ -103,7 +103,7 @@ def build_in(k, work: Path, checkout, runtime: str = "v1") -> tuple[bool, str, f
     return ok, text, took, lib
 
 
-def alone_variants(k, runtime: str) -> list[str]:
+def alone_workers(k, runtime: str) -> list[str]:
     """The variants (and blocks' graphs) whose worker alone is built beside the gate's: where
     that is production-shaped, each is also timed in a worker of only itself and its
     incumbents, so that what the model's tasks and the other variants do to it is seen
@@ -172,9 +172,9 @@ def nodes(g, k, stage: str) -> None:
     headers, include_facts = include_inputs(g, k)
     runtime_headers = tuple(g.rel(p) for p in checkout.headers())
     built = [lib, lib.parent / "compile.log", worker_path(k)]
-    for variant in alone_variants(k, runtime):
-        small = library_path(k, alone=variant)
-        built += [small, small.parent / "compile.log", worker_path(k, alone=variant)]
+    for unit in alone_workers(k, runtime):
+        small = library_path(k, alone=unit)
+        built += [small, small.parent / "compile.log", worker_path(k, alone=unit)]
     comp = g.add(Node(f"megakernel-compile {k.name} sm_90a", "megakernel_compile", stage, k.name,
                       tuple(g.rel(p) for p in built),
                       tuple(dict.fromkeys((*src.targets, *gen, *[p for p in extra if p.endswith((".h", ".cuh"))],
@@ -233,29 +233,28 @@ def run_source(build, info, target, source) -> int:
 
 
 def run_compile(build, info, target, source) -> int:
-    """The megakernel's library (and, per alone_variants, each variant's worker alone: one
-    source, the nvcc runs side by side, as many at once as there are cores), each with its
-    worker's figures."""
+    """The megakernel's library (and, per alone_workers, each variant's or block's worker
+    alone: one source, the nvcc runs side by side, as many at once as there are cores), each
+    with its worker's figures."""
     k = build.kernels[info["MPK_KERNEL"]]
     checkout = build.runtime_request.checkout
     gen_dirs = [k.gen_dir, *k.include_dirs]
     for c in companions_for(k, build.kernels):
         gen_dirs += [c.gen_dir, *c.include_dirs]
     paths = [Path(t.abspath) for t in target]
-    alone = [None, *alone_variants(k, build.runtime_request.runtime)]
-    builds = [(paths[3 * i:3 * i + 3], variant) for i, variant in enumerate(alone)]
-    order = alone[1:]
+    # the production worker, then each worker alone, its ALONE_MACRO index its place in the list
+    alone = [None, *alone_workers(k, build.runtime_request.runtime)]
+    builds = [(paths[3 * i:3 * i + 3], unit) for i, unit in enumerate(alone)]
 
-    def one(build_paths, variant):
-        lib, log, _ = build_paths
+    def one(i):
+        lib, log, _ = builds[i][0]
         return compile_megakernel(checkout, source_path(k), gen_dirs, lib, log, shadow=shadow_dir(k),
-                                  runtime=build.runtime_request.runtime,
-                                  alone=None if variant is None else order.index(variant))
+                                  runtime=build.runtime_request.runtime, alone=i - 1 if i else None)
 
     with ThreadPoolExecutor(max_workers=min(len(builds), os.cpu_count() or 1)) as pool:
-        done = list(pool.map(lambda b: one(*b), builds))
-    for (build_paths, variant), (ok, text, took) in zip(builds, done):
-        what = f"the worker of {variant} alone of " if variant else ""
+        done = list(pool.map(one, range(len(builds))))
+    for (build_paths, unit), (ok, text, took) in zip(builds, done):
+        what = f"the worker of {unit} alone of " if unit else ""
         if not ok:
             return build.fail(f"megakernel-compile {k.name}: nvcc of {what}it failed ({took:.0f} s), see "
                               f"{os.path.relpath(build_paths[1], build.root)}\n"
@@ -294,7 +293,7 @@ def gate_job(k, build, arch: str, payload: dict) -> tuple[Path, list[Path]]:
     payload.update(library=str(library), runtime=job_payload(k, build))
     payload["runtime"]["worker"] = read_json(worker_path(k, arch)) or {}
     more = []
-    alone = alone_variants(k, build.runtime_request.runtime)
+    alone = alone_workers(k, build.runtime_request.runtime)
     if alone:
         more = [library_path(k, arch, alone=v) for v in alone]
         payload["library_alone"] = {v: str(p) for v, p in zip(alone, more)}
