@@ -3,8 +3,8 @@
 // few large tasks (NT rows of W each, about one per SM), W streamed by TMA through a ring of
 // STAGES stages.
 //   loader (warp 0): one elected lane fills stage s % STAGES with a box of this task's W
-//     (BOX_ROWS rows x 64 k, 128-byte swizzled) and the matching box of x (M rows x 64 k),
-//     both completing on full[]; once the ring has wrapped it first waits on empty[].
+//     (BOX_ROWS rows x 64 k) and the matching box of x (M rows x 64 k), both 128-byte
+//     swizzled, completing on full[]; once the ring has wrapped it first waits on empty[].
 //   mma (warps 1-4): warp w takes rows [16 w, 16 w + 16) of each W box (the warps past the
 //     box's rows only keep the handshake) and runs mma.sync m16n8k16 with W as the A operand
 //     and x as B (the decode M is the mma's n = 8 side: one n8 tile for M <= 8, two for 16);
@@ -67,7 +67,7 @@ __device__ __forceinline__ void tcgen05_mma(__nv_bfloat16* __restrict__ y, char*
   const int warp = P::warp() - P::MMA_WARP_BEGIN, lane = P::lane();
   // the SMEM plan (codegen.smem, regions in order at their alignment): x_core after ring_x
   // at 128, tmem_slot after it at 16
-  const size_t x_end = static_cast<size_t>(ring_x - smem) + STAGES * R::COPY_X_BYTES;
+  const size_t x_end = static_cast<size_t>(ring_x - smem) + STAGES * R::SLOT_X_BYTES;
   char* x_core = smem + (x_end + 127) / 128 * 128;
   uint32_t* tmem_slot = reinterpret_cast<uint32_t*>(x_core + STAGES * X_CORE_BYTES);
   if (warp == 0) T::alloc(tmem_slot, COLUMNS);
@@ -85,19 +85,20 @@ __device__ __forceinline__ void tcgen05_mma(__nv_bfloat16* __restrict__ y, char*
         if (lane == 0) P::arrive(&bars[R::EMPTY + slot]);
         continue;
       }
-      // x's rows (M x 128 bytes, as the copy left them) into core matrices: chunk c of row r
-      // at (c * GROUPS + r / 8) * 128 + (r % 8) * 16
-      const uint4* from = reinterpret_cast<const uint4*>(ring_x + slot * R::COPY_X_BYTES);
+      // x's rows (M x 128 bytes, 128-byte swizzled: chunk c of row r at chunk c ^ (r % 8))
+      // into core matrices: chunk c of row r at (c * GROUPS + r / 8) * 128 + (r % 8) * 16
+      const uint4* from = reinterpret_cast<const uint4*>(ring_x + slot * R::SLOT_X_BYTES);
       char* core = x_core + slot * X_CORE_BYTES;
       for (int i = lane; i < M * (BOX_K / 8); i += 32) {
         const int r = i / (BOX_K / 8), c = i % (BOX_K / 8);
-        *reinterpret_cast<uint4*>(core + (c * GROUPS + r / 8) * 128 + (r % 8) * 16) = from[i];
+        *reinterpret_cast<uint4*>(core + (c * GROUPS + r / 8) * 128 + (r % 8) * 16) =
+            from[r * (BOX_K / 8) + (c ^ (r % 8))];
       }
       asm volatile("fence.proxy.async.shared::cta;" : : : "memory");   // seen by the MMAs' reads
       __syncwarp();
       T::after_sync();
       if (lane == 0) {
-        const char* wbox = ring_w + slot * R::COPY_W_BYTES;
+        const char* wbox = ring_w + slot * R::SLOT_W_BYTES;
 #pragma unroll
         for (int kk = 0; kk < BOX_K / 16; ++kk) {
           // A: W, 128-byte swizzled rows, 8-row atoms 1024 bytes apart; a k16 step is 32 bytes
@@ -150,7 +151,7 @@ __device__ __forceinline__ void linear_tma_v2_task(const __nv_bfloat16* __restri
   constexpr int BOX_ROWS = P::tma_weight::box_rows(NT, K);           // W rows a box holds
   constexpr int KB = K / BOX_K;                                      // k boxes a row block
   [[maybe_unused]] constexpr int TILES = (M + 7) / 8;                // n8 tiles of x's rows (sm_90a)
-  constexpr uint32_t W_BYTES = R::COPY_W_BYTES, X_BYTES = R::COPY_X_BYTES;
+  constexpr uint32_t W_BYTES = R::SLOT_W_BYTES, X_BYTES = R::SLOT_X_BYTES;   // a stage's room
   static_assert(M >= 1 && M <= 16, "decode M: one or two n8 tiles");
   static_assert(BOX_K * 2 == 128, "a W box row is one 128-byte swizzle span");
   static_assert(BOX_ROWS % 16 == 0 && BOX_ROWS <= 16 * P::MMA_WARPS, "16 W rows an mma warp");
@@ -190,7 +191,8 @@ __device__ __forceinline__ void linear_tma_v2_task(const __nv_bfloat16* __restri
   // ldmatrix addresses of this lane (each lane names one 16-byte row of an 8 x 8 matrix):
   // A (W, x4): rows 16 warp + (lane % 8) + 8 ((lane / 8) % 2), k chunk lane / 16 of the k16
   // step; B (x, x2): x row lane % 8 (the last of x's rows where M < 8: the columns past M
-  // are never stored), k chunk (lane / 8) % 2
+  // are never stored), k chunk (lane / 8) % 2. Both boxes are 128-byte swizzled (row r's
+  // 16-byte chunk c sits at chunk c ^ (r % 8)), so a matrix's 8 rows hit 8 bank groups
   const int a_row = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
   const int a_chunk = lane / 16;
   const int b_chunk = (lane / 8) % 2;
@@ -218,11 +220,10 @@ __device__ __forceinline__ void linear_tma_v2_task(const __nv_bfloat16* __restri
         uint32_t a[BOX_K / 16][4], b[BOX_K / 16][TILES][2];
 #pragma unroll
         for (int kk = 0; kk < BOX_K / 16; ++kk) {
-          // the 128-byte swizzle: row r's 16-byte chunk c sits at chunk c ^ (r % 8)
           D::ldmatrix_x4(a[kk], wbox + a_row * 128 + (((kk * 2 + a_chunk) ^ (a_row % 8)) * 16));
 #pragma unroll
           for (int t = 0; t < TILES; ++t)
-            D::ldmatrix_x2(b[kk][t], xbox + b_row[t] * 128 + (kk * 2 + b_chunk) * 16);
+            D::ldmatrix_x2(b[kk][t], xbox + b_row[t] * 128 + (((kk * 2 + b_chunk) ^ (b_row[t] % 8)) * 16));
         }
 #pragma unroll
         for (int kk = 0; kk < BOX_K / 16; ++kk)

@@ -291,7 +291,7 @@ def test_the_harness_the_wired_checkout_and_the_gate_encode_the_same_map(tmp_pat
 @pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA 12.x/13.x) not on PATH")
 def test_the_tma_linear_s_maps_are_the_same_on_every_side(tmp_path):
-    """The catalog's TMA linear (two maps a task: x unswizzled, W 128-byte swizzled): the
+    """The catalog's TMA linear (two maps a task, x and W, both 128-byte swizzled): the
     same check over every variant, the harness against the checkout and the gate."""
     k = load_kernel(REPO, "linear_tma_v2", write_cache=False)
     sides = same_maps(k, "TASK_LINEAR_TMA_V2_HOPPER", tmp_path)
@@ -299,7 +299,7 @@ def test_the_tma_linear_s_maps_are_the_same_on_every_side(tmp_path):
     first = sides["harness"].index("variant decode_m8_n4096_k4096")
     x, w = sides["harness"][first + 1], sides["harness"][first + 1 + 128]  # 128 tasks of 32 rows
     assert x == ("type 9 rank 5 at +0 dims 4096 8 1 1 1 strides 8192 0 0 0 box 64 8 1 1 1 "
-                 "element_strides 1 1 1 1 1 interleave 0 swizzle 0 l2 0 oob 0")
+                 "element_strides 1 1 1 1 1 interleave 0 swizzle 3 l2 0 oob 0")
     assert w == (f"type 9 rank 5 at +{SPAN} dims 4096 32 1 1 1 strides 8192 0 0 0 box 64 32 1 1 1 "
                  "element_strides 1 1 1 1 1 interleave 0 swizzle 3 l2 0 oob 0")
 

@@ -23,6 +23,20 @@ def swizzle(copy: dict) -> int:
     return copy.get("swizzle", DEFAULT_SWIZZLE)
 
 
+def pattern(copy: dict) -> int:
+    """Bytes of a tensor copy's whole swizzle pattern (8 rows of the span; the plain SMEM
+    alignment when unswizzled): where each of its boxes must land."""
+    return max(SMEM_ALIGN, 8 * swizzle(copy))
+
+
+def slot_bytes(nbytes: int, copy: dict) -> int:
+    """A stage's room for one box of `nbytes`: the box rounded up to its swizzle pattern, so
+    the next stage's box lands aligned too (a swizzled box of fewer than 8 rows, e.g. x's m
+    rows at decode, still takes a whole pattern: the swizzle is a function of the address)."""
+    unit = pattern(copy) if swizzle(copy) else 1
+    return -(-nbytes // unit) * unit
+
+
 def tensors(codegen: dict) -> list[str]:
     """The inputs a body loads with TMA (codegen.pipeline.copies naming a tensor), in
     codegen.inputs order: after its tensors, the body takes each one's tensor map

@@ -232,7 +232,7 @@ def _variant_problems(cg: dict, p: dict, symbols: dict, vname: str, where: tuple
             if fault:
                 yield (*where, "copies", i, fault[0]), f"variant {vname}: {fault[1]}"
                 return
-            in_region.setdefault(c["region"], []).append(n)
+            in_region.setdefault(c["region"], []).append(tma.slot_bytes(n, c))
             landing[c["barrier"]] = landing.get(c["barrier"], 0) + n
             continue
         n, why = _value(c["bytes"], symbols, f"copy {c['name']}")
@@ -386,7 +386,7 @@ def _ring_region_problems(cg: dict, p: dict, symbols: dict, stages: int, in_regi
         boxes = [c for c in p["copies"] if "tensor" in c and c["region"] == name]
         if not boxes:
             continue
-        need = max(tma.SMEM_ALIGN, *(8 * tma.swizzle(c) for c in boxes))
+        need = max(tma.pattern(c) for c in boxes)
         if regions[i].get("align", 16) < need:
             yield (*at, "align"), (f"region {name} is {regions[i].get('align', 16)}-byte aligned; a "
                                    f"TMA box lands at a multiple of {need} (its swizzle's whole "
@@ -397,8 +397,9 @@ def _ring_region_problems(cg: dict, p: dict, symbols: dict, stages: int, in_regi
                                    "land aligned (give the odd one a region of its own)")
         elif stages > 1 and sum(sizes) % need:
             yield (*at, "bytes"), (f"variant {vname}: a stage of {name} is {sum(sizes)} bytes, so stage "
-                                   f"1 lands at {sum(sizes)}, not a multiple of {need}: swizzle less "
-                                   "or make a stage's boxes a whole number of swizzle patterns")
+                                   f"1 lands at {sum(sizes)}, not a multiple of {need}: swizzle it (a "
+                                   "swizzled box takes whole patterns) or make a stage's boxes a "
+                                   f"multiple of {need} bytes")
 
 
 def count(p: dict, stages: int) -> int:
@@ -441,9 +442,10 @@ def view(cg: dict) -> dict | None:
             m = f"tma_{c['tensor']}"
             nbytes = (f"{m}::box_rows({tile}) * {m}::box_cols({tile}) * "
                       f"{tma.ELEMENT_BYTES}u")
+            unit = tma.pattern(c) if tma.swizzle(c) else 1
         else:
-            nbytes = _cpp(c["bytes"], cg)
-        copies.append({"NAME": c["name"].upper(), "bytes": nbytes})
+            nbytes, unit = _cpp(c["bytes"], cg), 1
+        copies.append({"NAME": c["name"].upper(), "bytes": nbytes, "slot_unit": unit})
     return {"roles": [{"name": n, "NAME": n.upper(), **r} for n, r in roles.items()],
             "named_barriers": groups, "semaphores": p["semaphores"],
             "region": MBARRIER_REGION.upper(), "template_params": cg["template_params"],
