@@ -12,7 +12,7 @@
 #   runtime  pytest -m gpu: the runtime gate in the real MPK persistent kernel, v1 and v2;
 #            needs the MPK headers carried as .mirage/ (mpk/ and v2/ include and src,
 #            cutlass/include, json/include copied from ../shared/mirage; docs/gpu-box.md)
-#   targets  pytest -m gpu: issue 58's targets (linear_tma_v2, linear_residual_v2 through every
+#   targets  pytest -m gpu: issue 58's targets (linear_tma_v2, linear_residual_tma_v2, linear_residual_v2 through every
 #            gate with the MPK checkout, as for runtime), strict expected failures naming the
 #            numbers they miss by
 #   pipeline pytest -m gpu: the warp-role pipeline (pipe_copy, pipe_tma, the family-A starter, the fault

@@ -8,6 +8,7 @@ the wired checkout and the runtime gate's megakernel encode the same map for the
 The fixture is tests/fixtures/pipeline's pipe_tma, given a wiring section here."""
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
@@ -302,6 +303,29 @@ def test_the_tma_linear_s_maps_are_the_same_on_every_side(tmp_path):
                  "element_strides 1 1 1 1 1 interleave 0 swizzle 3 l2 0 oob 0")
     assert w == (f"type 9 rank 5 at +{SPAN} dims 4096 32 1 1 1 strides 8192 0 0 0 box 64 32 1 1 1 "
                  "element_strides 1 1 1 1 1 interleave 0 swizzle 3 l2 0 oob 0")
+
+
+def test_the_gate_runs_kernels_that_load_the_same_maps_under_its_one_task_type(tmp_path):
+    """Every task of the gate's megakernel has its one task type, so its tma.cuh case makes
+    one set of maps: linear_tma_v2's block runs linear_residual_tma_v2 too (the same x and W
+    boxes; its residual is no map), and the header is the one linear_tma_v2 alone gets, but
+    for the kernels it names; kernels whose maps differ are refused, naming each's maps."""
+    from mpkbuild.stages.generate import TemplateError
+    root = copy_tree("mpk", tmp_path)
+    linear, residual = (load_kernel(REPO, n, write_cache=False).spec.data
+                        for n in ("linear_tma_v2", "linear_residual_tma_v2"))
+    alone = megakernel.gate_tma_header(root, [linear], WIRING, 461).decode()
+    both = megakernel.gate_tma_header(root, [linear, residual], WIRING, 461).decode()
+    assert "MPKB_TMA_TASK" in both and "linear_tma_v2, linear_residual_tma_v2 (megakernel.cu" in both
+    assert both.replace("linear_tma_v2, linear_residual_tma_v2 (", "linear_tma_v2 (") == alone
+    # the same linear with x unswizzled (as it was before 2026-12-05)
+    other = copy.deepcopy(linear)
+    other["kernel"] = other["wiring"]["layer"] = "linear_unswizzled"
+    next(c for c in other["codegen"]["pipeline"]["copies"] if c["name"] == "x")["swizzle"] = 0
+    with pytest.raises(TemplateError) as info:
+        megakernel.gate_tma_header(root, [linear, other], WIRING, 461)
+    assert "linear_tma_v2: [('x', 0, ['tensor_desc.dim[0]', '64'], 128)" in str(info.value)
+    assert "linear_unswizzled: [('x', 0, ['tensor_desc.dim[0]', '64'], 0)" in str(info.value)
 
 
 @pytest.mark.nvcc

@@ -719,18 +719,26 @@ TMA_LABEL = "MPKB_TMA_TASK"
 
 
 def gate_tma_header(mpk_root: Path, specs: list[dict], wiring_root: Path, number: int) -> bytes:
-    """The checkout's tma.cuh with the wire stage's two cases of the one kernel the gate runs
-    that loads with TMA, as the wire writes them, under the gate's task type: its
-    create_tma_desc_by_task then makes our task's maps as MPK's init does (and our blocks,
-    where the checkout is wired, are left out: they name the wired task type)."""
+    """The checkout's tma.cuh with the wire stage's two cases of the kernels the gate runs
+    that load with TMA, as the wire writes them, under the gate's task type: its
+    create_tma_desc_by_task then makes our tasks' maps as MPK's init does (and our blocks,
+    where the checkout is wired, are left out: they name the wired task type). Every task
+    of the gate shares that one type, so its kernels that load with TMA must load the same
+    maps (the same inputs, boxes and swizzles: e.g. a linear and its residual form)."""
     from mpkbuild.stages.generate import TemplateError
     from mpkbuild.wire.patch import gate_tma_text
     from mpkbuild.wire.errors import WireError
-    if len({s["kernel"] for s in specs}) > 1:
-        raise TemplateError(f"the runtime gate's megakernel runs one kernel that loads with TMA, "
-                            f"not {len(specs)} ({', '.join(s['kernel'] for s in specs)}): its "
-                            "tasks share one task type")
-    declared = (f"// the runtime gate's task type for {specs[0]['kernel']} (megakernel.cu: MPKB_TASK_TYPE)\n"
+    from mpkbuild.wire.section import resolve
+    from mpkbuild.wire.surface import load_surface
+    surface = load_surface(wiring_root)
+    maps = {s["kernel"]: resolve(s, surface).maps for s in specs}
+    if len({repr(m) for m in maps.values()}) > 1:
+        raise TemplateError(
+            "the runtime gate runs every task under one task type, whose tma.cuh case makes one "
+            "set of maps, and these kernels load with TMA through different ones: "
+            + "; ".join(f"{name}: {[(m['tensor'], m['index'], m['box'], m['swizzle']) for m in ms]}"
+                        for name, ms in maps.items()))
+    declared = (f"// the runtime gate's task type for {', '.join(maps)} (megakernel.cu: MPKB_TASK_TYPE)\n"
                 f"constexpr TaskType {TMA_LABEL} = static_cast<TaskType>({number});\n\n")
     try:
         return gate_tma_text(mpk_root, specs[0], wiring_root, TMA_LABEL, declared).encode()
