@@ -93,8 +93,15 @@ def test_the_preview_shows_the_numbers_apply_writes(two, checkout):
     two.scons("kernel=all", "stage=wire", f"mpk_root={checkout}")
     preview = {n: wire_json(two, n)["numbers"] for n in ("rmsnorm_v2", "silu_mul_v2")}
     assert preview["rmsnorm_v2"] != preview["silu_mul_v2"]
+    # each kernel's manifest lists the files holding its blocks, and the message counts them
+    files = wire_json(two, "silu_mul_v2")["files"]
+    assert "include/mirage/persistent_kernel/runtime_header.h" in files
+    assert any(f.endswith("mpkbuild_silu_mul_v2.cuh") for f in files)
+    assert not any("rmsnorm" in f for f in files)
+    assert f"would change {len(files)} files in" in wire_json(two, "silu_mul_v2")["message"]
     two.scons("kernel=all", "stage=wire", f"mpk_root={checkout}", "apply=1")
     assert {n: wire_json(two, n)["numbers"] for n in preview} == preview
+    assert f"applied to {len(files)} files in" in wire_json(two, "silu_mul_v2")["message"]
     header = (checkout / "include/mirage/persistent_kernel/runtime_header.h").read_text()
     assert f"TASK_SILU_MUL_V2_HOPPER = {preview['silu_mul_v2']['sm_90a']}," in header
 
