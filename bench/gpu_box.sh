@@ -19,8 +19,8 @@
 #            that hangs) and the profile stage (ncu on linear_v2)
 #   linear   the two linears through scons, every gate (validate, perf, profile; with .mirage/
 #            the runtime gate against MPK's TMA linear, cold): linear_tma_v2 (issue 58's TMA
-#            pipeline) beside linear_v2 (LINEAR_KERNELS=linear_tma_v2: one), the reviews in
-#            OUTDIR/linear.tgz
+#            pipeline) beside linear_v2 (LINEAR_KERNELS=linear_tma_v2: one; LINEAR_STAGES="runtime
+#            perf": those stages in turn, each within PART_TIMEOUT_S), the reviews in OUTDIR/linear.tgz
 #   bench    bench/rmsnorm_gates.py (with .mirage/: the runtime gate too) and bench/catalog.py
 #   review   every gate of every catalog kernel through scons (with .mirage/: wire and the
 #            runtime gate too), the reviews in OUTDIR/review.tgz
@@ -66,8 +66,13 @@ case "$part" in
   linear)
     mpk=(); [ -d .mirage/mpk/include ] && mpk=(mpk_root=.mirage/mpk)
     kernels=${LINEAR_KERNELS:-linear_tma_v2,linear_v2}
-    timeout "$limit" python3 -m SCons -Q -k -j16 kernel="$kernels" stage=review "${mpk[@]}" 2>&1 | tee "$out/linear.log" | sed -n '/^verdicts:/,$p'
-    for k in ${kernels//,/ }; do sed -n '1,40p' "build/$k/review.md"; done
+    for stage in ${LINEAR_STAGES:-review}; do
+      timeout "$limit" python3 -m SCons -Q -k -j16 kernel="$kernels" stage="$stage" "${mpk[@]}" 2>&1 | tee -a "$out/linear.log" | sed -n '/^verdicts:/,$p'
+    done
+    for k in ${kernels//,/ }; do
+      [ -f "build/$k/review.md" ] && sed -n '1,40p' "build/$k/review.md"
+      ls build/$k/gpu/*/runtime.json >/dev/null 2>&1 && python3 bench/runtime_table.py build/$k/gpu/*/runtime.json
+    done
     tar czf "$out/linear.tgz" build/linear*/review.* build/linear*/junit.xml build/linear*/gpu/*/*.json build/linear*/gpu/*/*.log 2>/dev/null ;;
   tune)
     timeout "$limit" python3 bench/tune_bench.py -j16 2>&1 | tee "$out/tune.txt"
