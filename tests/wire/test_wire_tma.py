@@ -307,9 +307,9 @@ def test_the_tma_linear_s_maps_are_the_same_on_every_side(tmp_path):
 
 def test_the_gate_runs_kernels_that_load_the_same_maps_under_its_one_task_type(tmp_path):
     """Every task of the gate's megakernel has its one task type, so its tma.cuh case makes
-    one set of maps: linear_tma_v2's block runs linear_residual_tma_v2 too (the same x and W
-    boxes; its residual is no map), and the header is the one linear_tma_v2 alone gets, but
-    for the kernels it names; kernels whose maps differ are refused, naming each's maps."""
+    one set of maps: a block may run linear_tma_v2 beside linear_residual_tma_v2 (the same x
+    and W boxes; the residual is no map), and the header is the one linear_tma_v2 alone gets,
+    but for the kernels it names; kernels whose maps differ are refused, naming each's maps."""
     from mpkbuild.stages.generate import TemplateError
     root = copy_tree("mpk", tmp_path)
     linear, residual = (load_kernel(REPO, n, write_cache=False).spec.data
