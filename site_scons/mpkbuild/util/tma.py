@@ -29,11 +29,17 @@ def pattern(copy: dict) -> int:
     return max(SMEM_ALIGN, 8 * swizzle(copy))
 
 
+def slot_unit(copy: dict) -> int:
+    """What a stage's room for one of the copy's boxes is a multiple of: its swizzle pattern
+    when swizzled, so the next stage's box lands aligned too (a swizzled box of fewer than 8
+    rows, e.g. x's m rows at decode, still takes a whole pattern: the swizzle is a function
+    of the address); a byte otherwise."""
+    return pattern(copy) if "tensor" in copy and swizzle(copy) else 1
+
+
 def slot_bytes(nbytes: int, copy: dict) -> int:
-    """A stage's room for one box of `nbytes`: the box rounded up to its swizzle pattern, so
-    the next stage's box lands aligned too (a swizzled box of fewer than 8 rows, e.g. x's m
-    rows at decode, still takes a whole pattern: the swizzle is a function of the address)."""
-    unit = pattern(copy) if swizzle(copy) else 1
+    """A stage's room for one box of `nbytes` (rounded up to slot_unit)."""
+    unit = slot_unit(copy)
     return -(-nbytes // unit) * unit
 
 

@@ -442,10 +442,9 @@ def view(cg: dict) -> dict | None:
             m = f"tma_{c['tensor']}"
             nbytes = (f"{m}::box_rows({tile}) * {m}::box_cols({tile}) * "
                       f"{tma.ELEMENT_BYTES}u")
-            unit = tma.pattern(c) if tma.swizzle(c) else 1
         else:
-            nbytes, unit = _cpp(c["bytes"], cg), 1
-        copies.append({"NAME": c["name"].upper(), "bytes": nbytes, "slot_unit": unit})
+            nbytes = _cpp(c["bytes"], cg)
+        copies.append({"NAME": c["name"].upper(), "bytes": nbytes, "slot_unit": tma.slot_unit(c)})
     return {"roles": [{"name": n, "NAME": n.upper(), **r} for n, r in roles.items()],
             "named_barriers": groups, "semaphores": p["semaphores"],
             "region": MBARRIER_REGION.upper(), "template_params": cg["template_params"],
