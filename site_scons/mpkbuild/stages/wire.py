@@ -109,17 +109,6 @@ def run_plan(build, request: WireRequest, wiring_root: Path) -> RunPlan:
     return run
 
 
-def _blocks_of(kernel: str, plan, wiring_root: Path) -> list[str]:
-    """The files of a plan's changes that hold (or held) a block of this kernel, found by
-    the surface's markers (the ones it writes and the older ones it still reads)."""
-    from mpkbuild.wire.checkout import Checkout
-    from mpkbuild.wire.surface import load_surface
-    markers = Checkout(plan.mpk_root, load_surface(wiring_root)).markers
-    return sorted(rel for rel, c in plan.changes.items()
-                  if any(b.kernel == kernel for text in (c.old, c.new) if text
-                         for b in markers.find(text.splitlines(keepends=True), rel)))
-
-
 def run_wire(k: Kernel, run: RunPlan | None, request: WireRequest, wiring_root: Path) -> dict:
     """Write one kernel's manifest (build/<K>/wiring/wire.json): its fragments, and against
     a checkout its part of the run's plan. Raises WireGateFailed when the run's plan was
@@ -146,7 +135,7 @@ def run_wire(k: Kernel, run: RunPlan | None, request: WireRequest, wiring_root: 
     if not request.unwire:
         fsio.write_fragments(frag_dir, fragments)
     write_atomic(diff_path, plan.diff())
-    files = _blocks_of(k.name, plan, wiring_root)
+    files = plan.files.get(k.name, [])
     verb = ("unwired from" if request.unwire else "applied to") if request.apply else \
         ("would unwire from" if request.unwire else "would change")
     notes = [] if run.noted else list(plan.notes)

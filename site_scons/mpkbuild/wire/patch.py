@@ -53,6 +53,7 @@ class Plan:
     fragments: dict = field(default_factory=dict)    # kernel -> {fragment name: text}
     notes: list = field(default_factory=list)        # sites skipped, upstream incoherence
     problems: list = field(default_factory=list)     # incoherence the plan itself would add
+    files: dict = field(default_factory=dict)        # kernel -> changed paths holding (or that held) its blocks
 
     @property
     def new_contents(self) -> dict[str, str | None]:
@@ -292,6 +293,8 @@ def _judge(co: Checkout, p: Plan) -> Plan:
     A problem the untouched checkout already has is upstream's: a note. One that only the
     result has is this plan's: ``p.problems``, and :func:`apply` refuses the plan."""
     after = Checkout(co.root, co.surface, overlay=p.new_contents)
+    held = {rel: {b.kernel for side in (co, after) for b in side.blocks(rel)} for rel in p.changes}
+    p.files = {k: sorted(rel for rel, kernels in held.items() if k in kernels) for k in p.kernels}
     before = problems_of(co)
     old = {_unplaced(x) for x in before}
     p.problems = [x for x in problems_of(after) if _unplaced(x) not in old]
