@@ -28,9 +28,36 @@ def job(tmp_path, smem_total=16, budget=224256):
 def test_parse_ptxas_reads_every_number():
     fns = nvcc.parse_ptxas(PTXAS)
     large = fns["_Z19rmsnorm_v2__large_bPK13__nv_bfloat16Py"]
-    assert large == {"arch": "sm_90a", "registers": 255, "barriers": 1, "static_smem": 2048,
+    assert large == {"arch": "sm_90a", "entry": True, "registers": 255, "barriers": 1, "static_smem": 2048,
                      "stack": 24, "spill_stores": 40, "spill_loads": 36}
     assert fns["_Z21rmsnorm_v2__decode_a1PK13__nv_bfloat16Py"]["registers"] == 62
+
+
+# a task body that is its own function (__noinline__): ptxas lists its properties after the
+# entries that call it, by its own name, and the entry's stack with the callee's frame
+CALLED = """\
+ptxas info    : Compiling entry function '_Z21rmsnorm_v2__decode_a1PK13__nv_bfloat16Py' for 'sm_90a'
+ptxas info    : Function properties for _Z21rmsnorm_v2__decode_a1PK13__nv_bfloat16Py
+    16 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 238 registers, used 1 barriers, 48 bytes cumulative stack size, 6080 bytes smem
+ptxas info    : Compile time = 24.1 ms
+ptxas info    : Function properties for _ZN6kernel10rmsnorm_v2_taskILi1EEEvPK13__nv_bfloat16
+    32 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+"""
+
+
+def test_a_called_function_keeps_its_own_numbers_and_its_spills_fail_the_gate(tmp_path):
+    fns = nvcc.parse_ptxas(CALLED)
+    entry = fns["_Z21rmsnorm_v2__decode_a1PK13__nv_bfloat16Py"]
+    assert (entry["entry"], entry["registers"], entry["static_smem"], entry["stack"]) == (True, 238, 6080, 48)
+    assert entry["spill_stores"] == entry["spill_loads"] == 0      # not the callee's, printed after it
+    task = fns["_ZN6kernel10rmsnorm_v2_taskILi1EEEvPK13__nv_bfloat16"]
+    assert (task["entry"], task["stack"], task["spill_stores"], task["spill_loads"]) == (False, 32, 8, 12)
+    one = job(tmp_path)
+    result = nvcc.resource_verdict(nvcc.CompileJob(**{**one.__dict__, "variants": ("decode_a1",)}), fns)
+    assert result["verdict"] == "fail"
+    assert result["problems"] == ["_ZN6kernel10rmsnorm_v2_taskILi1EEEvPK13__nv_bfloat16 (called, not inlined): "
+                                  "spills 8 bytes stored / 12 bytes loaded"]
 
 
 def test_spills_fail_the_gate_with_numbers(tmp_path):

@@ -653,6 +653,13 @@ def test_the_gate_says_what_worker_it_measured_in_and_a_new_variant_is_in_it():
            "ptxas info    : Used 167 registers, used 5 barriers, 16 bytes cumulative stack size\n")
     worker = runtime.worker_facts(log)
     assert worker["registers"] == 167 and worker["stack_bytes"] == 16
+    # a task body the worker calls (not inlined) is the worker's code: its spills are counted,
+    # not lost behind the entry's (ptxas lists the callee after the entry, by its own name)
+    called = runtime.worker_facts(log + (
+        "ptxas info    : Compile time = 9.0 ms\n"
+        "ptxas info    : Function properties for _ZN6kernel19mpkbuild_linear_tma_v213linear_tma_v2_taskILi1EEEvPc\n"
+        "    0 bytes stack frame, 36 bytes spill stores, 36 bytes spill loads\n"))
+    assert (called["registers"], called["stack_bytes"], called["spill_stores"], called["spill_loads"]) == (167, 16, 36, 36)
     from mpkbuild.stages import review
     res = {"verdict": "pass", "message": "ok", "grid": {"workers": 128, "schedulers": 16},
            "worker": {**worker, "composition": payload["composition"], "kind": payload["composition_kind"]},

@@ -35,32 +35,43 @@ def nvcc_command(arch: str, harness: Path, include_dir: Path, output: Path,
 
 
 _ENTRY = re.compile(r"Compiling entry function '(\S+)' for '(\w+)'")
+_FUNCTION = re.compile(r"Function properties for (\S+)")
 _PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?")
+_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes cumulative stack size)?"
+                   r"(?:, (\d+) bytes smem)?")
 
 
 def parse_ptxas(text: str) -> dict[str, dict]:
-    """Per entry function (mangled name): registers, barriers, static smem, stack, spills."""
+    """Per function ptxas reports (mangled name): registers, barriers, static smem, stack,
+    spills; `entry` False for a function the entries call (one not inlined: a task body that
+    is its own function), whose stack and spills ptxas lists after its caller's, by name."""
     out: dict[str, dict] = {}
-    current = None
+    entry = props = None
     for line in text.splitlines():
         m = _ENTRY.search(line)
         if m:
-            current = out.setdefault(m.group(1), {"arch": m.group(2), "registers": 0, "barriers": 0,
-                                                   "static_smem": 0, "stack": 0,
-                                                   "spill_stores": 0, "spill_loads": 0})
+            entry = props = out.setdefault(m.group(1), {"arch": m.group(2), "entry": True, "registers": 0,
+                                                        "barriers": 0, "static_smem": 0, "stack": 0,
+                                                        "spill_stores": 0, "spill_loads": 0})
             continue
-        if current is None:
+        m = _FUNCTION.search(line)
+        if m and entry is not None:
+            props = out.setdefault(m.group(1), {"arch": entry["arch"], "entry": False, "registers": 0,
+                                                "barriers": 0, "static_smem": 0, "stack": 0,
+                                                "spill_stores": 0, "spill_loads": 0})
             continue
         m = _PROPS.search(line)
-        if m:
-            current.update(stack=int(m.group(1)), spill_stores=int(m.group(2)),
-                           spill_loads=int(m.group(3)))
+        if m and props is not None:
+            props.update(stack=int(m.group(1)), spill_stores=int(m.group(2)),
+                         spill_loads=int(m.group(3)))
             continue
         m = _USED.search(line)
-        if m:
-            current.update(registers=int(m.group(1)), barriers=int(m.group(2) or 0),
-                           static_smem=int(m.group(3) or 0))
+        if m and entry is not None:
+            # the entry's registers and its stack with its callees' frames (cumulative)
+            entry.update(registers=int(m.group(1)), barriers=int(m.group(2) or 0),
+                         static_smem=int(m.group(4) or 0))
+            if m.group(3):
+                entry["stack"] = max(entry["stack"], int(m.group(3)))
     return out
 
 
@@ -89,6 +100,12 @@ def resource_verdict(job: CompileJob, functions: dict[str, dict]) -> dict:
     """Gate the ptxas numbers: no spills, SMEM (static + planned dynamic) within budget."""
     per_variant, problems = {}, []
     for mangled, info in functions.items():
+        if not info.get("entry", True):
+            # a function the variants' entries call: its spills are theirs, wherever it runs
+            if info["spill_stores"] or info["spill_loads"]:
+                problems.append(f"{mangled} (called, not inlined): spills {info['spill_stores']} bytes "
+                                f"stored / {info['spill_loads']} bytes loaded")
+            continue
         variant = variant_of(mangled, job.kernel, job.variants)
         if variant is None:
             continue

@@ -784,14 +784,19 @@ def worker_facts(log_text: str) -> dict:
     one persistent kernel), the figures a task body's speed depends on besides its own
     code, which every task compiled into the worker moves (issue 59)."""
     from mpkbuild.stages.compile import parse_ptxas
-    entries = parse_ptxas(log_text)
+    functions = parse_ptxas(log_text)
+    entries = {n: f for n, f in functions.items() if f["entry"]}
     if not entries:
         return {}
     name = next((n for n in entries if "worker_kernel" in n), None) or \
         max(entries, key=lambda n: entries[n]["registers"])
     e = entries[name]
+    # a task body that is its own function (not inlined) is the worker's code too: its
+    # spills count here, and the entry's stack is cumulative (its callees' frames included)
+    called = [f for f in functions.values() if not f["entry"]]
     return {"entry": name, "registers": e["registers"], "stack_bytes": e["stack"],
-            "spill_stores": e["spill_stores"], "spill_loads": e["spill_loads"]}
+            "spill_stores": e["spill_stores"] + sum(f["spill_stores"] for f in called),
+            "spill_loads": e["spill_loads"] + sum(f["spill_loads"] for f in called)}
 
 
 def task_bodies(dispatch: list) -> list[str]:
