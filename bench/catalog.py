@@ -25,9 +25,12 @@ def main() -> None:
     ap.add_argument("kernels", nargs="*")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="mpk-catalog-"))
-    for name in ("SConstruct", "site_scons", "specs", "kernels", "wiring"):
+    # the project as a user has it: its own wiring/ only where it has one (the surface ships in
+    # site_scons), its tuned files, which the GPU's profile picks
+    for name in ("SConstruct", "site_scons", "specs", "kernels", "tuned", "wiring"):
         src = REPO / name
-        (shutil.copytree if src.is_dir() else shutil.copy2)(src, tmp / name)
+        if src.exists():
+            (shutil.copytree if src.is_dir() else shutil.copy2)(src, tmp / name)
     kernel_arg = [f"kernel={','.join(args.kernels)}"] if args.kernels else []
     proc = subprocess.run([sys.executable, "-m", "SCons", "-Q", "-k", "-j8", "stage=review", *kernel_arg],
                           cwd=tmp, capture_output=True, text=True)
