@@ -55,8 +55,9 @@ def parse_ptxas(text: str) -> dict[str, dict]:
                                                         "spill_stores": 0, "spill_loads": 0})
             continue
         m = _FUNCTION.search(line)
-        if m and entry is not None:
-            props = out.setdefault(m.group(1), {"arch": entry["arch"], "entry": False, "registers": 0,
+        if m:
+            arch = entry["arch"] if entry is not None else ""
+            props = out.setdefault(m.group(1), {"arch": arch, "entry": False, "registers": 0,
                                                 "barriers": 0, "static_smem": 0, "stack": 0,
                                                 "spill_stores": 0, "spill_loads": 0})
             continue
