@@ -47,19 +47,19 @@ def parse_ptxas(text: str) -> dict[str, dict]:
     is its own function), whose stack and spills ptxas lists after its caller's, by name."""
     out: dict[str, dict] = {}
     entry = props = None
+
+    def function(name: str, arch: str, is_entry: bool) -> dict:
+        return out.setdefault(name, {"arch": arch, "entry": is_entry, "registers": 0, "barriers": 0,
+                                     "static_smem": 0, "stack": 0, "spill_stores": 0, "spill_loads": 0})
+
     for line in text.splitlines():
         m = _ENTRY.search(line)
         if m:
-            entry = props = out.setdefault(m.group(1), {"arch": m.group(2), "entry": True, "registers": 0,
-                                                        "barriers": 0, "static_smem": 0, "stack": 0,
-                                                        "spill_stores": 0, "spill_loads": 0})
+            entry = props = function(m.group(1), m.group(2), True)
             continue
         m = _FUNCTION.search(line)
-        if m:
-            arch = entry["arch"] if entry is not None else ""
-            props = out.setdefault(m.group(1), {"arch": arch, "entry": False, "registers": 0,
-                                                "barriers": 0, "static_smem": 0, "stack": 0,
-                                                "spill_stores": 0, "spill_loads": 0})
+        if m:      # the entry's own (already kept) or a function it calls
+            props = function(m.group(1), entry["arch"] if entry is not None else "", False)
             continue
         m = _PROPS.search(line)
         if m and props is not None:
@@ -101,7 +101,7 @@ def resource_verdict(job: CompileJob, functions: dict[str, dict]) -> dict:
     """Gate the ptxas numbers: no spills, SMEM (static + planned dynamic) within budget."""
     per_variant, problems = {}, []
     for mangled, info in functions.items():
-        if not info.get("entry", True):
+        if not info["entry"]:
             # a function the variants' entries call: its spills are theirs, wherever it runs
             if info["spill_stores"] or info["spill_loads"]:
                 problems.append(f"{mangled} (called, not inlined): spills {info['spill_stores']} bytes "
