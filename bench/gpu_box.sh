@@ -20,7 +20,8 @@
 #   linear   the two linears through scons, every gate (validate, perf, profile; with .mirage/
 #            the runtime gate against MPK's TMA linear, cold): linear_tma_v2 (issue 58's TMA
 #            pipeline) beside linear_v2 (LINEAR_KERNELS=linear_tma_v2: one; LINEAR_STAGES="runtime
-#            perf": those stages in turn, each within PART_TIMEOUT_S), the reviews in OUTDIR/linear.tgz
+#            perf": those stages in turn, each within PART_TIMEOUT_S; any catalog kernels can be
+#            named), the reviews, results and logs in OUTDIR/linear.tgz
 #   bench    bench/rmsnorm_gates.py (with .mirage/: the runtime gate too) and bench/catalog.py
 #   review   every gate of every catalog kernel through scons (with .mirage/: wire and the
 #            runtime gate too), the reviews in OUTDIR/review.tgz
@@ -73,7 +74,8 @@ case "$part" in
       [ -f "build/$k/review.md" ] && sed -n '1,40p' "build/$k/review.md"
       ls build/$k/gpu/*/runtime.json >/dev/null 2>&1 && python3 bench/runtime_table.py build/$k/gpu/*/runtime.json
     done
-    tar czf "$out/linear.tgz" build/linear*/review.* build/linear*/junit.xml build/linear*/gpu/*/*.json build/linear*/gpu/*/*.log 2>/dev/null ;;
+    files=(); for k in ${kernels//,/ }; do files+=(build/$k/review.* build/$k/junit.xml build/$k/gpu/*/*.json build/$k/gpu/*/*.log); done
+    tar czf "$out/linear.tgz" "${files[@]}" 2>/dev/null ;;
   tune)
     timeout "$limit" python3 bench/tune_bench.py -j16 2>&1 | tee "$out/tune.txt"
     cp -r tuned "$out/" ;;

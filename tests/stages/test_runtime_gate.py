@@ -1011,3 +1011,37 @@ def test_a_cold_head_to_head_says_what_it_asks_of_dram_and_when_a_limit_asks_pas
                                                       "perf": fixture / "perf.json"}))
     assert "DRAM 2.61 / 2.64 TB/s, ceiling 3.21; **0.8x asks 3.30 TB/s, above the measured ceiling**" in page
     assert "DRAM 2.02 / 1.94 TB/s, ceiling 3.21; 0.8x asks 2.43 (76%)" in page
+
+
+def test_the_start_spread_says_how_long_the_runtime_took_to_get_every_task_going(monkeypatch):
+    """Issue 58 asks where a loss's time goes: beside the makespan (first start to last end)
+    and the slowest task, each side's start spread (first start to last start), from the same
+    profiler records, shown in the review and never judged. The stand-in runs a graph's tasks
+    back to back on one worker, so its spread is every task but the last, end to end."""
+    from mpkbuild.runners.runtime import op_figures
+    from mpkbuild.stages import review
+    from mpkbuild.stages.runtime.report import head_to_head_table
+    # three tasks: two start together, one 4 µs later and runs 2 µs
+    assert op_figures([(0, 5000), (100, 3000), (4000, 6000)]) == (6.0, 5.0, 4.0)
+    if not (PINNED / "src" / "kernel" / "task_register.cc").is_file():
+        pytest.skip("../shared/mirage (the pinned MPK tree) is absent")
+    run = _stand_in(monkeypatch, PINNED, names=("decode_r1_h4096", "decode_r8_h4096"))
+    res = _judged(run(task_us={"ours": 1.0, "rmsnorm_hopper": 2.0}),
+                  [{"variants": "*", "max_vs_incumbent": 1.0}], ["decode_r1_h4096", "decode_r8_h4096"])
+    h = res["variants"]["decode_r8_h4096"]["head_to_head"]
+    tasks = res["variants"]["decode_r8_h4096"]["tasks"]
+    inc = h["incumbents"]["rmsnorm_hopper"]
+    # ours: tasks - 1 spans of ~1 µs and 50 ns gaps before the last starts; theirs ~2 µs each
+    assert h["ours_figures"]["startspread"]["median"] == pytest.approx((tasks - 1) * 1.05, rel=0.03)
+    assert inc["figures"]["startspread"]["median"] == pytest.approx((inc["tasks"] - 1) * 2.05, rel=0.03)
+    # one task: it starts when it starts
+    assert res["variants"]["decode_r1_h4096"]["head_to_head"]["ours_figures"]["startspread"]["median"] == 0
+    assert set(inc["vs"]) == {"makespan", "slowcta"}             # shown, not judged
+    row = next(r for r in head_to_head_table(res, None) if r["variant"] == "decode_r8_h4096")
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "runtime.json"
+        path.write_text(json.dumps(res))
+        page = review.render_kernel(review.kernel_review("rmsnorm_v2", Path(d), [], "h200", {}, {"runtime": path}))
+    assert "| start spread µs ours / theirs |" in page
+    assert f"| {row['startspread']['us']:.2f} / {row['incumbent_startspread']['us']:.2f} |" in page

@@ -191,11 +191,15 @@ def by_iteration(records: list[tuple[int, int]], n: int) -> list[list[tuple[int,
     return [records[i * per:(i + 1) * per] for i in range(n)]
 
 
-def op_figures(records: list[tuple[int, int]]) -> tuple[float, float]:
-    """(makespan, slowest task) in µs of one op's tasks in one launch: first start to last
-    end, and the longest span."""
-    return ((max(e for _, e in records) - min(b for b, _ in records)) / 1000.0,
-            max(e - b for b, e in records) / 1000.0)
+def op_figures(records: list[tuple[int, int]]) -> tuple[float, float, float]:
+    """(makespan, slowest task, start spread) in µs of one op's tasks in one launch: first
+    start to last end, the longest span, and first start to last start (how long the
+    runtime took to get every task going: the part of the makespan no task's own work
+    explains)."""
+    first = min(b for b, _ in records)
+    return ((max(e for _, e in records) - first) / 1000.0,
+            max(e - b for b, e in records) / 1000.0,
+            (max(b for b, _ in records) - first) / 1000.0)
 
 
 def _tensors_for(job: dict, graph: dict, gen):
@@ -470,8 +474,8 @@ def _against(ours_out, theirs, recipe: dict, ours: list[torch.Tensor], vcfg: dic
     return compare(ours_out, theirs.to(torch.float64), vcfg)
 
 
-def layer_figures(records: list[tuple[int, int]], counts: list[int]) -> list[tuple[float, float]]:
-    """(makespan, slowest task) in µs of each layer of one launch's records: a layer's
+def layer_figures(records: list[tuple[int, int]], counts: list[int]) -> list[tuple[float, float, float]]:
+    """(makespan, slowest task, start spread) in µs of each layer of one launch's records: a layer's
     tasks all end before the next layer's start (its launch event), so in start order the
     first counts[0] records are layer 0's, and so on."""
     records, out, at = sorted(records), [], 0
@@ -776,12 +780,13 @@ def make_l2_cold(buffer: torch.Tensor) -> None:
 
 def _timed_pairs(main_lib: Megakernel, rt: dict, slots: _Slots, prof: torch.Tensor, launches: int,
                  flush: torch.Tensor | None = None) -> tuple[dict, dict | None, dict | None]:
-    """The interleaved launches, `pairs` rounds: (per side its samples: makespan, slowCTA and
+    """The interleaved launches, `pairs` rounds: (per side its samples: makespan, slowCTA, start spread and
     a block's per-layer figures; with `flush` those of launches after the L2 was written
     over, and then the hot ones (each side launched hot, then cold) or None; a verdict that
     ends the head to head or None)."""
     states = ["hot"] + (["cold"] if flush is not None else [])
-    by_state = {st: {whose: {"makespan_us": [], "slowcta_us": []} for _, whose, _, _ in slots.order}
+    by_state = {st: {whose: {"makespan_us": [], "slowcta_us": [], "startspread_us": []}
+                     for _, whose, _, _ in slots.order}
                 for st in states}
     # the setup's launches before these: ours' iterations (and one on the head to head's
     # inputs), or the incumbent's and the A/A's check
@@ -815,6 +820,7 @@ def _timed_pairs(main_lib: Megakernel, rt: dict, slots: _Slots, prof: torch.Tens
             figs = [op_figures(chunk) for chunk in chunks]
             samples[whose]["makespan_us"].append(round(statistics.median(f[0] for f in figs), 4))
             samples[whose]["slowcta_us"].append(round(statistics.median(f[1] for f in figs), 4))
+            samples[whose]["startspread_us"].append(round(statistics.median(f[2] for f in figs), 4))
             if len(counts) > 1:
                 per_layer = [layer_figures(chunk, counts) for chunk in chunks]
                 samples[whose].setdefault("layers_us", []).append(

@@ -29,13 +29,16 @@ from mpkbuild.util import stats
 from mpkbuild.wire.incumbents import TABLE as INCUMBENTS, matching
 
 FIGURES = ("makespan", "slowcta")
+# shown, never judged: first task start to last task start, the makespan's part the runtime
+# spent getting every task going (a record made before 2026-12-06 has none)
+SHOWN = ("startspread",)
 
 
 def figures(h2h: dict) -> None:
     """Intervals and comparisons into the head to head record, in place: the A/A floor of
     each figure (0 where the record has no A/A side), then every ratio widened by it."""
     ours = h2h["ours"]
-    h2h["ours_figures"] = {f: stats.median_interval(ours[f"{f}_us"]) for f in FIGURES}
+    h2h["ours_figures"] = _figures(ours)
     h2h["floor"] = {f: 0.0 for f in FIGURES}
     if h2h.get("aa"):
         aa = h2h["aa"]
@@ -45,9 +48,9 @@ def figures(h2h: dict) -> None:
         m = h2h["minimal"]
         m["vs"] = {f: stats.ratio_figure(ours[f"{f}_us"], m[f"{f}_us"], floor=h2h["floor"][f])
                    for f in FIGURES}
-        m["figures"] = {f: stats.median_interval(m[f"{f}_us"]) for f in FIGURES}
+        m["figures"] = _figures(m)
     for x in h2h["incumbents"].values():
-        x["figures"] = {f: stats.median_interval(x[f"{f}_us"]) for f in FIGURES}
+        x["figures"] = _figures(x)
         # paired with ours in the same worker (an incumbent's other configuration is timed
         # in the variant's worker alone, beside ours there)
         mine = h2h["minimal"] if x.get("worker") == "minimal" else ours
@@ -56,6 +59,10 @@ def figures(h2h: dict) -> None:
     h2h["best"] = best_sides(h2h["incumbents"])
     if h2h.get("hot"):                   # judged cold: the hot launches, a diagnostic, alike
         figures(h2h["hot"])
+
+
+def _figures(side: dict) -> dict:
+    return {f: stats.median_interval(side[f"{f}_us"]) for f in FIGURES + SHOWN if f"{f}_us" in side}
 
 
 def best_sides(incumbents: dict) -> dict:

@@ -89,6 +89,8 @@ def head_to_head_table(rt: dict, perf: dict | None) -> list[dict]:
             row = {"variant": name, "incumbent": inc, "tasks": r.get("tasks"), "incumbent_tasks": x.get("tasks"),
                    "makespan": _interval(ours.get("makespan")), "incumbent_makespan": _interval(figs.get("makespan")),
                    "slowcta": _interval(ours.get("slowcta")), "incumbent_slowcta": _interval(figs.get("slowcta")),
+                   "startspread": _interval(ours.get("startspread")),
+                   "incumbent_startspread": _interval(figs.get("startspread")),
                    "vs_makespan": vs.get("makespan"), "vs_slowcta": vs.get("slowcta"),
                    "floor": (h2h.get("floor") or {}).get("makespan"),
                    "worker_effect": ((h2h.get("minimal") or {}).get("vs") or {}).get("makespan"),
