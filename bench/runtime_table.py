@@ -2,7 +2,8 @@
 (build/<kernel>/gpu/<gpu>/runtime.json) or from files named on the command line: per variant
 and incumbent, ours' and the incumbent's in-runtime makespan (median [95% interval], µs)
 and ours / incumbent with its interval and verdict, as the build's judge wrote them; beside
-them each side's slowest task and start spread (first task start to last task start), medians.
+them each side's slowest task, start spread (first task start to last task start) and dispatch
+(the graph's begin task's end to the first task start), medians.
 
     python bench/runtime_table.py [FILE ...]
 """
@@ -35,15 +36,15 @@ def fmt(f: dict | None) -> str:
 
 
 def parts(figs: dict) -> str:
-    """slowest task / start spread, medians (µs)."""
+    """slowest task / start spread / dispatch, medians (µs)."""
     m = lambda k: f"{figs[k]['median']:.2f}" if (figs.get(k) or {}).get("median") is not None else "—"  # noqa: E731
-    return f"{m('slowcta')} / {m('startspread')}"
+    return f"{m('slowcta')} / {m('startspread')} / {m('dispatch')}"
 
 
 def main(argv: list[str]) -> int:
     files = argv or sorted(glob.glob("build/*/gpu/*/runtime.json"))
     print("| kernel | runtime | variant | incumbent | ours makespan µs | theirs µs | ours / theirs [95%] | verdict "
-          "| slowest task / start spread µs, ours | theirs |")
+          "| slowest task / start spread / dispatch µs, ours | theirs |")
     print("|---|---|---|---|---:|---:|---|---|---:|---:|")
     for kernel, runtime, variant, inc, ours, theirs, vs in (r for f in files for r in rows(f)):
         ratio = f"{vs['ratio']:.3f} [{vs['lo']:.3f}, {vs['hi']:.3f}]" if vs.get("ratio") is not None else "—"

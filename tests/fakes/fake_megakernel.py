@@ -73,7 +73,9 @@ class FakeMegakernel:
         plan = self.graph_plans[self.selected]
         key = plan.get("incumbent", "ours")
         us = self.task_us.get(plan.get("side"), self.task_us.get(key, 1.0))
-        words, t = [1], 1000
+        # the task that begins the graph (runtime_header.h's TASK_BEGIN_TASK_GRAPH, 10), its
+        # end 0.7 µs before the first layer's first task starts (the dispatch)
+        words, t = [1, (1000 << 32) | (10 << 2), (1200 << 32) | (10 << 2) | 1], 1900
         for l, layer in enumerate(plan["layers"]):
             kind = self.mpkb_layer_task_type(self.selected, l)
             for _ in range(layer["tasks"]):

@@ -1013,11 +1013,13 @@ def test_a_cold_head_to_head_says_what_it_asks_of_dram_and_when_a_limit_asks_pas
     assert "DRAM 2.02 / 1.94 TB/s, ceiling 3.21; 0.8x asks 2.43 (76%)" in page
 
 
-def test_the_start_spread_says_how_long_the_runtime_took_to_get_every_task_going(monkeypatch):
+def test_the_dispatch_and_start_spread_say_how_long_the_runtime_took_to_get_every_task_going(monkeypatch):
     """Issue 58 asks where a loss's time goes: beside the makespan (first start to last end)
-    and the slowest task, each side's start spread (first start to last start), from the same
-    profiler records, shown in the review and never judged. The stand-in runs a graph's tasks
-    back to back on one worker, so its spread is every task but the last, end to end."""
+    and the slowest task, each side's dispatch (the graph's begin task's end, which fires the
+    op's event, to the first start: left out of the makespan) and start spread (first start
+    to last start), from the same profiler records, shown in the review, never judged. The
+    stand-in runs a graph's tasks back to back on one worker, so its spread is every task but
+    the last, end to end."""
     from mpkbuild.runners.runtime import op_figures
     from mpkbuild.stages import review
     from mpkbuild.stages.runtime.report import head_to_head_table
@@ -1036,6 +1038,8 @@ def test_the_start_spread_says_how_long_the_runtime_took_to_get_every_task_going
     assert inc["figures"]["startspread"]["median"] == pytest.approx((inc["tasks"] - 1) * 2.05, rel=0.03)
     # one task: it starts when it starts
     assert res["variants"]["decode_r1_h4096"]["head_to_head"]["ours_figures"]["startspread"]["median"] == 0
+    # the dispatch: the stand-in's begin task ends 0.7 µs before the first task starts
+    assert h["ours_figures"]["dispatch"]["median"] == inc["figures"]["dispatch"]["median"] == pytest.approx(0.7)
     assert set(inc["vs"]) == {"makespan", "slowcta"}             # shown, not judged
     row = next(r for r in head_to_head_table(res, None) if r["variant"] == "decode_r8_h4096")
     import tempfile
@@ -1043,5 +1047,6 @@ def test_the_start_spread_says_how_long_the_runtime_took_to_get_every_task_going
         path = Path(d) / "runtime.json"
         path.write_text(json.dumps(res))
         page = review.render_kernel(review.kernel_review("rmsnorm_v2", Path(d), [], "h200", {}, {"runtime": path}))
-    assert "| start spread µs ours / theirs |" in page
-    assert f"| {row['startspread']['us']:.2f} / {row['incumbent_startspread']['us']:.2f} |" in page
+    assert "| dispatch + start spread µs ours / theirs |" in page
+    assert (f"| 0.70 + {row['startspread']['us']:.2f} / 0.70 + {row['incumbent_startspread']['us']:.2f} |"
+            in page), page

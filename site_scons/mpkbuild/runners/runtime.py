@@ -149,12 +149,13 @@ def describe(lib: Megakernel, g: int) -> dict:
     return {"tasks": tasks, "events": events}
 
 
-def task_records(buf: torch.Tensor, task_types) -> list[tuple[int, int]]:
+def task_records(buf: torch.Tensor, task_types, kinds: bool = False) -> list[tuple]:
     """(begin, end) in ns of every task of these types, from the runtime profiler's records,
     relative to the first begin (%globaltimer_lo wraps every 4.3 s: differences are taken
-    modulo 2**32, signed, valid within a launch). A worker's records are a prefix of its
-    column (zeroed before the launch) and its tasks of one type never nest, so its k-th
-    begin pairs with its k-th end; read with tensor ops (a launch has up to 2**19 entries)."""
+    modulo 2**32, signed, valid within a launch); with `kinds`, (begin, end, task type). A
+    worker's records are a prefix of its column (zeroed before the launch) and its tasks
+    never nest, so its k-th begin pairs with its k-th end; read with tensor ops (a launch
+    has up to 2**19 entries)."""
     types = [task_types] if isinstance(task_types, int) else sorted(set(task_types))
     raw = buf                   # read where it is: only the records picked leave the GPU
     nblocks = int(raw[0].item()) & 0xFFFFFFFF
@@ -174,7 +175,28 @@ def task_records(buf: torch.Tensor, task_types) -> list[tuple[int, int]]:
     begins, ends = begins.cpu(), ends.cpu()
     ref = int(begins[0])
     rel = lambda x: ((x - ref + 2**31) & 0xFFFFFFFF) - 2**31
+    if kinds:
+        return list(zip(rel(begins).tolist(), rel(ends).tolist(), kind[ours & (phase == 0)].cpu().tolist()))
     return list(zip(rel(begins).tolist(), rel(ends).tolist()))
+
+
+# runtime_header.h's TaskType: the task a launch begins with, whose end fires its first layer's event
+BEGIN_TASK_GRAPH = 10
+
+
+def dispatch_us(buf: torch.Tensor, task_types, n: int) -> float | None:
+    """From the end of the task that begins the graph (its end fires the first layer's
+    event) to the op's first task start, µs, the median over the launch's n iterations:
+    the dispatch the makespan leaves out (the event reaching a scheduler, the hand-out, a
+    worker loading the task), as a decode step pays it after each layer. None where the
+    records have no begin task per iteration (Runtime-V2's marks time only the gated tasks)."""
+    recs = task_records(buf, set(task_types) | {BEGIN_TASK_GRAPH}, kinds=True)
+    begun = sorted(e for _, e, k in recs if k == BEGIN_TASK_GRAPH)
+    ops = [(b, e) for b, e, k in recs if k != BEGIN_TASK_GRAPH]
+    if len(begun) != n or not ops:
+        return None
+    return statistics.median(min(b for b, _ in chunk) - end
+                             for chunk, end in zip(by_iteration(ops, n), begun)) / 1000.0
 
 
 def spans_from_profile(buf: torch.Tensor, task_type) -> list[float]:
@@ -780,13 +802,13 @@ def make_l2_cold(buffer: torch.Tensor) -> None:
 
 def _timed_pairs(main_lib: Megakernel, rt: dict, slots: _Slots, prof: torch.Tensor, launches: int,
                  flush: torch.Tensor | None = None) -> tuple[dict, dict | None, dict | None]:
-    """The interleaved launches, `pairs` rounds: (per side its samples: makespan, slowCTA, start spread and
+    """The interleaved launches, `pairs` rounds: (per side its samples: makespan, slowCTA, start spread,
+    dispatch and
     a block's per-layer figures; with `flush` those of launches after the L2 was written
     over, and then the hot ones (each side launched hot, then cold) or None; a verdict that
     ends the head to head or None)."""
     states = ["hot"] + (["cold"] if flush is not None else [])
-    by_state = {st: {whose: {"makespan_us": [], "slowcta_us": [], "startspread_us": []}
-                     for _, whose, _, _ in slots.order}
+    by_state = {st: {whose: {"makespan_us": [], "slowcta_us": []} for _, whose, _, _ in slots.order}
                 for st in states}
     # the setup's launches before these: ours' iterations (and one on the head to head's
     # inputs), or the incumbent's and the A/A's check
@@ -820,7 +842,11 @@ def _timed_pairs(main_lib: Megakernel, rt: dict, slots: _Slots, prof: torch.Tens
             figs = [op_figures(chunk) for chunk in chunks]
             samples[whose]["makespan_us"].append(round(statistics.median(f[0] for f in figs), 4))
             samples[whose]["slowcta_us"].append(round(statistics.median(f[1] for f in figs), 4))
-            samples[whose]["startspread_us"].append(round(statistics.median(f[2] for f in figs), 4))
+            if len(counts) == 1:        # a block's layers start one after another: no one op's spread
+                samples[whose].setdefault("startspread_us", []).append(round(statistics.median(f[2] for f in figs), 4))
+            disp = dispatch_us(prof, types, n)
+            if disp is not None:
+                samples[whose].setdefault("dispatch_us", []).append(round(disp, 4))
             if len(counts) > 1:
                 per_layer = [layer_figures(chunk, counts) for chunk in chunks]
                 samples[whose].setdefault("layers_us", []).append(

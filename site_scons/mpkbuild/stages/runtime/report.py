@@ -91,6 +91,7 @@ def head_to_head_table(rt: dict, perf: dict | None) -> list[dict]:
                    "slowcta": _interval(ours.get("slowcta")), "incumbent_slowcta": _interval(figs.get("slowcta")),
                    "startspread": _interval(ours.get("startspread")),
                    "incumbent_startspread": _interval(figs.get("startspread")),
+                   "dispatch": _interval(ours.get("dispatch")), "incumbent_dispatch": _interval(figs.get("dispatch")),
                    "vs_makespan": vs.get("makespan"), "vs_slowcta": vs.get("slowcta"),
                    "floor": (h2h.get("floor") or {}).get("makespan"),
                    "worker_effect": ((h2h.get("minimal") or {}).get("vs") or {}).get("makespan"),
