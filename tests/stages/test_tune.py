@@ -525,29 +525,56 @@ PINNED = Path(__file__).resolve().parents[3] / "shared" / "mirage" / "mpk"
                     reason="../shared/mirage (the pinned MPK tree) is absent")
 def test_a_tune_by_the_in_runtime_figure_picks_what_runs_fastest_inside_mpk(tmp_path):
     """Issue 58 item 3: `tune.figure: runtime` ranks a variant's candidates by ours / the
-    incumbent's makespan inside MPK. The harness ranks cols=32 first; inside MPK cols=128
-    wins (3 us against the incumbent's 10, the spec's cols=64 at 6): the tuned file takes
-    cols=128, says the runtime figure decided, and keeps each row's harness figure beside
-    it. The runtime trial times the spec's configuration and the harness's fastest three;
-    a candidate it did not time is never picked."""
+    incumbent's makespan inside MPK. The harness ranks cols=32 first; inside MPK cols=128 at
+    vec 4 wins (3 us against the incumbent's 10, the spec's cols=64 at 6): the tuned file
+    takes it, says the runtime figure decided, and keeps each row's harness figure beside it.
+    The runtime trial times the spec's configuration, the harness's fastest three and the
+    fastest of each task count not among them (vec does not change the count); a candidate
+    it did not time is never picked."""
     p = tune_project(tmp_path / "proj")
     p.edit(SPEC, "  space:\n    cols: [32, 64, 128, 256, 14336]",
-           "  variants: [decode_r8_i2048]\n  figure: runtime\n  space:\n    cols: [32, 64, 128, 256, 512, 1024]")
-    env = stand_in_env(FAKE_GPU_TRIAL_US=json.dumps({"cols=32": 4.0, "cols=256": 5.0, "cols=128": 9.0}),
+           "  variants: [decode_r8_i2048]\n  figure: runtime\n  space:\n    cols: [32, 64, 128, 256]\n"
+           "    vec: [4, 8]")
+    env = stand_in_env(FAKE_GPU_TRIAL_US=json.dumps({"cols=32": 4.0, "cols=256": 5.0, "cols=128,vec=4": 9.0}),
                        FAKE_GPU_TRIAL_FAIL="[]", FAKE_NVCC_SPILL="NO SPILL",
-                       FAKE_GPU_INSIDE_US=json.dumps({"cols=128": 3.0, "cols=32": 8.0}))
+                       FAKE_GPU_INSIDE_US=json.dumps({"cols=128,vec=4": 3.0, "cols=32": 8.0}))
     p.scons("stage=tune", f"kernel={K}", f"mpk_root={PINNED}", env=env)
     tuned = json.loads(p.path(TUNED).read_text())
     assert tuned["figure"] == "runtime" and tuned["harness_figure"] == "hot"
     assert "inside MPK" in tuned["interval"]
     win = tuned["variants"]["decode_r8_i2048"]
-    assert win["config"] == {"cols": 128, "rpt": 8} and win["from"] == "tune"
+    assert win["config"] == {"cols": 128, "rpt": 8, "vec": 4} and win["from"] == "tune"
     assert win["ratio"]["median"] == pytest.approx(0.3, rel=0.02)
-    rows = {r["config"]["cols"]: r for r in tuned["ledger"]["decode_r8_i2048"] if r.get("cid")}
-    assert rows[32]["harness"]["ratio"]["median"] == pytest.approx(0.2, rel=0.02)     # the harness's pick
-    assert rows[32]["ratio"]["median"] == pytest.approx(0.8, rel=0.02)
-    assert rows[64]["current"] and rows[64]["ratio"]["median"] == pytest.approx(0.6, rel=0.02)
+    rows = {(r["config"]["cols"], r["config"]["vec"]): r for r in tuned["ledger"]["decode_r8_i2048"] if r.get("cid")}
+    assert rows[32, 8]["harness"]["ratio"]["median"] == pytest.approx(0.2, rel=0.02)  # the harness's pick
+    assert rows[32, 8]["ratio"]["median"] == pytest.approx(0.8, rel=0.02)
+    assert rows[64, 8]["current"] and rows[64, 8]["ratio"]["median"] == pytest.approx(0.6, rel=0.02)
     inside = json.loads(p.path(f"build/{K}/gpu/{GPU}/tune/runtime/runtime_trial.json").read_text())
-    timed = {r["config"]["cols"] for r in inside["candidates"].values()}
-    assert timed == {32, 64, 128, 256}
-    assert [rows[c]["verdict"] for c in (512, 1024)] == [tune.NOT_INSIDE] * 2
+    timed = {(r["config"]["cols"], r["config"]["vec"]) for r in inside["candidates"].values()}
+    # the spec's, the harness's fastest three (cols 32 and 256 at both widths); then every
+    # task count not among them once: 16 tasks (cols 128) by its fastest, vec 4
+    assert timed == {(64, 8), (32, 8), (32, 4), (256, 8), (128, 4)}
+    assert [rows[c]["verdict"] for c in ((128, 8), (64, 4), (256, 4))] == [tune.NOT_INSIDE] * 3
+
+
+def test_the_runtime_trial_times_every_task_count_even_the_harnesss_last(tmp_path):
+    """What a task costs the runtime (its dispatch, a start spread growing with the task
+    count: bench/RESULTS.md section 31) is what the harness cannot see: past the harness's
+    fastest three, the runtime trial times the fastest of each task count not yet among them
+    (up to three more), so fewer, fuller tasks that the harness ranks last can win inside MPK
+    (rmsnorm_v2 decode_r8 on the H100: 2 rows a task, 0.59x MPK against one row's 0.99x)."""
+    p = tune_project(tmp_path / "proj")
+    p.edit(SPEC, "  space:\n    cols: [32, 64, 128, 256, 14336]",
+           "  variants: [decode_r8_i2048]\n  figure: runtime\n  space:\n    cols: [32, 64, 128, 256, 512, 1024]")
+    # the harness: the more tasks the faster; inside MPK two tasks (cols 1024) beat them all
+    env = stand_in_env(FAKE_GPU_TRIAL_US=json.dumps({"cols=32": 4.0, "cols=64": 5.0, "cols=128": 6.0,
+                                                     "cols=256": 7.0, "cols=512": 8.0, "cols=1024": 9.0}),
+                       FAKE_GPU_TRIAL_FAIL="[]", FAKE_NVCC_SPILL="NO SPILL",
+                       FAKE_GPU_INSIDE_US=json.dumps({"cols=1024": 2.0, "cols=512": 4.0}))
+    p.scons("stage=tune", f"kernel={K}", f"mpk_root={PINNED}", env=env)
+    inside = json.loads(p.path(f"build/{K}/gpu/{GPU}/tune/runtime/runtime_trial.json").read_text())
+    assert sorted(r["config"]["cols"] for r in inside["candidates"].values()) == [32, 64, 128, 256, 512, 1024]
+    tuned = json.loads(p.path(TUNED).read_text())
+    win = tuned["variants"]["decode_r8_i2048"]
+    assert win["config"] == {"cols": 1024, "rpt": 8} and win["from"] == "tune"
+    assert win["ratio"]["median"] == pytest.approx(0.2, rel=0.02)
