@@ -25,7 +25,8 @@
 #   bench    bench/rmsnorm_gates.py (with .mirage/: the runtime gate too) and bench/catalog.py
 #   review   every gate of every catalog kernel through scons (with .mirage/: wire and the
 #            runtime gate too), the reviews in OUTDIR/review.tgz
-#   tune     bench/tune_bench.py for linear_v2, silu_mul_v2, rmsnorm_v2; the tuned files in
+#   tune     bench/tune_bench.py for linear_v2, silu_mul_v2, rmsnorm_v2 (the last two tune inside
+#            MPK: with .mirage/ carried); the tuned files in
 #            OUTDIR/tuned/ (commit them to use them)
 #
 # Each test's name and outcome is in OUTDIR/PART.log as it runs (-v), so a call cut short
@@ -77,7 +78,8 @@ case "$part" in
     files=(); for k in ${kernels//,/ }; do files+=(build/$k/review.* build/$k/junit.xml build/$k/gpu/*/*.json build/$k/gpu/*/*.log); done
     tar czf "$out/linear.tgz" "${files[@]}" 2>/dev/null ;;
   tune)
-    timeout "$limit" python3 bench/tune_bench.py -j16 2>&1 | tee "$out/tune.txt"
+    mpk=(); [ -d .mirage/mpk/include ] && mpk=(mpk_root=.mirage/mpk)
+    timeout "$limit" python3 bench/tune_bench.py -j16 "${mpk[@]}" 2>&1 | tee "$out/tune.txt"
     cp -r tuned "$out/" ;;
   *) echo "unknown part $part (gates, catalog, catalog-perf, runtime, targets, pipeline, linear, bench, review, tune)"; exit 2 ;;
 esac

@@ -1,14 +1,15 @@
 """On the GPU box: one `scons stage=tune` call per kernel, timed, then per variant the
 committed (spec) config, the tuned config and both times with their intervals.
 
-    python bench/tune_bench.py [-jN] [gpus=0,1] [kernels=linear_v2,silu_mul_v2,rmsnorm_v2]
+    python bench/tune_bench.py [-jN] [gpus=0,1] [kernels=linear_v2,silu_mul_v2,rmsnorm_v2] [mpk_root=PATH]
 
 Each call compiles the kernel's candidates on the CPU cores (-jN), validates and times them
 on the GPU(s) and writes tuned/<gpu-profile>/<kernel>.json (commit it to use it). Output:
 one table per kernel and the wall time of its call; paste it into bench/RESULTS.md. A
 second run re-times nothing (the ledger is cached): `rm -rf build/<kernel>/gpu/*/tune` to
 measure from scratch. A trial past its variant's `tune.budget.seconds` is not run (counted
-apart; a larger budget runs it).
+apart; a larger budget runs it). A kernel whose spec tunes on the in-runtime figure
+(`tune.figure: runtime`: silu_mul_v2, rmsnorm_v2) needs the MPK checkout: mpk_root=.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def cfg(values: dict | None) -> str:
 
 def main(argv: list[str]) -> int:
     jobs = next((a for a in argv if a.startswith("-j")), "-j8")
-    gpus = [a for a in argv if a.startswith("gpus=")]
+    gpus = [a for a in argv if a.startswith(("gpus=", "mpk_root="))]
     kernels = next((a.split("=", 1)[1].split(",") for a in argv if a.startswith("kernels=")), KERNELS)
     scons = [sys.executable, "-m", "SCons", "-Q", jobs, "stage=tune", *gpus]
     worst = 0
