@@ -184,15 +184,15 @@ def task_records(buf: torch.Tensor, task_types, kinds: bool = False) -> list[tup
 BEGIN_TASK_GRAPH = 10
 
 
-def dispatch_us(buf: torch.Tensor, task_types, n: int) -> float | None:
+def dispatch_us(records: list[tuple[int, int, int]], n: int) -> float | None:
     """From the end of the task that begins the graph (its end fires the first layer's
     event) to the op's first task start, µs, the median over the launch's n iterations:
     the dispatch the makespan leaves out (the event reaching a scheduler, the hand-out, a
-    worker loading the task), as a decode step pays it after each layer. None where the
-    records have no begin task per iteration (Runtime-V2's marks time only the gated tasks)."""
-    recs = task_records(buf, set(task_types) | {BEGIN_TASK_GRAPH}, kinds=True)
-    begun = sorted(e for _, e, k in recs if k == BEGIN_TASK_GRAPH)
-    ops = [(b, e) for b, e, k in recs if k != BEGIN_TASK_GRAPH]
+    worker loading the task), as a decode step pays it after each layer. `records`: the
+    launch's (begin, end, type) of the op's tasks and the begin task. None where there is no
+    begin task per iteration (Runtime-V2's marks time only the gated tasks)."""
+    begun = sorted(e for _, e, k in records if k == BEGIN_TASK_GRAPH)
+    ops = [(b, e) for b, e, k in records if k != BEGIN_TASK_GRAPH]
     if len(begun) != n or not ops:
         return None
     return statistics.median(min(b for b, _ in chunk) - end
@@ -802,11 +802,10 @@ def make_l2_cold(buffer: torch.Tensor) -> None:
 
 def _timed_pairs(main_lib: Megakernel, rt: dict, slots: _Slots, prof: torch.Tensor, launches: int,
                  flush: torch.Tensor | None = None) -> tuple[dict, dict | None, dict | None]:
-    """The interleaved launches, `pairs` rounds: (per side its samples: makespan, slowCTA, start spread,
-    dispatch and
-    a block's per-layer figures; with `flush` those of launches after the L2 was written
-    over, and then the hot ones (each side launched hot, then cold) or None; a verdict that
-    ends the head to head or None)."""
+    """The interleaved launches, `pairs` rounds: (per side its samples: makespan, slowCTA,
+    start spread, dispatch and a block's per-layer figures; with `flush` those of launches
+    after the L2 was written over, and then the hot ones (each side launched hot, then cold)
+    or None; a verdict that ends the head to head or None)."""
     states = ["hot"] + (["cold"] if flush is not None else [])
     by_state = {st: {whose: {"makespan_us": [], "slowcta_us": []} for _, whose, _, _ in slots.order}
                 for st in states}
@@ -827,7 +826,9 @@ def _timed_pairs(main_lib: Megakernel, rt: dict, slots: _Slots, prof: torch.Tens
             hung = launch(lib, rt, g, done[whose])
             if hung:
                 return samples, None, hung
-            rec = task_records(prof, types)
+            # the op's tasks and the task that begins the graph, read once
+            typed = task_records(prof, set(types) | {BEGIN_TASK_GRAPH}, kinds=True)
+            rec = [(b, e) for b, e, k in typed if k != BEGIN_TASK_GRAPH]
             n = per_launch(lib, rt["iterations"])
             counts = [l["tasks"] for l in g["layers"]]
             want = sum(counts) * n
@@ -844,7 +845,7 @@ def _timed_pairs(main_lib: Megakernel, rt: dict, slots: _Slots, prof: torch.Tens
             samples[whose]["slowcta_us"].append(round(statistics.median(f[1] for f in figs), 4))
             if len(counts) == 1:        # a block's layers start one after another: no one op's spread
                 samples[whose].setdefault("startspread_us", []).append(round(statistics.median(f[2] for f in figs), 4))
-            disp = dispatch_us(prof, types, n)
+            disp = dispatch_us(typed, n)
             if disp is not None:
                 samples[whose].setdefault("dispatch_us", []).append(round(disp, 4))
             if len(counts) > 1:

@@ -64,7 +64,7 @@ def chosen(k, gpu_key: str) -> list[Candidate]:
         timed.sort(key=lambda t: t[:2])
         picked = [c for _, _, c in timed[:1 + RUNTIME_CANDIDATES]]
         counts = {tasks(c) for c in picked}
-        for _, _, cand in sorted(timed[1 + RUNTIME_CANDIDATES:], key=lambda t: t[1]):
+        for _, _, cand in timed[1 + RUNTIME_CANDIDATES:]:          # by harness ratio
             if len(picked) == 1 + 2 * RUNTIME_CANDIDATES:
                 break
             if tasks(cand) not in counts:
