@@ -555,6 +555,8 @@ def test_a_tune_by_the_in_runtime_figure_picks_what_runs_fastest_inside_mpk(tmp_
     # task count not among them once: 16 tasks (cols 128) by its fastest, vec 4
     assert timed == {(64, 8), (32, 8), (32, 4), (256, 8), (128, 4)}
     assert [rows[c]["verdict"] for c in ((128, 8), (64, 4), (256, 4))] == [tune.NOT_INSIDE] * 3
+    assert rows[128, 8]["message"] == ("not timed inside MPK: neither among the harness's 3 fastest nor "
+                                       "the harness's fastest of its task count")
 
 
 def test_the_runtime_trial_times_every_task_count_even_the_harnesss_last(tmp_path):

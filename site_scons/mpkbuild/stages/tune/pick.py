@@ -171,8 +171,8 @@ def _decided_inside_mpk(row: dict, inside: dict | None, trial_ran: bool = True) 
                    f"{inside['incumbent']}'s makespan ({inside['time_us']['median']:.2f} us)")
     elif row["verdict"] == "timed":
         row.update(verdict=NOT_INSIDE, message=(inside or {}).get("message") or (
-            f"not among the {runtime_trial.RUNTIME_CANDIDATES} fastest in the harness that the "
-            "runtime trial times" if trial_ran else
+            f"not timed inside MPK: neither among the harness's {runtime_trial.RUNTIME_CANDIDATES} "
+            "fastest nor the harness's fastest of its task count" if trial_ran else
             "no runtime trial has run (tune.figure: runtime times candidates inside MPK: give mpk_root=)"))
     return row
 

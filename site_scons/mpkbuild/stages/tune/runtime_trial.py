@@ -23,8 +23,9 @@ from mpkbuild.stages.tune.space import Candidate, space
 from mpkbuild.stages.tune.trials import ledger_entry, trial_result
 
 # per tuned variant, besides the spec's own configuration, the candidates fastest in the
-# harness that the runtime trial times: each is another instantiation of the body in one
-# worker (and another graph to time), so the search inside MPK is narrowed by the harness
+# harness that the runtime trial times (and as many again at most, one a task count: chosen()):
+# each is another instantiation of the body in one worker (and another graph to time), so the
+# search inside MPK is narrowed by the harness
 RUNTIME_CANDIDATES = 3
 TIMEOUT_S = 900.0
 
