@@ -235,12 +235,15 @@ def test_why_lists_what_a_field_or_file_would_touch(built):
     run = built.scons("why=validate.rel_max")
     # wire reads validate too: the installed test-mode test compares with its limits
     # and so do the tune stage's trials (each candidate validates), then the pick
-    lines = run.stdout.splitlines()[1:]
+    lines = [l for l in run.stdout.splitlines() if l.startswith("  ")]
     assert [l for l in lines if not l.startswith(("  trial ", "  tune "))] == [
         f"  wire {K}", f"  validate {K} {GPU}", f"  review {K}", "  review summary"]
-    # 16 candidates (8 variants x the lever) and each variant's spec config again
-    assert sum(l.startswith(f"  trial {K} ") for l in lines) == 24 and f"  tune {K} {GPU}" in lines
-    assert sum(" again " in l for l in lines) == 8
+    # 26 candidates (rows a task 1, 2, 4, 8 where the rows take them: one at r1) and the spec
+    # config of each of the 6 variants with a choice again
+    assert sum(l.startswith(f"  trial {K} ") for l in lines) == 32 and f"  tune {K} {GPU}" in lines
+    assert sum(" again " in l for l in lines) == 6
+    # its tune picks inside MPK (tune.figure: runtime): without mpk_root= it says so
+    assert "tune.figure: runtime times candidates inside MPK: without mpk_root=" in run.stdout
     run = built.scons(f"why=kernels/{K}/{K}.cuh.j2")
     assert f"  compile {K} sm_100a" in run.stdout and f"  perf {K} {GPU}" in run.stdout
     assert f"  spec {K}" not in run.stdout
