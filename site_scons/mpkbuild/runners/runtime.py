@@ -184,19 +184,16 @@ def task_records(buf: torch.Tensor, task_types, kinds: bool = False) -> list[tup
 BEGIN_TASK_GRAPH = 10
 
 
-def dispatch_us(records: list[tuple[int, int, int]], n: int) -> float | None:
+def dispatch_us(chunks: list[list[tuple[int, int]]], begun: list[int]) -> float | None:
     """From the end of the task that begins the graph (its end fires the first layer's
-    event) to the op's first task start, µs, the median over the launch's n iterations:
-    the dispatch the makespan leaves out (the event reaching a scheduler, the hand-out, a
-    worker loading the task), as a decode step pays it after each layer. `records`: the
-    launch's (begin, end, type) of the op's tasks and the begin task. None where there is no
-    begin task per iteration (Runtime-V2's marks time only the gated tasks)."""
-    begun = sorted(e for _, e, k in records if k == BEGIN_TASK_GRAPH)
-    ops = [(b, e) for b, e, k in records if k != BEGIN_TASK_GRAPH]
-    if len(begun) != n or not ops:
+    event) to the op's first task start, µs, the median over the launch's iterations: the
+    dispatch the makespan leaves out (the event reaching a scheduler, the hand-out, a worker
+    loading the task), as a decode step pays it after each layer. `chunks`: the op's records
+    per iteration (by_iteration); `begun`: the begin task's end per iteration, in order. None
+    where there is no begin task per iteration (Runtime-V2's marks time only the gated tasks)."""
+    if not chunks or len(begun) != len(chunks):
         return None
-    return statistics.median(min(b for b, _ in chunk) - end
-                             for chunk, end in zip(by_iteration(ops, n), begun)) / 1000.0
+    return statistics.median(min(b for b, _ in chunk) - end for chunk, end in zip(chunks, begun)) / 1000.0
 
 
 def spans_from_profile(buf: torch.Tensor, task_type) -> list[float]:
@@ -829,6 +826,7 @@ def _timed_pairs(main_lib: Megakernel, rt: dict, slots: _Slots, prof: torch.Tens
             # the op's tasks and the task that begins the graph, read once
             typed = task_records(prof, set(types) | {BEGIN_TASK_GRAPH}, kinds=True)
             rec = [(b, e) for b, e, k in typed if k != BEGIN_TASK_GRAPH]
+            begun = sorted(e for _, e, k in typed if k == BEGIN_TASK_GRAPH)
             n = per_launch(lib, rt["iterations"])
             counts = [l["tasks"] for l in g["layers"]]
             want = sum(counts) * n
@@ -845,7 +843,7 @@ def _timed_pairs(main_lib: Megakernel, rt: dict, slots: _Slots, prof: torch.Tens
             samples[whose]["slowcta_us"].append(round(statistics.median(f[1] for f in figs), 4))
             if len(counts) == 1:        # a block's layers start one after another: no one op's spread
                 samples[whose].setdefault("startspread_us", []).append(round(statistics.median(f[2] for f in figs), 4))
-            disp = dispatch_us(typed, n)
+            disp = dispatch_us(chunks, begun)
             if disp is not None:
                 samples[whose].setdefault("dispatch_us", []).append(round(disp, 4))
             if len(counts) > 1:
