@@ -127,6 +127,13 @@ TMA_FAULTS = [
      ("codegen", "smem", "regions", 1, "bytes"), "stage 1 lands at 64, not a multiple of 128"),
     ("a tensor copy without its region", ", region: ring, barrier: full}", ", barrier: full}",
      ("codegen", "pipeline", "copies", 0), "needs its region"),
+    # a fill of two boxes moves twice one box's bytes: the tx bytes must count both
+    ("a fill of two boxes the tx bytes count once", "swizzle: 128, region: ring,",
+     "boxes: 2, swizzle: 128, region: ring,", ("codegen", "pipeline", "mbarriers", 0, "tx_bytes"),
+     "expects 4096 transaction bytes per phase, and the copies completing on it move 8192"),
+    ("boxes written in a symbol the variant lacks", "swizzle: 128, region: ring,",
+     "boxes: fills, swizzle: 128, region: ring,", ("codegen", "pipeline", "copies", 0, "boxes"),
+     "fills"),
 ]
 
 

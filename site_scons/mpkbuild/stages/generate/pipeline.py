@@ -67,6 +67,12 @@ SCHEMA: dict = {
                                    "description": "the box [rows, cols] one fill loads: expressions "
                                                   "of rows and cols (the task's tile of the tensor, "
                                                   "all the checkout's tma.cuh case sees) and params"},
+                           "boxes": {**INT_OR_EXPR, "description":
+                                     "boxes of the map one fill loads (default 1), each in a "
+                                     "room of its own (its bytes rounded up to the swizzle's "
+                                     "pattern): a stage larger than one box (a box is what the "
+                                     "checkout's tma.cuh case makes from the task's tile "
+                                     "alone); an expression of params and the variant's symbols"},
                            "swizzle": {"enum": tma.SWIZZLES, "description":
                                        "the box's SMEM swizzle in bytes (0: none; 128 if unsaid)"},
                            "region": {"type": "string", "pattern": C_IDENT, "description":
@@ -232,8 +238,12 @@ def _variant_problems(cg: dict, p: dict, symbols: dict, vname: str, where: tuple
             if fault:
                 yield (*where, "copies", i, fault[0]), f"variant {vname}: {fault[1]}"
                 return
-            in_region.setdefault(c["region"], []).append(tma.slot_bytes(n, c))
-            landing[c["barrier"]] = landing.get(c["barrier"], 0) + n
+            boxes, why = _value(c.get("boxes", 1), symbols, f"copy {c['name']}.boxes")
+            if why or boxes < 1:
+                yield (*where, "copies", i, "boxes"), f"variant {vname}: {why or f'{boxes} boxes a fill'}"
+                return
+            in_region.setdefault(c["region"], []).append(boxes * tma.slot_bytes(n, c))
+            landing[c["barrier"]] = landing.get(c["barrier"], 0) + boxes * n
             continue
         n, why = _value(c["bytes"], symbols, f"copy {c['name']}")
         if why:
@@ -302,7 +312,7 @@ def _tensor_copy_problems(cg: dict, p: dict, where: tuple):
         if "tensor" not in c:
             if "bytes" not in c:
                 yield at, f"copy {c['name']} says neither its bytes (a flat bulk copy) nor its tensor (a TMA box)"
-            for field in ("box", "swizzle"):
+            for field in ("box", "swizzle", "boxes"):
                 if field in c:
                     yield (*at, field), f"{field} is a tensor copy's: copy {c['name']} names no tensor"
             continue
@@ -444,7 +454,8 @@ def view(cg: dict) -> dict | None:
                       f"{tma.ELEMENT_BYTES}u")
         else:
             nbytes = _cpp(c["bytes"], cg)
-        copies.append({"NAME": c["name"].upper(), "bytes": nbytes, "slot_unit": tma.slot_unit(c)})
+        copies.append({"NAME": c["name"].upper(), "bytes": nbytes, "slot_unit": tma.slot_unit(c),
+                       "boxes": _cpp(c.get("boxes", 1), cg)})
     return {"roles": [{"name": n, "NAME": n.upper(), **r} for n, r in roles.items()],
             "named_barriers": groups, "semaphores": p["semaphores"],
             "region": MBARRIER_REGION.upper(), "template_params": cg["template_params"],
