@@ -12,3 +12,30 @@ def linear_reference(x, weight):
 def torch_linear(x, weight):
     """Called with the gate's own bf16 tensors inside a CUDA-graph capture (cuBLAS)."""
     return F.linear(x, weight)
+
+
+def rmsnorm_linear_reference(x, weight, norm_weight, *, eps=1e-6):
+    """rmsnorm_linear_tma_v2: y = rmsnorm(x) . W^T (MPK's rmsnorm, eps 1e-6), in float64."""
+    x = x.to(torch.float64)
+    normed = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * norm_weight.to(torch.float64)
+    return normed @ weight.to(torch.float64).T
+
+
+def torch_rmsnorm_linear(x, weight, norm_weight, *, eps=1e-6):
+    """What a user writes: torch's rms_norm, then cuBLAS."""
+    return F.linear(F.rms_norm(x, (x.shape[-1],), norm_weight, eps), weight)
+
+
+def silu_mul_linear_residual_reference(x, weight, residual):
+    """silu_mul_linear_residual_tma_v2: y = (silu(gate) * up) . W^T + residual, gate and up
+    the halves of x [m, 2k], in float64."""
+    x = x.to(torch.float64)
+    k = weight.shape[1]
+    h = F.silu(x[:, :k]) * x[:, k:]
+    return h @ weight.to(torch.float64).T + residual.to(torch.float64)
+
+
+def torch_silu_mul_linear_residual(x, weight, residual):
+    """What a user writes: silu(gate) * up, then cuBLAS with the residual in its epilogue."""
+    k = weight.shape[1]
+    return torch.addmm(residual, F.silu(x[:, :k]) * x[:, k:], weight.T)

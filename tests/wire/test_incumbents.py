@@ -150,3 +150,75 @@ def test_block_rules_are_checked_where_the_spec_says_them():
         "no incumbent named 'linear_hopper_x'")
     at = ("runtime", "thresholds", len(bad["runtime"]["thresholds"]) - 1, "variants")
     assert problems[at].startswith("'block:other*' matches no block graph")
+
+
+def _calls_of(name, shapes, params):
+    """(register, call, task type) of each layer of one incumbent at these shapes."""
+    dtypes = {"inputs": ["bf16"] * len(shapes["inputs"]), "outputs": ["bf16"]}
+    op = inc.TABLE[name].op
+    return [(l["register"], l["call"], l["task_type"])
+            for l in inc.layout(name, op, shapes, dtypes, params, _text())["layers"]]
+
+
+def test_a_fused_ops_incumbent_is_the_chain_of_the_two_mpk_tasks_it_replaces():
+    """rmsnorm_linear's incumbent is rmsnorm_hopper's call at x's shape, then
+    linear_swapAB_hopper's at [rows, k] x W: each the very call its own entry makes, the
+    normalised x a scratch tensor between them (never compared), the fused op's inputs
+    routed by `feeds` (x and the norm weight to the norm, W to the linear)."""
+    x, w, g, y = [8, 4096], [28672, 4096], [4096], [8, 28672]
+    name = "rmsnorm_hopper_then_linear_swapAB_hopper"
+    shapes = {"inputs": [x, w, g], "outputs": [y]}
+    assert _calls_of(name, shapes, {}) == (
+        _calls_of("rmsnorm_hopper", {"inputs": [x, g], "outputs": [x]}, {})
+        + _calls_of("linear_swapAB_hopper", {"inputs": [x, w], "outputs": [y]}, {}))
+    lay = inc.layout(name, "rmsnorm_linear", shapes, {"inputs": ["bf16"] * 3, "outputs": ["bf16"]}, {}, _text())
+    t = lay["tensors"]
+    norm, linear = lay["layers"]
+    assert [t[i] for i in norm["inputs"]] == [{"use": "input", "index": 0}, {"use": "input", "index": 2}]
+    (mid,) = norm["outputs"]
+    assert t[mid] == {"use": "scratch", "shape": x, "dtype": "bf16"}
+    assert linear["inputs"] == [mid, lay["weight"]] and t[lay["weight"]] == {"use": "input", "index": 1}
+    assert [t[i] for i in linear["outputs"]] == [{"use": "output", "index": 0}]
+    assert inc.stands_for("rmsnorm_linear") == {"rmsnorm_linear", "rmsnorm", "linear"}
+
+
+def test_a_chains_params_are_named_by_the_part_they_set():
+    """silu_mul and the linear both take `tasks`: a chain's params say whose
+    (`linear_with_residual.tasks`), and its best configurations are its linear's."""
+    name = "silu_mul_then_linear_swapAB_with_residual_hopper"
+    shapes = {"inputs": [[8, 28672], [4096, 14336], [8, 4096]], "outputs": [[8, 4096]]}
+    dtypes = {"inputs": ["bf16"] * 3, "outputs": ["bf16"]}
+    lay = inc.layout(name, "silu_mul_linear_with_residual", shapes, dtypes,
+                     {"linear_with_residual.tasks": 64, "silu_mul.tasks": 16}, _text())
+    silu, linear = lay["layers"]
+    assert silu["grid"] == [16, 1] and linear["grid"] == [64, 1]
+    assert lay["tensors"][0] == {"use": "gate_up_tiles", "index": 0, "tiles": 16}
+    assert [c["linear_with_residual.tasks"] for c in
+            inc.best_candidates(name, shapes, {"linear_with_residual.tasks": 64})] == [32, 16, 8]
+    import copy
+    k = load_kernel(REPO, "silu_mul_linear_residual_tma_v2", write_cache=False)
+    bad = copy.deepcopy(k.spec.data)
+    bad["runtime"]["incumbent"][0]["params"] = {"tasks": 64}
+    assert dict(inc.check_section(bad))[("runtime", "incumbent", 0, "params", "tasks")].startswith(
+        f"{name} takes no param 'tasks'")
+
+
+def test_the_fused_blocks_chain_is_the_unfused_blocks_chain():
+    """Folding two layers into each of ours changes our side only: the chain the fused
+    block runs against is MPK's same four tasks, with the same calls, tiles and events
+    (the gate|up weight's rows shuffled for silu_mul's tiles, its 32 events)."""
+    k = load_kernel(REPO, "linear_tma_v2", write_cache=False)
+    specs = {c.name: c.spec.data for c in megakernel.companions_for(k, {})}
+    p = megakernel.plan(k.spec.data, config.SHIPPED_WIRING, specs, PINNED)
+    chains = {g["of"]: g for g in p["graphs"] if g["role"] == "incumbent" and g["of"].startswith("block:")}
+    calls = {d["id"]: (d["task_type"], tuple(d["call"])) for d in p["dispatch"]}
+    for b in (1, 8, 16):
+        plain, fused = chains[f"block:llama8b_mlp:b{b}"], chains[f"block:llama8b_mlp_fused:b{b}"]
+        assert len(fused["layers"]) == 4
+        for a, f in zip(plain["layers"], fused["layers"]):
+            assert calls[a["id"]] == calls[f["id"]]
+            assert a.get("events") == f.get("events")
+            assert a["strides"] == f["strides"] and a["tma_dims"] == f["tma_dims"]
+        assert sum("gate_up_rows" == t["use"] for t in fused["tensors"]) == 1
+        ours = next(g for g in p["graphs"] if g["name"] == f"block:llama8b_mlp_fused:b{b}")
+        assert [l["variant"] for l in ours["layers"]] == [f"decode_m{b}_n28672_k4096", f"decode_m{b}_n4096_k14336"]

@@ -37,6 +37,11 @@ class Incumbent:
     task_type: str | None = None  # of a function that registers several, the branch's one
     headers: tuple[str, ...] = ()   # its task headers under include/mirage/persistent_kernel
     runtime: str = "v1"       # the runtime whose gate runs it (v2: a Runtime-V2 task)
+    # a fused op's incumbent: the MPK tasks MPK's builder runs for it, in order (the first
+    # writes the x of the second, a linear); registers, params and headers are theirs.
+    # feeds: the fused op's inputs the first takes, in its order; the linear takes the others
+    parts: tuple[str, ...] = ()
+    feeds: tuple[int, ...] = ()
 
 
 def grid_for_rmsnorm_linear_layer(size: int) -> int:
@@ -135,6 +140,46 @@ TABLE: dict[str, Incumbent] = {i.name: i for i in (
               task_type="TASK_LINEAR_SWAPAB_WITH_RESIDUAL_HOPPER",
               headers=('tasks/hopper/linear_swapAB_hopper.cuh',)),
 )}
+
+
+
+def _chain(name: str, op: str, parts: tuple[str, str], feeds: tuple[int, ...], doc: str) -> Incumbent:
+    """A fused op's incumbent: the chain of MPK tasks the builder runs where our one task
+    runs (its second part a linear whose x the first writes). Its params are its parts',
+    each named `<part's op>.<param>` (silu_mul and the linear both have a `tasks`)."""
+    first, last = (TABLE[p] for p in parts)
+    params = {f"{i.op}.{k}": v for i in (first, last) for k, v in i.params.items()}
+    return Incumbent(name, op, first.registers + last.registers, doc, params,
+                     headers=tuple(dict.fromkeys(first.headers + last.headers)),
+                     runtime=first.runtime, parts=parts, feeds=feeds)
+
+
+# MPK's builders on Hopper run these fused ops as two layers (the qwen3 builder:
+# rmsnorm_layer then linear_layer for the gate|up projection, silu_mul_layer then
+# linear_with_residual_layer for the down projection), though persistent_kernel.py has the
+# fused layers (rmsnorm_linear_layer, silu_mul_linear_with_residual_layer) for other archs
+TABLE.update({i.name: i for i in (
+    _chain("rmsnorm_hopper_then_linear_swapAB_hopper", "rmsnorm_linear",
+           ("rmsnorm_hopper", "linear_swapAB_hopper"), (0, 2),
+           "the qwen3 builder's post-attention norm and gate|up projection on sm_90: "
+           "rmsnorm_hopper (one row a task) writes the normalised x, then "
+           "linear_swapAB_hopper reads it whole in each of its output slices"),
+    _chain("silu_mul_then_linear_swapAB_with_residual_hopper", "silu_mul_linear_with_residual",
+           ("silu_mul", "linear_swapAB_with_residual_hopper"), (0,),
+           "the qwen3 builder's silu_mul and down projection on sm_90: silu_mul's column tiles "
+           "write silu(gate) * up, then linear_swapAB_with_residual_hopper reads it whole in "
+           "each of its output slices and adds the residual"),
+)})
+
+
+def known(op: str | None = None) -> str:
+    """The incumbents' names (of one op's), for a message that names a wrong one."""
+    return ", ".join(n for n, i in TABLE.items() if op is None or i.op == op) or "none"
+
+
+def stands_for(op: str) -> set[str]:
+    """The ops a kernel of `op` replaces in a model's step: its own, and a fused op's parts'."""
+    return {op, *(TABLE[p].op for i in TABLE.values() if i.op == op for p in i.parts)}
 
 
 # ---------------------------------------------------------------- the checkout's text
@@ -325,6 +370,67 @@ LAYOUTS = {"rmsnorm_hopper": _rmsnorm, "silu_mul": _silu_mul, "silu_mul_hopper":
            "argmax_sm100_v2": _argmax, "linear_swapAB_hopper": _linear_swapab,
            "linear_swapAB_with_residual_hopper": _linear_swapab_residual}
 
+
+def _part_params(part: Incumbent, p: dict) -> dict:
+    prefix = part.op + "."
+    return {k[len(prefix):]: v for k, v in p.items() if k.startswith(prefix)}
+
+
+def _routes(inc: Incumbent) -> tuple[list[int], list[int]]:
+    """(the fused op's inputs its first part takes, those its linear takes after its x)."""
+    n = len(_expects(TABLE[inc.parts[0]])[0]) + len(_expects(TABLE[inc.parts[1]])[0]) - 1
+    return list(inc.feeds), [i for i in range(n) if i not in inc.feeds]
+
+
+def _part_shapes(inc: Incumbent, shapes: dict) -> tuple[dict, dict]:
+    """The shapes each part of a chain sees: the first takes its `feeds` and writes
+    [rows, k] (the linear's x: k its weight's dim 1); the linear takes that and the rest."""
+    feeds, rest = _routes(inc)
+    ins = shapes["inputs"]
+    mid = [ins[0][0], ins[rest[0]][1]]
+    return ({"inputs": [ins[i] for i in feeds], "outputs": [mid]},
+            {"inputs": [mid, *(ins[i] for i in rest)], "outputs": shapes["outputs"]})
+
+
+def _fused(inc: Incumbent, shapes: dict, p: dict):
+    """A chain's layout: its first part's tensors and layers with its output a scratch
+    tensor (MPK's intermediate, never compared), then the linear's with that as its x."""
+    first, last = (TABLE[n] for n in inc.parts)
+    s_first, s_last = _part_shapes(inc, shapes)
+    t1, l1 = LAYOUTS[first.name](s_first, _part_params(first, p))
+    t2, l2 = LAYOUTS[last.name](s_last, _part_params(last, p))
+    feeds, rest = _routes(inc)
+    tensors, at1, at2 = [], [], []
+    for r in t1:
+        at1.append(len(tensors))
+        tensors.append({"use": "scratch", "shape": s_first["outputs"][0], "dtype": "bf16"}
+                       if r["use"] == "output" else
+                       {**r, "index": feeds[r["index"]]} if "index" in r else r)
+    mid = at1[next(j for j, r in enumerate(t1) if r["use"] == "output")]
+    for r in t2:
+        if r.get("index") == 0 and r["use"] == "input":
+            at2.append(mid)
+            continue
+        at2.append(len(tensors))
+        tensors.append({**r, "index": rest[r["index"] - 1]} if r["use"] == "input" else r)
+    layers = ([{**l, "inputs": [at1[i] for i in l["inputs"]], "outputs": [at1[i] for i in l["outputs"]]} for l in l1]
+              + [{**l, "inputs": [at2[i] for i in l["inputs"]], "outputs": [at2[i] for i in l["outputs"]]} for l in l2])
+    return tensors, layers
+
+
+def _weight_of(inc: Incumbent, tensors: list[dict]) -> int | None:
+    """Where a linear's (or a chain ending in one) weight is in its layout's tensors: a
+    silu_mul after it makes MPK's builder shuffle its rows."""
+    last = TABLE[inc.parts[-1]] if inc.parts else inc
+    if last.op not in ("linear", "linear_with_residual"):
+        return None
+    at = _routes(inc)[1][0] if inc.parts else 1
+    return next(j for j, r in enumerate(tensors) if r["use"] == "input" and r["index"] == at)
+
+
+LAYOUTS.update({name: (lambda shapes, p, name=name: _fused(TABLE[name], shapes, p))
+                for name, i in TABLE.items() if i.parts})
+
 # ---------------------------------------------------------------- the incumbent at its best
 # Beside the builder's default, the values of its own parameters an incumbent is also timed
 # at (issue 59 item 7): "faster than MPK's task" needs MPK's task at its fastest, not only at
@@ -369,6 +475,18 @@ ALTERNATIVES = {"linear_swapAB_hopper": _linear_tasks, "linear_swapAB_with_resid
                 "silu_mul": _silu_tiles, "silu_mul_hopper": _silu_tiles, "argmax_hopper": _argmax_tasks}
 
 
+def _chain_tasks(inc: Incumbent, shapes: dict, p: dict) -> list[dict]:
+    """A chain at its best is its linear's other task counts: the linear is where its time is."""
+    last = TABLE[inc.parts[-1]]
+    return [{f"{last.op}.{k}": v for k, v in alt.items()}
+            for alt in ALTERNATIVES.get(last.name, lambda *_: [])(_part_shapes(inc, shapes)[1],
+                                                                 _part_params(last, p))]
+
+
+ALTERNATIVES.update({name: (lambda shapes, p, name=name: _chain_tasks(TABLE[name], shapes, p))
+                     for name, i in TABLE.items() if i.parts})
+
+
 def best_candidates(name: str, shapes: dict, params: dict) -> list[dict]:
     """The incumbent's other configurations worth timing at these shapes (its parameters
     over the rule's), each one its layout accepts; none for an incumbent without any."""
@@ -399,7 +517,7 @@ def layout(name: str, op: str, shapes: dict, dtypes: dict, params: dict, text: s
     layer's call (from the checkout's text) and task type. Raises NoIncumbent."""
     inc = TABLE.get(name)
     if inc is None:
-        raise NoIncumbent(f"no incumbent named {name!r} (known: {', '.join(TABLE)})")
+        raise NoIncumbent(f"no incumbent named {name!r} (known for op {op}: {known(op)})")
     if inc.op != op:
         raise NoIncumbent(f"{name} stands in for op {inc.op!r}, the spec's op is {op!r}")
     _check_dtypes(inc, dtypes)
@@ -407,14 +525,17 @@ def layout(name: str, op: str, shapes: dict, dtypes: dict, params: dict, text: s
         raise NoIncumbent(f"the checkout has no {REGISTER_FILE}")
     tensors, layers = LAYOUTS[name](shapes, params)
     _with_calls(inc, layers, text)
-    return {"incumbent": name, "tensors": tensors, "layers": layers, "headers": list(inc.headers)}
+    return {"incumbent": name, "tensors": tensors, "layers": layers, "headers": list(inc.headers),
+            "weight": _weight_of(inc, tensors)}
 
 
 def _with_calls(inc: Incumbent, layers: list[dict], text: str) -> list[dict]:
     """Each layer given the call its register function emits for its values."""
-    for reg, lay in zip(inc.registers, layers):
-        lay["call"], lay["task_type"] = call_lines(text, reg, lay.pop("values"), inc.skip,
-                                                   inc.task_type)
+    owners = [(TABLE[p], r) for p in inc.parts for r in TABLE[p].registers] or \
+        [(inc, r) for r in inc.registers]
+    for (owner, reg), lay in zip(owners, layers):
+        lay["call"], lay["task_type"] = call_lines(text, reg, lay.pop("values"), owner.skip,
+                                                   owner.task_type)
         lay["register"] = reg
     return layers
 
@@ -501,7 +622,8 @@ def check_section(data: dict):
             continue
         inc = TABLE.get(rule["task"])
         if inc is None:
-            yield where + ("task",), f"no incumbent named {rule['task']!r} (known: {', '.join(TABLE)}, none)"
+            yield where + ("task",), (f"no incumbent named {rule['task']!r} (known for op "
+                                       f"{data['op']}: {known(data['op'])}, none)")
             continue
         if inc.op != data["op"]:
             yield where + ("task",), f"{inc.name} stands in for op {inc.op!r}, this spec's op is {data['op']!r}"
@@ -534,7 +656,7 @@ def check_section(data: dict):
         for j, layer in enumerate(block["layers"]):
             if layer["incumbent"] not in TABLE:
                 yield where + ("layers", j, "incumbent"), (f"no incumbent named {layer['incumbent']!r} "
-                                                           f"(known: {', '.join(TABLE)})")
+                                                           f"(known: {known()})")
             try:
                 layer["variant"].format(batch=1)
             except (KeyError, IndexError, ValueError) as exc:
@@ -563,8 +685,21 @@ def check_section(data: dict):
                 break
 
 
+def _expects(inc: Incumbent) -> tuple[tuple, tuple]:
+    """(input dtypes, output dtypes) the incumbent takes; a chain's: its first part's
+    inputs, the linear's after its x, the linear's output."""
+    if not inc.parts:
+        return EXPECTS[inc.op]
+    (in1, _), (in2, out2) = (_expects(TABLE[p]) for p in inc.parts)
+    feeds, rest = list(inc.feeds), [i for i in range(len(in1) + len(in2) - 1) if i not in inc.feeds]
+    ins = [None] * (len(in1) + len(in2) - 1)
+    for i, d in zip(feeds + rest, in1 + in2[1:]):
+        ins[i] = d
+    return tuple(ins), out2
+
+
 def _check_dtypes(inc: Incumbent, dtypes: dict) -> None:
-    want_in, want_out = EXPECTS[inc.op]
+    want_in, want_out = _expects(inc)
     got_in, got_out = dtypes["inputs"], dtypes["outputs"]
     if len(got_in) != len(want_in) or len(got_out) != len(want_out) or any(
             w is not None and w != g for w, g in zip(want_in + want_out, got_in + got_out)):

@@ -17,7 +17,7 @@ from mpkbuild.util.expr import variant_facts
 from mpkbuild.util import config, tma
 from mpkbuild.util.config import V2_MARKER
 from mpkbuild.util.fsutil import temp_name, write_atomic
-from mpkbuild.wire.incumbents import NoIncumbent
+from mpkbuild.wire.incumbents import NoIncumbent, stands_for
 from mpkbuild.util.nvcc_steps import split_compile
 
 
@@ -513,8 +513,7 @@ def _incumbent_chain(block: dict, name: str, ours_layers: list, specs: dict,
         made = _incumbent_layers(lay, where, name, pending, base)
         if fed is not None:
             _events_between(layers[-1], made[0], (fed[0], *fed[2:]))
-        # a linear layout's tensor 1 is its weight (x, W, y)
-        fed = (where[out_local], where[1] if inc.TABLE[layer["incumbent"]].op == "linear" else None,
+        fed = (where[out_local], None if lay["weight"] is None else where[lay["weight"]],
                shapes["outputs"][0], dtypes["outputs"][0])
         layers += made
         headers += lay["headers"]
@@ -605,7 +604,7 @@ def _production_tasks(spec: dict, companions: dict, text: str | None, runtime: s
     if checkout_root is None or not has_minimal_worker(spec, runtime):
         return [], []
     model = composition.declared(spec)
-    ops = {spec["op"], *(c["op"] for c in companions.values())}
+    ops = {o for c in (spec, *companions.values()) for o in stands_for(c["op"])}
     try:
         return composition.production_calls(model, ops, text, first_id)
     except NoIncumbent as exc:
