@@ -142,7 +142,6 @@ TABLE: dict[str, Incumbent] = {i.name: i for i in (
 )}
 
 
-
 def _chain(name: str, op: str, parts: tuple[str, str], feeds: tuple[int, ...], doc: str) -> Incumbent:
     """A fused op's incumbent: the chain of MPK tasks the builder runs where our one task
     runs (its second part a linear whose x the first writes). Its params are its parts',
@@ -691,8 +690,8 @@ def _expects(inc: Incumbent) -> tuple[tuple, tuple]:
     if not inc.parts:
         return EXPECTS[inc.op]
     (in1, _), (in2, out2) = (_expects(TABLE[p]) for p in inc.parts)
-    feeds, rest = list(inc.feeds), [i for i in range(len(in1) + len(in2) - 1) if i not in inc.feeds]
-    ins = [None] * (len(in1) + len(in2) - 1)
+    feeds, rest = _routes(inc)
+    ins = [None] * (len(feeds) + len(rest))
     for i, d in zip(feeds + rest, in1 + in2[1:]):
         ins[i] = d
     return tuple(ins), out2
