@@ -419,9 +419,10 @@ def _fused(inc: Incumbent, shapes: dict, p: dict):
 
 def _weight_of(inc: Incumbent, tensors: list[dict]) -> int | None:
     """Where a linear's (or a chain ending in one) weight is in its layout's tensors: a
-    silu_mul after it makes MPK's builder shuffle its rows."""
+    silu_mul after it makes MPK's builder shuffle its rows (a linear_layer's only, as the
+    gate|up projection's; never a linear_with_residual's)."""
     last = TABLE[inc.parts[-1]] if inc.parts else inc
-    if last.op not in ("linear", "linear_with_residual"):
+    if last.op != "linear":
         return None
     at = _routes(inc)[1][0] if inc.parts else 1
     return next(j for j, r in enumerate(tensors) if r["use"] == "input" and r["index"] == at)
