@@ -238,6 +238,22 @@ def test_review_lists_what_won_and_lost(tuned_project, tmp_path):
     assert "spills" in md
 
 
+def test_review_names_a_tuned_file_made_from_other_inputs_stale(tuned_project, tmp_path):
+    """A committed tuned file whose inputs have changed since (here its body) is applied as
+    committed, but the review says stale and why, never its recorded pass."""
+    from conftest import clone_built
+    q = clone_built(tuned_project[0], tmp_path / "q")
+    record = json.loads(q.path(TUNED).read_text())
+    assert record["verdict"] == "pass"
+    record["key"]["body"] = "0" * 64
+    q.path(TUNED).write_text(json.dumps(record))
+    q.scons("-j2", "stage=review", "kernel=silu_mul_v2", env=stand_in_env())
+    md = q.path(f"build/{K}/review.md").read_text()
+    assert "## tune (fake-gpu-sm90): stale" in md and "## tune (fake-gpu-sm90): pass" not in md
+    assert "the body source changed" in md and "Recorded: pass" in md
+    assert "cols=128 rpt=8 (tuned)" in md          # its picks are still the ones applied
+
+
 def test_cached_a_lost_candidate_is_not_timed_again_and_staleness_says_why(tuned_project, tmp_path):
     from conftest import clone_built
     q = clone_built(tuned_project[0], tmp_path / "q")

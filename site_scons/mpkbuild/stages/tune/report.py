@@ -60,15 +60,33 @@ def review_sources(g, k) -> list[str]:
     return []
 
 
+def input_changes(record: dict, k) -> list[str]:
+    """What this kernel's inputs changed since the tuned file was made (body, reference,
+    baseline, spec sections, search space). The GPU and the toolchain are left to the tune
+    node, which sees the GPU: a review may be rendered on another machine."""
+    from mpkbuild.stages.tune.apply import key_changes, tune_key
+    old = record.get("key") or {}
+    new = {**tune_key(k, None), "gpu": old.get("gpu"), "toolchain": old.get("toolchain")}
+    return key_changes(old, new)
+
+
 def part(inputs) -> dict | None:
-    """The tuned file this kernel's spec has its values from, when there is one."""
+    """The tuned file this kernel's spec has its values from, when there is one: stale, not
+    its recorded verdict, once the inputs it was tuned from have changed."""
     k = inputs.kernel
     if k is None or not k.tuned:
         return None
     path = k.root / k.tuned["path"]
-    data = tune_review(read_json(path), k.base.data["codegen"],
+    record = read_json(path)
+    data = tune_review(record, k.base.data["codegen"],
                        {n: l["default"] for n, l in k.spec.data["codegen"].get("levers", {}).items()},
                        inputs.rel(path))
     if data is None:
         return None
+    changes = input_changes(record, k)
+    if changes:
+        data = {**data, "verdict": "stale",
+                "message": f"tuned from other inputs ({'; '.join(changes)}): its picks are applied as "
+                           f"committed, its figures are not this spec's; `scons kernel={k.name} stage=tune` "
+                           f"on this GPU re-tunes. Recorded: {data['verdict']}: {data['message']}"}
     return {**data, "counted": [], "cases": [], "cells": {}}
