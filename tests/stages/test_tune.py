@@ -254,6 +254,19 @@ def test_review_names_a_tuned_file_made_from_other_inputs_stale(tuned_project, t
     assert "cols=128 rpt=8 (tuned)" in md          # its picks are still the ones applied
 
 
+def test_review_re_renders_a_tuned_file_stale_when_only_the_tune_section_changes(tuned_project, tmp_path):
+    """The review reads what the tuned file's key signs: an edit of the tune section alone
+    (no gate re-runs) re-renders it, stale."""
+    from conftest import clone_built
+    q = clone_built(tuned_project[0], tmp_path / "q")
+    q.scons("-j2", "stage=review", "kernel=silu_mul_v2", env=stand_in_env())
+    assert "## tune (fake-gpu-sm90): pass" in q.path(f"build/{K}/review.md").read_text()
+    q.edit(SPEC, "  budget: {candidates: 8, seconds: 600}", "  budget: {candidates: 8, seconds: 601}")
+    q.scons("-j2", "stage=review", "kernel=silu_mul_v2", env=stand_in_env())
+    md = q.path(f"build/{K}/review.md").read_text()
+    assert "## tune (fake-gpu-sm90): stale" in md and "spec section tune" in md
+
+
 def test_cached_a_lost_candidate_is_not_timed_again_and_staleness_says_why(tuned_project, tmp_path):
     from conftest import clone_built
     q = clone_built(tuned_project[0], tmp_path / "q")

@@ -22,21 +22,27 @@ def tuned_file(root: Path | str, gpu_key: str, kernel: str) -> Path:
 
 
 # ---------------------------------------------------------------- the key
+def key_files(k) -> list[Path]:
+    """The project files the key signs: the body, validate's reference, then every baseline
+    file the trials read (the same list as their inputs)."""
+    from mpkbuild.stages import table as stages
+    from mpkbuild.stages.gates import python_file
+    return [k.body_source, python_file(k, stages.BY_NAME["validate"].gate), *trial_baseline_files(k)]
+
+
 def tune_key(k, fingerprint) -> dict:
     """What a tune was made from: any change makes it stale (and says which)."""
     from mpkbuild.util.toolchain import toolchain_fact
-    from mpkbuild.stages import table as stages
-    from mpkbuild.stages.gates import python_file
     base = k.base
     sp = space(base.data)
     sections = {s: base.signatures[s] for s in SECTIONS_READ}
     sections["perf"] = sha256_json(trial_perf(base.data))     # what the trials read of it
+    body, reference, *baselines = key_files(k)
     return {
-        "body": sha256_or_missing(k.body_source),
+        "body": sha256_or_missing(body),
         "sections": sections,
-        "reference": sha256_or_missing(python_file(k, stages.BY_NAME["validate"].gate)),
-        # every baseline file the trials read (the same list as their inputs)
-        "baseline": {os.path.relpath(p, k.root): sha256_or_missing(p) for p in trial_baseline_files(k)},
+        "reference": sha256_or_missing(reference),
+        "baseline": {os.path.relpath(p, k.root): sha256_or_missing(p) for p in baselines},
         "toolchain": toolchain_fact(),
         "gpu": fingerprint.signature() if fingerprint else "none",
         "space": sha256_json({v: [c.cid for c in s["candidates"]] for v, s in sp.items()})[:16],
