@@ -254,6 +254,36 @@ def test_review_names_a_tuned_file_made_from_other_inputs_stale(tuned_project, t
     assert "cols=128 rpt=8 (tuned)" in md          # its picks are still the ones applied
 
 
+def test_a_spec_edit_of_a_tuned_variant_wins_over_the_committed_pick(tuned_project, tmp_path):
+    """A user who edits a tuned variant's values gets them built, not the pick the tune made
+    from the values before: status predicts it, the review says which pick is not applied and
+    why, and the variants left as they were keep their picks."""
+    from conftest import clone_built
+    q = clone_built(tuned_project[0], tmp_path / "q")
+    record = json.loads(q.path(TUNED).read_text())
+    assert record["variants"]["decode_r8_i2048"]["spec"] == {"cols": 64, "rpt": 8}
+    line = next(l for l in q.path(SPEC).read_text().splitlines() if l.startswith("    decode_r8_i2048:"))
+    q.edit(SPEC, line, line.replace("cols: 64,", "cols: 32,"))
+    reasons = json.loads(q.scons("status", "--json", "stage=generate").stdout)
+    spec_reasons = next(n["reasons"] for n in reasons["nodes"] if n["label"] == f"spec {K}")
+    assert any("decode_r8_i2048" in r for r in spec_reasons), spec_reasons
+    q.scons("-j2", "stage=review", "kernel=silu_mul_v2", env=stand_in_env())
+    section = json.loads(q.path(f"build/{K}/spec/codegen.json").read_text())
+    assert section["codegen"]["variants"]["decode_r8_i2048"]["cols"] == 32
+    md = q.path(f"build/{K}/review.md").read_text()
+    assert "## tune (fake-gpu-sm90): stale" in md
+    assert "decode_r8_i2048: the tuned cols=128 rpt=8 is not applied**: the spec's values changed " \
+           "since the tune (cols 64 -> 32)" in md, md
+    tune_part = md.split("## tune (fake-gpu-sm90)")[1]
+    row = next(l for l in tune_part.splitlines() if l.startswith("| decode_r8_i2048 |"))
+    assert row.startswith("| decode_r8_i2048 | cols=32 rpt=8 | cols=64 rpt=8 |"), row
+    # the edit is undone: the pick applies again, byte for byte the tuned build
+    q.edit(SPEC, line.replace("cols: 64,", "cols: 32,"), line)
+    q.scons("-j2", "stage=generate", "kernel=silu_mul_v2", env=stand_in_env())
+    section = json.loads(q.path(f"build/{K}/spec/codegen.json").read_text())
+    assert section["codegen"]["variants"]["decode_r8_i2048"]["cols"] == 128
+
+
 def test_review_re_renders_a_tuned_file_stale_when_only_the_tune_section_changes(tuned_project, tmp_path):
     """The review reads what the tuned file's key signs: an edit of the tune section alone
     (no gate re-runs) re-renders it, stale."""

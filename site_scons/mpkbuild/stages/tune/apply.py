@@ -75,10 +75,22 @@ def key_changes(old: dict, new: dict) -> list[str]:
 
 
 # ---------------------------------------------------------------- using a tuned file
+def spec_edited(now: dict, tuned_from: dict | None) -> str | None:
+    """Why a variant's pick is not applied: the spec's values of the tuned symbols are not
+    the ones the tune started from."""
+    changed = {s: (was, now.get(s)) for s, was in (tuned_from or {}).items() if now.get(s) != was}
+    if not changed:
+        return None
+    said = ", ".join(f"{s} {was} -> {is_}" for s, (was, is_) in changed.items())
+    return f"the spec's values changed since the tune ({said}): the spec's are used until it is re-tuned"
+
+
 def apply_tuned(k, fingerprint):
     """The kernel as the build for this GPU profile sees it: the spec's codegen with the
     tuned file's values, or the kernel unchanged (no profile, no file, no tune section).
-    A variant whose tuned values no longer make a valid variant keeps the spec's."""
+    A variant keeps the spec's values when they are not the ones the tune started from (the
+    user edited them since: a pick over other values would silently undo the edit), or when
+    the tuned values no longer make a valid variant."""
     if fingerprint is None or "tune" not in k.base.sections:
         return k
     path = tuned_file(k.root, fingerprint.key, k.name)
@@ -96,7 +108,8 @@ def apply_tuned(k, fingerprint):
             skipped[variant] = "no such variant in the spec"
             continue
         values = {s: v for s, v in (entry.get("config") or {}).items() if s in cg["variants"][variant]}
-        why = candidate_problem(data, variant, values, constraints=False)
+        why = spec_edited(cg["variants"][variant], entry.get("spec")) or \
+            candidate_problem(data, variant, values, constraints=False)
         if why:
             skipped[variant] = why
             continue

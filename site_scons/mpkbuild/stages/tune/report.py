@@ -21,8 +21,10 @@ def _interval_us(e: dict | None) -> str | None:
     return f"{t['median']:.2f} [{t['lo']:.2f}, {t['hi']:.2f}]" if t else None
 
 
-def tune_review(record: dict | None, codegen: dict, applied: dict | None, link: str) -> dict | None:
-    """What won, what lost and by how much, per tuned variant; the levers' state."""
+def tune_review(record: dict | None, codegen: dict, applied: dict | None, link: str,
+                skipped: dict | None = None) -> dict | None:
+    """What won, what lost and by how much, per tuned variant; the levers' state; which
+    variants' picks the build does not apply (`skipped`: variant -> why), and what it uses."""
     if not record:
         return None
     levers = {name: {"default": bool(l.get("default")), "applied": bool((applied or {}).get(name, l.get("default"))),
@@ -36,8 +38,12 @@ def tune_review(record: dict | None, codegen: dict, applied: dict | None, link: 
                         key=lambda e: (e.get("verdict") != "timed", e.get("vs_winner") or 0))
         timed = [e for e in losers if e.get("verdict") == "timed"]
         spec = next((e for e in rows if e.get("current")), None)
+        kept = (skipped or {}).get(v)
+        used = ({s: codegen.get("variants", {}).get(v, {}).get(s) for s in w.get("config") or {}}
+                if kept else w.get("config"))
         variants[v] = {
-            "config": _cfg(w.get("config")), "spec": _cfg(w.get("spec")), "from": w.get("from"),
+            "config": _cfg(used), "spec": _cfg(w.get("spec")), "from": "spec" if kept else w.get("from"),
+            "tuned": _cfg(w.get("config")), "kept": kept,
             "time": _interval_us(w),
             # the spec's config, timed first and again after the others (stages/tune/)
             "spec_times": [t for t in map(_interval_us, spec_measurements(spec)) if t] if spec else [],
@@ -85,13 +91,14 @@ def part(inputs) -> dict | None:
     record = read_json(path)
     data = tune_review(record, k.base.data["codegen"],
                        {n: l["default"] for n, l in k.spec.data["codegen"].get("levers", {}).items()},
-                       inputs.rel(path))
+                       inputs.rel(path), k.tuned.get("skipped"))
     if data is None:
         return None
     changes = input_changes(record, k)
     if changes:
         data = {**data, "verdict": "stale",
                 "message": f"tuned from other inputs ({'; '.join(changes)}): its picks are applied as "
-                           f"committed, its figures are not this spec's; `scons kernel={k.name} stage=tune` "
-                           f"on this GPU re-tunes. Recorded: {data['verdict']}: {data['message']}"}
+                           f"committed (except where noted below), its figures are not this spec's; "
+                           f"`scons kernel={k.name} stage=tune` on this GPU re-tunes. "
+                           f"Recorded: {data['verdict']}: {data['message']}"}
     return {**data, "counted": [], "cases": [], "cells": {}}
