@@ -12,22 +12,22 @@
 #   runtime  pytest -m gpu: the runtime gate in the real MPK persistent kernel, v1 and v2;
 #            needs the MPK headers carried as .mirage/ (mpk/ and v2/ include and src,
 #            cutlass/include, json/include copied from ../shared/mirage; docs/gpu-box.md)
-#   targets  pytest -m gpu: issue 58's targets (linear_tma_v2, linear_residual_tma_v2, linear_residual_v2 through every
+#   targets  pytest -m gpu: issue 58's targets (linear_v2 and linear_residual_v2 through every
 #            gate with the MPK checkout, as for runtime), strict expected failures naming the
 #            numbers they miss by
 #   pipeline pytest -m gpu: the warp-role pipeline (pipe_copy, pipe_tma, the family-A starter, the fault
 #            that hangs) and the profile stage (ncu on linear_v2)
-#   linear   the two linears through scons, every gate (validate, perf, profile; with .mirage/
-#            the runtime gate against MPK's TMA linear, cold): linear_tma_v2 (issue 58's TMA
-#            pipeline) beside linear_v2 (LINEAR_KERNELS=linear_tma_v2: one; LINEAR_STAGES="runtime
+#   linear   the linears through scons, every gate (validate, perf, profile; with .mirage/
+#            the runtime gate against MPK's TMA linear, cold): linear_v2 (issue 58's TMA
+#            pipeline) and its fused forms (LINEAR_KERNELS=linear_v2: one; LINEAR_STAGES="runtime
 #            perf": those stages in turn, each within PART_TIMEOUT_S; any catalog kernels can be
 #            named), the reviews, results and logs in OUTDIR/linear.tgz
 #   bench    bench/rmsnorm_gates.py (with .mirage/: the runtime gate too) and bench/catalog.py
 #   review   every gate of every catalog kernel through scons (with .mirage/: wire and the
 #            runtime gate too), the reviews in OUTDIR/review.tgz
-#   tune     bench/tune_bench.py for linear_v2, silu_mul_v2, rmsnorm_v2 (the last two tune inside
-#            MPK: with .mirage/ carried); the tuned files in
-#            OUTDIR/tuned/ (commit them to use them)
+#   tune     bench/tune_bench.py for linear_v2, silu_mul_v2, rmsnorm_v2 (all three tune inside
+#            MPK: with .mirage/ carried); the tuned files in OUTDIR/tuned/ (commit them to use
+#            them)
 #
 # Each test's name and outcome is in OUTDIR/PART.log as it runs (-v), so a call cut short
 # still says which tests passed; `timeout` ends a part that would outlive the call.
@@ -67,7 +67,7 @@ case "$part" in
     tar czf "$out/review.tgz" build/review.md build/*/review.* build/*/junit.xml build/*/gpu/*/*.json 2>/dev/null ;;
   linear)
     mpk=(); [ -d .mirage/mpk/include ] && mpk=(mpk_root=.mirage/mpk)
-    kernels=${LINEAR_KERNELS:-linear_tma_v2,linear_v2}
+    kernels=${LINEAR_KERNELS:-linear_v2,rmsnorm_linear_v2,silu_mul_linear_residual_v2}
     for stage in ${LINEAR_STAGES:-review}; do
       timeout "$limit" python3 -m SCons -Q -k -j16 kernel="$kernels" stage="$stage" "${mpk[@]}" 2>&1 | tee -a "$out/linear.log" | sed -n '/^verdicts:/,$p'
     done

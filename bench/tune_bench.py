@@ -9,7 +9,7 @@ one table per kernel and the wall time of its call; paste it into bench/RESULTS.
 second run re-times nothing (the ledger is cached): `rm -rf build/<kernel>/gpu/*/tune` to
 measure from scratch. A trial past its variant's `tune.budget.seconds` is not run (counted
 apart; a larger budget runs it). A kernel whose spec tunes on the in-runtime figure
-(`tune.figure: runtime`: silu_mul_v2, rmsnorm_v2) needs the MPK checkout: mpk_root=.
+(`tune.figure: runtime`: all three, and the fused linears) needs the MPK checkout: mpk_root=.
 """
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Torch definitions for linear_v2: the float64 reference (what is correct) and the torch
-op the kernel must beat (timed by the perf gate the same way as the kernel)."""
+"""Torch definitions for the linears (linear_v2, linear_residual_v2 and the fused
+rmsnorm_linear_v2 and silu_mul_linear_residual_v2): the float64 reference (what is
+correct) and the torch op the kernel must beat (timed by the perf gate the same way as the
+kernel)."""
 import torch
 import torch.nn.functional as F
 
@@ -22,3 +24,30 @@ def linear_residual_reference(x, weight, residual):
 def torch_linear_residual(x, weight, residual):
     """cuBLAS with the residual added in the GEMM's epilogue (beta = 1), as a user writes it."""
     return torch.addmm(residual, x, weight.T)
+
+
+def rmsnorm_linear_reference(x, weight, norm_weight, *, eps=1e-6):
+    """rmsnorm_linear_v2: y = rmsnorm(x) . W^T (MPK's rmsnorm, eps 1e-6), in float64."""
+    x = x.to(torch.float64)
+    normed = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * norm_weight.to(torch.float64)
+    return normed @ weight.to(torch.float64).T
+
+
+def torch_rmsnorm_linear(x, weight, norm_weight, *, eps=1e-6):
+    """What a user writes: torch's rms_norm, then cuBLAS."""
+    return F.linear(F.rms_norm(x, (x.shape[-1],), norm_weight, eps), weight)
+
+
+def silu_mul_linear_residual_reference(x, weight, residual):
+    """silu_mul_linear_residual_v2: y = (silu(gate) * up) . W^T + residual, gate and up
+    the halves of x [m, 2k], in float64."""
+    x = x.to(torch.float64)
+    k = weight.shape[1]
+    h = F.silu(x[:, :k]) * x[:, k:]
+    return h @ weight.to(torch.float64).T + residual.to(torch.float64)
+
+
+def torch_silu_mul_linear_residual(x, weight, residual):
+    """What a user writes: silu(gate) * up, then cuBLAS with the residual in its epilogue."""
+    k = weight.shape[1]
+    return torch.addmm(residual, F.silu(x[:, :k]) * x[:, k:], weight.T)

@@ -479,11 +479,11 @@ def test_a_kernel_named_as_cxx_reserves_is_refused_at_load(tmp_path):
 def test_a_block_naming_a_kernel_without_a_spec_is_refused_at_its_line(tmp_path):
     """runtime.blocks names other kernels of the project; one whose spec is not there is an
     error at the block layer's line, before anything runs or is written."""
-    p = copy_project(tmp_path / "proj", kernels=("linear_tma_v2",))
-    run = p.scons("-n", "kernel=linear_tma_v2", "stage=compile", check=False)
+    p = copy_project(tmp_path / "proj", kernels=("linear_v2",))
+    run = p.scons("-n", "kernel=linear_v2", "stage=compile", check=False)
     assert run.returncode == 2
-    lines = p.path("specs/linear_tma_v2.yaml").read_text().splitlines()
+    lines = p.path("specs/linear_v2.yaml").read_text().splitlines()
     line = next(i for i, l in enumerate(lines, 1) if "{kernel: rmsnorm_v2," in l)
-    assert (f"specs/linear_tma_v2.yaml:{line}: runtime.blocks[0].layers[0].kernel: no kernel 'rmsnorm_v2' "
+    assert (f"specs/linear_v2.yaml:{line}: runtime.blocks[0].layers[0].kernel: no kernel 'rmsnorm_v2' "
             "(specs/rmsnorm_v2.yaml does not exist)") in run.stderr, run.stderr
     assert not (p.root / "build").exists()

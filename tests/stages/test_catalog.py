@@ -16,7 +16,7 @@ from mpkbuild import scaffold
 from mpkbuild.model.kernel import discover
 from mpkbuild.stages import load_spec
 
-CATALOG = ("silu_mul_v2", "embedding_v2", "argmax_v2", "argmax_fp32_v2", "linear_v2", "linear_tma_v2")
+CATALOG = ("silu_mul_v2", "embedding_v2", "argmax_v2", "argmax_fp32_v2", "linear_v2", "linear_residual_v2")
 STARTERS = {f"starter_{f.lower()}": f for f in "ABCDE"}
 ARCHS = ("sm_90a", "sm_100a")
 

@@ -64,7 +64,7 @@ def test_the_worker_holds_the_qwen3_decode_tasks_with_ours_in_place_of_its_op():
     assert "paged_attention_hopper (qwen3 attention)" in payload["composition"]
 
     # a linear replaces the model's plain linears, not its residual ones (another op)...
-    k = load_kernel(REPO, "linear_tma_v2", write_cache=False)
+    k = load_kernel(REPO, "linear_v2", write_cache=False)
     alone = copy.deepcopy(k.spec.data)
     alone["runtime"]["blocks"] = []
     lin = _fillers(_plan(alone))

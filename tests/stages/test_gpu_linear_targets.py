@@ -22,16 +22,14 @@ class TargetsUnmet(AssertionError):
 
 # the figures the targets were missed by (bench/RESULTS.md sections 34-38)
 MISSED = {
-    "linear_tma_v2": "in-runtime 0.73-0.83x linear_swapAB_hopper on the H200 (section 37; 0.81-0.83x "
-                     "at n4096 and n28672, large 0.80x with its interval across 0.8; target 0.8x "
-                     "at every shape, its interval below), 0.81-0.97x on the H100 (section 38); "
-                     "the MLP block 0.86 / 0.86 / 0.84x MPK's chain on the H200, the fused block "
-                     "0.81 / 0.78 / 0.91x (target 0.85x); harness at 82.6% / 84.9% of the read "
-                     "ceiling at m16 / m8 n14336 on the H200 (85%)",
-    "linear_residual_tma_v2": "in-runtime 0.85-0.94x linear_swapAB_with_residual_hopper on the H100 "
-                              "(section 34; target 0.8x at every shape); its harness targets are met",
-    "linear_residual_v2": "in-runtime 0.88-1.54x linear_swapAB_with_residual_hopper on the H200 (section "
-                          "29), 0.88-1.26x on the H100 (target 0.8x at every shape)",
+    "linear_v2": "in-runtime 0.73-0.83x linear_swapAB_hopper on the H200 (section 37; 0.81-0.83x "
+                 "at n4096 and n28672, large 0.80x with its interval across 0.8; target 0.8x "
+                 "at every shape, its interval below), 0.81-0.97x on the H100 (section 38); "
+                 "the MLP block 0.86 / 0.86 / 0.84x MPK's chain on the H200, the fused block "
+                 "0.81 / 0.78 / 0.91x (target 0.85x); harness at 82.6% / 84.9% of the read "
+                 "ceiling at m16 / m8 n14336 on the H200 (85%)",
+    "linear_residual_v2": "in-runtime 0.85-0.94x linear_swapAB_with_residual_hopper on the H100 "
+                          "(section 34; target 0.8x at every shape); its harness targets are met",
 }
 
 

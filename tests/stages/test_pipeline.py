@@ -261,13 +261,13 @@ def test_the_tma_fixture_passes_validate_on_the_gpu(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.nvcc
 def test_the_tma_linear_passes_validate_on_the_gpu(tmp_path):
-    """linear_tma_v2, the pipeline exemplar (issue 58): every decode shape against the float64
+    """linear_v2, the pipeline exemplar (issue 58): every decode shape against the float64
     reference, in the harness and in worker mode, through the maps the harness makes."""
     from conftest import copy_project
     # every kernel: its spec's MLP block (runtime.blocks) names four of them
     p = copy_project(tmp_path / "proj", kernels=None)
-    p.scons("stage=validate", "kernel=linear_tma_v2", fake_gpu=False, timeout=1200)
-    (result,) = (p.root / "build/linear_tma_v2/gpu").glob("*/validate.json")
+    p.scons("stage=validate", "kernel=linear_v2", fake_gpu=False, timeout=1200)
+    (result,) = (p.root / "build/linear_v2/gpu").glob("*/validate.json")
     assert json.loads(result.read_text())["verdict"] == "pass"
 
 

@@ -305,7 +305,7 @@ def test_hang_phase_from_runtime_counters():
 # Issue 59 item 3: a spec's variants share the gate's worker. silu_mul_v2's ten (with their
 # incumbents) take the production-shaped worker to 255 registers and 56 B of spill stores and
 # loads; one variant alone beside the model's tasks compiles to 217 registers and none
-# (bench/worker_evidence.py, RESULTS 28). linear_tma_v2's (its variants and its MLP blocks'
+# (bench/worker_evidence.py, RESULTS 28). linear_v2's (its variants and its MLP blocks'
 # layers) spilled 20 B at 255 registers while the fused linears had two prologue warps and
 # four mma warps each (RESULTS 36); since silu_mul's has four and two (the mma warps dealt
 # a box's tiles in turn) it is 245 registers, 16 B of stack, no spills (RESULTS 38). The day
@@ -661,7 +661,7 @@ def test_the_gate_says_what_worker_it_measured_in_and_a_new_variant_is_in_it():
     # not lost behind the entry's (ptxas lists the callee after the entry, by its own name)
     called = runtime.worker_facts(log + (
         "ptxas info    : Compile time = 9.0 ms\n"
-        "ptxas info    : Function properties for _ZN6kernel19mpkbuild_linear_tma_v213linear_tma_v2_taskILi1EEEvPc\n"
+        "ptxas info    : Function properties for _ZN6kernel19mpkbuild_linear_v213linear_v2_taskILi1EEEvPc\n"
         "    0 bytes stack frame, 36 bytes spill stores, 36 bytes spill loads\n"))
     assert (called["registers"], called["stack_bytes"], called["spill_stores"], called["spill_loads"]) == (167, 16, 36, 36)
     from mpkbuild.stages import review
@@ -994,7 +994,7 @@ def test_where_the_worker_is_production_shaped_the_other_configurations_run_in_t
 def test_a_cold_head_to_head_says_what_it_asks_of_dram_and_when_a_limit_asks_past_the_ceiling():
     """In DRAM terms (issue 58: where a target cannot be met, say by how much): each side's
     bytes over its makespan, the ceiling measured for the mix, and what the 0.8x rule asks.
-    linear_tma_v2 on the H100 (tests/fixtures/runtime_h100): at large_m1_n28672_k8192 MPK's
+    linear_v2 on the H100 (tests/fixtures/runtime_h100): at large_m1_n28672_k8192 MPK's
     linear already moves 2.64 TB/s, so 0.8x of it asks 3.30, past the 3.21 measured."""
     from mpkbuild.stages import review
     from mpkbuild.stages.runtime.report import head_to_head_table
@@ -1010,7 +1010,7 @@ def test_a_cold_head_to_head_says_what_it_asks_of_dram_and_when_a_limit_asks_pas
     assert large["asks"][0]["of_ceiling"] > 1 > m1["asks"][0]["of_ceiling"]
     # the configurations beside the default are MPK at another task count: no rule asks of them
     assert all("dram" not in r for r in head_to_head_table(rt, perf) if "@" in r["incumbent"])
-    page = review.render_kernel(review.kernel_review("linear_tma_v2", fixture, [], "h100", {},
+    page = review.render_kernel(review.kernel_review("linear_v2", fixture, [], "h100", {},
                                                      {"runtime": fixture / "runtime.json",
                                                       "perf": fixture / "perf.json"}))
     assert "DRAM 2.61 / 2.64 TB/s, ceiling 3.21; **0.8x asks 3.30 TB/s, above the measured ceiling**" in page

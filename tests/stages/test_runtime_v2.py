@@ -219,9 +219,9 @@ def test_the_compiled_v2_builder_chains_the_layers_by_their_events(compiled_v2):
 
 @pytest.fixture(scope="session")
 def compiled_tma_v2(tmp_path_factory):
-    """linear_tma_v2's v2 megakernel: a kernel that loads with TMA (issue 58 item 5)."""
+    """linear_v2's v2 megakernel: a kernel that loads with TMA (issue 58 item 5)."""
     _skip_without_tree_or_nvcc()
-    return _compile("linear_tma_v2", tmp_path_factory.mktemp("tma_v2") / "linear_tma_v2")
+    return _compile("linear_v2", tmp_path_factory.mktemp("tma_v2") / "linear_v2")
 
 
 @needs_tree
@@ -237,14 +237,14 @@ def test_a_kernel_that_loads_with_tma_gets_its_maps_in_runtime_v2_as_in_v1(compi
     assert "case MPKB_TMA_TASK" in shadow
     source = (lib.parent / "megakernel.cu").read_text()
     assert "create_tma_desc_by_task(task)" in source and "cuTensorMapEncodeTiled" in source
-    k = load_kernel(REPO, "linear_tma_v2", write_cache=False)
+    k = load_kernel(REPO, "linear_v2", write_cache=False)
     specs = {c.name: c.spec.data for c in runtime.companions_for(k, {})}
     p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, specs, V2, "v2")
     # its MLP block runs too (ours only: the block's incumbents are v1's tasks)
     assert {g["role"] for g in p["graphs"]} == {"ours", "block"}
     assert all(g["layers"][0]["tma"] for g in p["graphs"] if g["role"] == "ours")
     assert all(l["tma"] for g in p["graphs"] if g["role"] == "block" for l in g["layers"]
-               if l["kernel"] == "linear_tma_v2")
+               if l["kernel"] == "linear_v2")
 
 
 # ---------------------------------------------------------------- GPU
@@ -252,10 +252,10 @@ def test_a_kernel_that_loads_with_tma_gets_its_maps_in_runtime_v2_as_in_v1(compi
 @needs_tree
 @pytest.mark.nvcc
 def test_a_tma_kernel_passes_in_runtime_v2(compiled_tma_v2, tmp_path):
-    """linear_tma_v2 inside Runtime-V2: each variant's iterations against the float64
+    """linear_v2 inside Runtime-V2: each variant's iterations against the float64
     reference, its maps made by the v2 tree's own create_tma_desc_by_task."""
     ok, log, took, lib = compiled_tma_v2
-    res, out = _run_v2(REPO, "linear_tma_v2", lib, tmp_path)
+    res, out = _run_v2(REPO, "linear_v2", lib, tmp_path)
     assert res["verdict"] == "pass", (res["message"], out)
     for g, r in res["variants"].items():
         assert r["runtime"] == "v2" and r["iterations"] >= 3 and r["spans"]["count"] == r["tasks"], g

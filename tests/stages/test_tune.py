@@ -104,11 +104,11 @@ def test_space_has_the_spec_config_first_meets_constraints_and_budget(tmp_path):
     lsp = tune.space(data)
     for variant, binding in data["codegen"]["variants"].items():
         cand = lsp[variant]["candidates"]
-        assert cand[0].values == {s: binding[s] for s in ("depth", "mb", "nt", "tc")}
+        assert cand[0].values == {s: binding[s] for s in ("kf", "nt", "stages")}
         assert len(cand) <= data["tune"]["budget"]["candidates"]
-        for c in cand:
+        for c in cand:      # each a variant the tiling allows: whole tasks, whole fills
             v = c.values
-            assert v["tc"] == 1 or v["depth"] * v["nt"] // 4 <= 16
+            assert binding["n"] % v["nt"] == 0 and binding["k"] % (64 * v["kf"]) == 0, (variant, v)
 
 
 @pytest.mark.parametrize("edit, where", [

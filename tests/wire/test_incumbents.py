@@ -135,8 +135,8 @@ def test_block_rules_are_checked_where_the_spec_says_them():
     import copy
     k = load_kernel(REPO, "linear_v2", write_cache=False)
     data = k.spec.data
-    assert inc.block_graph_names(data) == ["block:llama8b_mlp:b1", "block:llama8b_mlp:b8",
-                                           "block:llama8b_mlp:b16"]
+    assert inc.block_graph_names(data) == [f"block:{name}:b{b}" for name in ("llama8b_mlp", "llama8b_mlp_fused")
+                                           for b in (1, 8, 16)]
     assert inc.block_graph_names(data, "v2") == []
     names = list(data["codegen"]["variants"]) + inc.block_graph_names(data)
     assert inc.matching("*", names) == list(data["codegen"]["variants"])
@@ -196,7 +196,7 @@ def test_a_chains_params_are_named_by_the_part_they_set():
     assert [c["linear_with_residual.tasks"] for c in
             inc.best_candidates(name, shapes, {"linear_with_residual.tasks": 64})] == [32, 16, 8]
     import copy
-    k = load_kernel(REPO, "silu_mul_linear_residual_tma_v2", write_cache=False)
+    k = load_kernel(REPO, "silu_mul_linear_residual_v2", write_cache=False)
     bad = copy.deepcopy(k.spec.data)
     bad["runtime"]["incumbent"][0]["params"] = {"tasks": 64}
     assert dict(inc.check_section(bad))[("runtime", "incumbent", 0, "params", "tasks")].startswith(
@@ -207,7 +207,7 @@ def test_the_fused_blocks_chain_is_the_unfused_blocks_chain():
     """Folding two layers into each of ours changes our side only: the chain the fused
     block runs against is MPK's same four tasks, with the same calls, tiles and events
     (the gate|up weight's rows shuffled for silu_mul's tiles, its 32 events)."""
-    k = load_kernel(REPO, "linear_tma_v2", write_cache=False)
+    k = load_kernel(REPO, "linear_v2", write_cache=False)
     specs = {c.name: c.spec.data for c in megakernel.companions_for(k, {})}
     p = megakernel.plan(k.spec.data, config.SHIPPED_WIRING, specs, PINNED)
     chains = {g["of"]: g for g in p["graphs"] if g["role"] == "incumbent" and g["of"].startswith("block:")}

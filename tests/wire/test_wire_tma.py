@@ -294,8 +294,8 @@ def test_the_harness_the_wired_checkout_and_the_gate_encode_the_same_map(tmp_pat
 def test_the_tma_linear_s_maps_are_the_same_on_every_side(tmp_path):
     """The catalog's TMA linear (two maps a task, x and W, both 128-byte swizzled): the
     same check over every variant, the harness against the checkout and the gate."""
-    k = load_kernel(REPO, "linear_tma_v2", write_cache=False)
-    sides = same_maps(k, "TASK_LINEAR_TMA_V2_HOPPER", tmp_path)
+    k = load_kernel(REPO, "linear_v2", write_cache=False)
+    sides = same_maps(k, "TASK_LINEAR_V2_HOPPER", tmp_path)
     assert sides["harness"] == sides["wired"] == sides["gate"]
     first = sides["harness"].index("variant decode_m8_n4096_k4096")
     x, w = sides["harness"][first + 1], sides["harness"][first + 1 + 128]  # 128 tasks of 32 rows
@@ -307,24 +307,24 @@ def test_the_tma_linear_s_maps_are_the_same_on_every_side(tmp_path):
 
 def test_the_gate_runs_kernels_that_load_the_same_maps_under_its_one_task_type(tmp_path):
     """Every task of the gate's megakernel has its one task type, so its tma.cuh case makes
-    one set of maps: a block may run linear_tma_v2 beside linear_residual_tma_v2 (the same x
-    and W boxes; the residual is no map), and the header is the one linear_tma_v2 alone gets,
+    one set of maps: a block may run linear_v2 beside linear_residual_v2 (the same x
+    and W boxes; the residual is no map), and the header is the one linear_v2 alone gets,
     but for the kernels it names; kernels whose maps differ are refused, naming each's maps."""
     from mpkbuild.stages.generate import TemplateError
     root = copy_tree("mpk", tmp_path)
     linear, residual = (load_kernel(REPO, n, write_cache=False).spec.data
-                        for n in ("linear_tma_v2", "linear_residual_tma_v2"))
+                        for n in ("linear_v2", "linear_residual_v2"))
     alone = megakernel.gate_tma_header(root, [linear], WIRING, 461).decode()
     both = megakernel.gate_tma_header(root, [linear, residual], WIRING, 461).decode()
-    assert "MPKB_TMA_TASK" in both and "linear_tma_v2, linear_residual_tma_v2 (megakernel.cu" in both
-    assert both.replace("linear_tma_v2, linear_residual_tma_v2 (", "linear_tma_v2 (") == alone
+    assert "MPKB_TMA_TASK" in both and "linear_v2, linear_residual_v2 (megakernel.cu" in both
+    assert both.replace("linear_v2, linear_residual_v2 (", "linear_v2 (") == alone
     # the same linear with x unswizzled (as it was before 2026-12-05)
     other = copy.deepcopy(linear)
     other["kernel"] = other["wiring"]["layer"] = "linear_unswizzled"
     next(c for c in other["codegen"]["pipeline"]["copies"] if c["name"] == "x")["swizzle"] = 0
     with pytest.raises(TemplateError) as info:
         megakernel.gate_tma_header(root, [linear, other], WIRING, 461)
-    assert "linear_tma_v2: [('x', 0, ['tensor_desc.dim[0]', '64'], 128)" in str(info.value)
+    assert "linear_v2: [('x', 0, ['tensor_desc.dim[0]', '64'], 128)" in str(info.value)
     assert "linear_unswizzled: [('x', 0, ['tensor_desc.dim[0]', '64'], 0)" in str(info.value)
 
 
