@@ -160,12 +160,13 @@ def test_call_is_the_wired_one():
 def test_block_plan_feeds_each_layer_the_layer_befores_output():
     k = load_kernel(REPO, "linear_v2", write_cache=False)
     specs = {c.name: c.spec.data for c in runtime.companions_for(k, {})}
-    assert sorted(specs) == ["linear_residual_v2", "rmsnorm_v2", "silu_mul_v2"]
+    assert sorted(specs) == ["linear_residual_v2", "rmsnorm_linear_v2", "rmsnorm_v2",
+                             "silu_mul_linear_residual_v2", "silu_mul_v2"]
     p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, specs)
     blocks = [g for g in p["graphs"] if g["role"] == "block"]
-    assert [g["name"] for g in blocks] == ["block:llama8b_mlp:b1", "block:llama8b_mlp:b8",
-                                          "block:llama8b_mlp:b16"]
-    for g in blocks:
+    assert [g["name"] for g in blocks] == [f"block:{name}:b{b}" for name in ("llama8b_mlp", "llama8b_mlp_fused")
+                                          for b in (1, 8, 16)]
+    for g in blocks[:3]:
         layers = g["layers"]
         assert [l["kernel"] for l in layers] == ["rmsnorm_v2", "linear_v2", "silu_mul_v2", "linear_residual_v2"]
         for before, after in zip(layers, layers[1:]):
@@ -173,7 +174,7 @@ def test_block_plan_feeds_each_layer_the_layer_befores_output():
             assert after["tensors"][0] == before["tensors"][before["num_inputs"]]
         tasks, events = expand(g)
         # our layers read the whole tensor the layer before writes: one event after each
-        # (rmsnorm's 1-16 rows hand linear_v2's 1792 tasks out in bulk)
+        # (rmsnorm's 1-16 rows hand linear_v2's 112 tasks out in bulk)
         assert [e["type"] for e in events[2:-1]] == ["launch_massive"] * 3
         assert events[-1] == {"type": "end_of_graph", "triggers": layers[-1]["tasks"]}
     # without a checkout no incumbents' chain; a shape that does not chain is refused
@@ -195,8 +196,8 @@ def test_a_blocks_worker_alone_keeps_its_layers_and_chain_and_no_other_variant()
     specs = {c.name: c.spec.data for c in runtime.companions_for(k, {})}
     p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, specs, PINNED)
     units = runtime.alone_units(k.spec.data)
-    assert units == [*k.spec.data["codegen"]["variants"], "block:llama8b_mlp:b1", "block:llama8b_mlp:b8",
-                     "block:llama8b_mlp:b16"]
+    assert units == [*k.spec.data["codegen"]["variants"],
+                     *(f"block:{name}:b{b}" for name in ("llama8b_mlp", "llama8b_mlp_fused") for b in (1, 8, 16))]
     b8 = units.index("block:llama8b_mlp:b8")
     kept = {(d["kernel"], d["variant"]) for d in p["dispatch"] if b8 in d.get("alone", ())}
     graphs = {g["name"]: g for g in p["graphs"]}
