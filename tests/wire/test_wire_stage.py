@@ -45,6 +45,28 @@ def test_diff_then_apply_twice_then_unwire_restores_bytes(project, checkout):
     assert snapshot(checkout) == before
 
 
+def test_a_kernel_renamed_after_wiring_is_named_and_unwired_with_the_rest(project, checkout):
+    """A checkout wired under a kernel's old name keeps those blocks when its spec is renamed:
+    a later run says so (and leaves them), and an unwire of every kernel takes them too, so
+    the checkout returns to its unwired bytes though no spec names them any more."""
+    before = snapshot(checkout)
+    project.scons("stage=wire", f"mpk_root={checkout}", "apply=1")
+    old = project.path(f"specs/{K}.yaml")
+    text = old.read_text().replace(f"kernel: {K}", "kernel: rmsnorm_v3").replace(f"layer: {K}", "layer: rmsnorm_v3")
+    project.path("specs/rmsnorm_v3.yaml").write_text(text.replace("RMSNORM_V2", "RMSNORM_V3"))
+    old.unlink()
+    run = project.scons("stage=wire", f"mpk_root={checkout}", "apply=1")
+    assert f"the checkout holds blocks of {K} (no spec of this project names it" in run.stdout, run.stdout
+    both = snapshot(checkout)
+    assert any(b"TASK_RMSNORM_V2_HOPPER" in t for t in both.values())
+    assert any(b"TASK_RMSNORM_V3_HOPPER" in t for t in both.values())
+    run = project.scons("stage=wire", f"mpk_root={checkout}", "unwire=1")
+    assert f"would unwire too: the blocks of {K}" in run.stdout and snapshot(checkout) == both
+    run = project.scons("stage=wire", f"mpk_root={checkout}", "apply=1", "unwire=1")
+    assert f"unwired too: the blocks of {K}" in run.stdout
+    assert snapshot(checkout) == before
+
+
 def test_hand_edit_inside_a_block_is_refused_with_a_diff(project, checkout):
     project.scons("stage=wire", f"mpk_root={checkout}", "apply=1")
     header = checkout / "include/mirage/persistent_kernel/runtime_header.h"

@@ -90,13 +90,20 @@ def run_plan(build, request: WireRequest, wiring_root: Path) -> RunPlan:
     mine = [k for k in build.kernels.values() if k.has_wiring]
     run = RunPlan(tuple(sorted(k.name for k in mine)))
     try:
+        wired = all_wired_kernels(build)
+        # blocks of kernels no spec here names (renamed or removed): an unwire of every
+        # kernel takes them too; any other run leaves them and says so
+        strays = sorted(patch.wired_kernels(request.mpk_root, wiring_root) - {x.name for x in wired})
+        whole = set(run.kernels) == {x.name for x in wired}
         if request.unwire:
-            run.plan = patch.plan_unwire(request.mpk_root, list(run.kernels), wiring_root)
+            run.plan = patch.plan_unwire(request.mpk_root, [*run.kernels, *(strays if whole else [])],
+                                         wiring_root)
         else:
-            specs = [x.spec.data for x in all_wired_kernels(build)]
-            run.plan = patch.plan(request.mpk_root, specs, wiring_root, list(run.kernels),
-                                  sources={k.name: task_sources(k) for k in mine},
+            run.plan = patch.plan(request.mpk_root, [x.spec.data for x in wired], wiring_root,
+                                  list(run.kernels), sources={k.name: task_sources(k) for k in mine},
                                   renumber=request.renumber, runtime=request.runtime)
+        if strays:
+            run.plan.notes.append(stray_note(strays, request.unwire and whole, request.apply))
         # coherence was judged on the would-be result: refuse before writing anything
         if run.plan.problems:
             run.error = ("the result would be incoherent:\n  " + "\n  ".join(run.plan.problems))
@@ -154,6 +161,15 @@ def run_wire(k: Kernel, run: RunPlan | None, request: WireRequest, wiring_root: 
     manifest = _finish(manifest, k, request, fragments)
     write_json_atomic(k.wire_result, manifest)
     return manifest
+
+
+def stray_note(strays: list[str], taken: bool, applied: bool) -> str:
+    """What a run says of the checkout's blocks of kernels no spec of the project names."""
+    which = f"{', '.join(strays)} (no spec of this project names {'it' if len(strays) == 1 else 'them'}: renamed or removed)"
+    if taken:
+        return f"{'unwired' if applied else 'would unwire'} too: the blocks of {which}"
+    return (f"the checkout holds blocks of {which}; this run leaves them: an unwire of every "
+            "kernel (`scons stage=wire mpk_root=... unwire=1 apply=1`, no kernel=) removes them too")
 
 
 def _short_note(note: str) -> str:

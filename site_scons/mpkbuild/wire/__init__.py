@@ -20,7 +20,8 @@ package only interprets it. Public API (everything else is internal):
 - ``recover(mpk_root) -> str | None`` -- finishes or rolls back a run that was killed
   (its journal in the checkout), saying which; None when there was none.
 - ``unwire(mpk_root, kernels, wiring_root) -> Plan`` -- removes every block of the kernels;
-  ``plan_unwire`` is its dry run.
+  ``plan_unwire`` is its dry run. ``wired_kernels(mpk_root, wiring_root)`` names every kernel
+  with blocks in the checkout, spec or no spec.
 - ``plan`` checks the would-be result's coherence (coherence.problems_of: the enum, the
   name map, graph.cc's branches, the register functions and tma.cuh agree):
   ``Plan.problems`` are the ones the plan would add (``apply`` refuses such a plan),
@@ -39,6 +40,7 @@ import importlib
 _EXPORTS = {
     "write_fragments": "fsio", "recover": "fsio",
     "Plan": "patch", "apply": "patch", "plan": "patch", "plan_unwire": "patch", "unwire": "patch",
+    "wired_kernels": "patch",
     "render": "blocks",
     "WIRING_SCHEMA": "section", "check_section": "section",
     **{name: "errors" for name in (

@@ -390,6 +390,20 @@ def plan_unwire(mpk_root, kernels: list[str], wiring_root) -> Plan:
     return _judge(co, Plan(Path(mpk_root), tuple(kernels), {}, _build(co, kernels, []), {}))
 
 
+def wired_kernels(mpk_root, wiring_root) -> set[str]:
+    """The kernels with marked blocks in the checkout, read from the files every wired kernel
+    has a block in (the enum, the register and dispatch files, not a kernel's own files):
+    how a kernel that no spec names any more (renamed, removed) is still found to unwire."""
+    co = Checkout(mpk_root, load_surface(wiring_root))
+    found = set()
+    for site in co.surface.sites:
+        for arch in (co.surface.archs if site.per_arch else (None,)):
+            rel = site_file(co.surface, site, arch, "a")
+            if rel == site_file(co.surface, site, arch, "b"):      # not a kernel's own file
+                found |= {b.kernel for b in co.blocks(rel)}
+    return found
+
+
 def apply(plan: Plan, what: str = "apply") -> list[str]:
     """Write the plan's files (all or nothing, journaled: fsio.commit); returns the changed
     paths. what: the run, as the journal names it."""
