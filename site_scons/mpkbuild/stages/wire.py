@@ -91,10 +91,11 @@ def run_plan(build, request: WireRequest, wiring_root: Path) -> RunPlan:
     run = RunPlan(tuple(sorted(k.name for k in mine)))
     try:
         wired = all_wired_kernels(build)
+        named = {x.name for x in wired}
         # blocks of kernels no spec here names (renamed or removed): an unwire of every
         # kernel takes them too; any other run leaves them and says so
-        strays = sorted(patch.wired_kernels(request.mpk_root, wiring_root) - {x.name for x in wired})
-        whole = set(run.kernels) == {x.name for x in wired}
+        strays = sorted(patch.wired_kernels(request.mpk_root, wiring_root) - named)
+        whole = set(run.kernels) == named
         if request.unwire:
             run.plan = patch.plan_unwire(request.mpk_root, [*run.kernels, *(strays if whole else [])],
                                          wiring_root)

@@ -395,13 +395,9 @@ def wired_kernels(mpk_root, wiring_root) -> set[str]:
     has a block in (the enum, the register and dispatch files, not a kernel's own files):
     how a kernel that no spec names any more (renamed, removed) is still found to unwire."""
     co = Checkout(mpk_root, load_surface(wiring_root))
-    found = set()
-    for site in co.surface.sites:
-        for arch in (co.surface.archs if site.per_arch else (None,)):
-            rel = site_file(co.surface, site, arch, "a")
-            if rel == site_file(co.surface, site, arch, "b"):      # not a kernel's own file
-                found |= {b.kernel for b in co.blocks(rel)}
-    return found
+    shared = {site_file(co.surface, site, arch, "") for site in co.surface.sites if site.kind != "new_file"
+              for arch in (co.surface.archs if site.per_arch else (None,))}
+    return {b.kernel for rel in shared for b in co.blocks(rel)}
 
 
 def apply(plan: Plan, what: str = "apply") -> list[str]:
