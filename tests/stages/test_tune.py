@@ -333,6 +333,45 @@ def test_cached_a_lost_candidate_is_not_timed_again_and_staleness_says_why(tuned
                for r in why), why
 
 
+def test_a_tool_template_edit_re_runs_the_trials_and_makes_the_tuned_file_stale(tuned_project, tmp_path):
+    """A tool upgrade that changes a template the candidates are rendered from (here the
+    harness) re-compiles every candidate, and the tuned file made before it is stale, naming
+    the template, in status and in the review, until the tune runs again."""
+    from conftest import clone_built
+    q = clone_built(tuned_project[0], tmp_path / "q")
+    harness = "site_scons/mpkbuild/templates/harness.cu.j2"
+    q.path(harness).write_text(q.path(harness).read_text() + "// a newer tool\n")
+    reasons = stale(q, env=stand_in_env())
+    compiles = [label for label in reasons if label.startswith("tunecc ")]
+    assert len(compiles) == 9 and all(f"{harness} changed" in reasons[c] for c in compiles), reasons
+    assert any("the tool's templates changed (harness.cu.j2)" in r for r in reasons[f"tune {K} {GPU}"])
+    q.scons("-j2", "stage=review", "kernel=silu_mul_v2", env=stand_in_env())
+    md = q.path(f"build/{K}/review.md").read_text()
+    assert "## tune (fake-gpu-sm90): stale" in md and "the tool's templates changed (harness.cu.j2)" in md
+    q.scons("-j2", "stage=tune", env=stand_in_env())
+    assert not [label for label in stale(q, env=stand_in_env()) if label.startswith(("tunecc ", "tune "))]
+    assert json.loads(q.path(TUNED).read_text())["verdict"] == "pass"
+
+
+def test_the_tune_key_signs_the_pipeline_templates_of_a_pipeline_kernel(tmp_path, monkeypatch):
+    """linear_v2's candidates include the warp-role pipeline's helpers in their spec header:
+    its key signs those templates (and the megakernel's, its figure being the runtime's), so
+    an edit of one names it; an old tuned file without them is stale, saying so."""
+    import shutil
+    from mpkbuild.util import config
+    root = copy_project(tmp_path / "p", kernels=("linear_v2",)).root
+    k = load_kernel(root, "linear_v2", write_cache=False)
+    before = tune.tune_key(k, None)
+    assert {"pipeline_roles.h.j2", "pipeline_ring.h.j2", "megakernel.cu.j2"} <= set(before["templates"])
+    templates = tmp_path / "templates"
+    shutil.copytree(config.TEMPLATE_DIR, templates)
+    (templates / "pipeline_roles.h.j2").write_text((templates / "pipeline_roles.h.j2").read_text() + "{# edited #}\n")
+    monkeypatch.setattr(config, "TEMPLATE_DIR", templates)
+    assert tune.key_changes(before, tune.tune_key(k, None)) == ["the tool's templates changed (pipeline_roles.h.j2)"]
+    old = {f: v for f, v in before.items() if f != "templates"}
+    assert "it was made before its key signed the tool's templates" in tune.key_changes(old, before)
+
+
 def test_trials_need_a_gpu_of_the_profile(tuned_project, tmp_path):
     from conftest import clone_built
     q = clone_built(tuned_project[0], tmp_path / "q")

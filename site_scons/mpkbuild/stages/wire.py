@@ -188,10 +188,11 @@ def nodes(g, k, stage: str) -> None:
         g.requested[(k.name, stage)] = []
         return
     from mpkbuild.stages import table as stages
+    from mpkbuild.stages.generate import template_inputs
     request = g.wire_request
     node = g.add(Node(f"wire {k.name}", "wire", stage, k.name, (k.rel.wire_result,),
                       (*(k.rel.section_file(s) for s in stages.BY_NAME[stage].reads),
-                       k.rel.body_source, g.pkg("templates", "spec_header.h.j2"),
+                       k.rel.body_source, *template_inputs(g, k, "spec_header"),
                        *wiring_files(g)),
                       (f"wire: {request.describe()}", g.stage_code(stage)),
                       side_effects=(g.rel(g.root / config.BUILD_DIRNAME / ".wire-in-use"),),

@@ -316,15 +316,29 @@ def generate_file(role: str, section: dict, spec_file: str, body_source: Path | 
     return write_atomic(target, text, only_if_changed=True)
 
 
+def tool_templates(codegen: dict, role: str) -> tuple[str, ...]:
+    """The tool's templates (under config.TEMPLATE_DIR) a generated file of this role is
+    rendered from: inputs of its node, of every node that renders its own copy (a tune
+    candidate, wire), and signed by a tune's key, so that a tool upgrade that changes the
+    code they render re-runs what read it."""
+    if role == "spec_header":
+        return ("spec_header.h.j2", *(pipeline.TEMPLATES if "pipeline" in codegen else ()))
+    return ("harness.cu.j2",) if role == "harness" else ()
+
+
+def template_inputs(g, k, *roles: str) -> tuple[str, ...]:
+    """tool_templates of k's roles, as node inputs."""
+    return tuple(g.pkg("templates", t) for role in roles for t in tool_templates(k.spec.data["codegen"], role))
+
+
 def nodes(g, k, stage: str) -> None:
     codegen_section = k.rel.section_file("codegen")
     sources = {
-        "spec_header": (codegen_section, g.pkg("templates", "spec_header.h.j2"),
-                        *(g.pkg("templates", t) for t in pipeline.TEMPLATES if "pipeline" in k.spec.data["codegen"])),
+        "spec_header": (codegen_section, *template_inputs(g, k, "spec_header")),
         # the body's node reads the codegen section even where the body is no template (its
         # kernel name and pipeline for the contract check): without the edge, -j ran it first
         "body": (codegen_section, k.rel.body_source),
-        "harness": (codegen_section, g.pkg("templates", "harness.cu.j2")),
+        "harness": (codegen_section, *template_inputs(g, k, "harness")),
     }
     generated = []
     for role, path in k.rel.generated.items():

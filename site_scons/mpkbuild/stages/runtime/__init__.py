@@ -185,6 +185,10 @@ def nodes(g, k, stage: str) -> None:
                      extra_sources=(*gate_extra, *comp.targets[2:]))
 
 
+# the tool's templates a v1 megakernel is rendered from (v2 adds megakernel_v2.cu.j2)
+MEGAKERNEL_TEMPLATES = ("megakernel.cu.j2", "task_header.cuh.j2", "megakernel_parts.cu.j2")
+
+
 def megakernel_inputs(g, checkout, runtime: str, with_tma: bool) -> tuple[str, ...]:
     """What a megakernel's source is rendered from besides the kernels' own files: the
     checkout's register functions (the incumbents' and the production worker's calls),
@@ -212,8 +216,7 @@ def megakernel_inputs(g, checkout, runtime: str, with_tma: bool) -> tuple[str, .
                      g.rel(checkout.runtime_dir / "runtime_header.h"),
                      *(g.rel(checkout.runtime_dir / h) for h in v2_task_headers(checkout.root)))
     return (*register, g.rel(checkout.runtime_dir / ENTRY_HEADER),
-            g.pkg("templates", "megakernel.cu.j2"), g.pkg("templates", "task_header.cuh.j2"),
-            g.pkg("templates", "megakernel_parts.cu.j2"), *v2_inputs, *tma_inputs,
+            *(g.pkg("templates", t) for t in MEGAKERNEL_TEMPLATES), *v2_inputs, *tma_inputs,
             *(g.rel(r / config.WIRING_SURFACE) for r in config.wiring_roots(g.root)
               if (r / config.WIRING_SURFACE).is_file()))
 

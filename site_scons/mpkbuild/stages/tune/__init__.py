@@ -72,6 +72,7 @@ def _trial_inputs(g, k) -> dict:
     from mpkbuild.model.paths import bandwidth_file
     from mpkbuild.stages.compile import include_inputs
     from mpkbuild.stages.gates import gpu_fact
+    from mpkbuild.stages.generate import template_inputs
     from mpkbuild.util.toolchain import toolchain_fact
     base = k.base
     # a trial reads the generators and validate sections; of perf and tune what it times
@@ -87,8 +88,7 @@ def _trial_inputs(g, k) -> dict:
                           *(g.rel(p) for p in trial_files(k)), g.rel(bandwidth_file(g.root, g.gpu_key))),
         # a trial's result is its runner's (the pick and the ledger are the tune node's)
         "trial_facts": (gpu_fact(g.fingerprint), toolchain_fact(), settings, g.code_fact("trial", TRIAL.code())),
-        "compile_sources": (g.rel(k.body_source), g.pkg("templates", "spec_header.h.j2"),
-                            g.pkg("templates", "harness.cu.j2"), *headers),
+        "compile_sources": (g.rel(k.body_source), *template_inputs(g, k, "spec_header", "harness"), *headers),
         "compile_facts": (toolchain_fact(), g.code_fact("tunecc", ("mpkbuild.stages.tune.trials",)),
                           *include_facts),
     }

@@ -30,6 +30,16 @@ def key_files(k) -> list[Path]:
     return [k.body_source, python_file(k, stages.BY_NAME["validate"].gate), *trial_baseline_files(k)]
 
 
+def key_templates(k) -> list[str]:
+    """The tool's templates a candidate's code is rendered from: its spec header and
+    harness, and, where the runtime's figure decides, the megakernel it is timed in."""
+    from mpkbuild.stages.generate import tool_templates
+    from mpkbuild.stages.runtime import MEGAKERNEL_TEMPLATES
+    codegen = k.base.data["codegen"]
+    names = [t for role in ("spec_header", "harness") for t in tool_templates(codegen, role)]
+    return names + list(MEGAKERNEL_TEMPLATES if k.base.data["tune"]["figure"] == "runtime" else ())
+
+
 def tune_key(k, fingerprint) -> dict:
     """What a tune was made from: any change makes it stale (and says which)."""
     from mpkbuild.util.toolchain import toolchain_fact
@@ -43,6 +53,7 @@ def tune_key(k, fingerprint) -> dict:
         "sections": sections,
         "reference": sha256_or_missing(reference),
         "baseline": {os.path.relpath(p, k.root): sha256_or_missing(p) for p in baselines},
+        "templates": {t: sha256_or_missing(config.TEMPLATE_DIR / t) for t in key_templates(k)},
         "toolchain": toolchain_fact(),
         "gpu": fingerprint.signature() if fingerprint else "none",
         "space": sha256_json({v: [c.cid for c in s["candidates"]] for v, s in sp.items()})[:16],
@@ -51,14 +62,18 @@ def tune_key(k, fingerprint) -> dict:
 
 
 KEY_WORDS = {"body": "the body source changed", "reference": "the reference changed",
-             "baseline": "the torch baseline changed"}
+             "baseline": "the torch baseline changed",
+             "templates": "the tool's templates changed"}
 
 
 def key_changes(old: dict, new: dict) -> list[str]:
     out = []
-    for field in ("body", "reference", "baseline"):
+    for field in ("body", "reference", "baseline", "templates"):
         if old.get(field) != new.get(field):
             was, now = old.get(field), new.get(field)
+            if was is None and field == "templates":
+                out.append("it was made before its key signed the tool's templates")
+                continue
             files = sorted(f for f in set(was or {}) | set(now) if (was or {}).get(f) != now.get(f)) \
                 if isinstance(now, dict) and isinstance(was, dict) else []
             out.append(KEY_WORDS[field] + (f" ({', '.join(files)})" if files else ""))

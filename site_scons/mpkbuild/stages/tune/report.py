@@ -62,13 +62,14 @@ def tune_review(record: dict | None, codegen: dict, applied: dict | None, link: 
 
 def review_sources(g, k) -> list[str]:
     """What the part judges an applied tuned file's key against (`input_changes`): the spec
-    sections and project files the key signs, so an edit there re-renders the review. The
+    sections, project files and tool templates the key signs, so an edit there re-renders the review. The
     tuned file itself is not among them: it is the tune stage's target, which review does not
     run; its hash is a fact of the review node (stages.spec.tuned_fact)."""
     if not k.tuned:
         return []
-    from mpkbuild.stages.tune.apply import SECTIONS_READ, key_files
-    return [*(k.rel.section_file(s) for s in SECTIONS_READ), *(g.rel(p) for p in key_files(k))]
+    from mpkbuild.stages.tune.apply import SECTIONS_READ, key_files, key_templates
+    return [*(k.rel.section_file(s) for s in SECTIONS_READ), *(g.rel(p) for p in key_files(k)),
+            *(g.pkg("templates", t) for t in key_templates(k))]
 
 
 def input_changes(record: dict, k) -> list[str]:

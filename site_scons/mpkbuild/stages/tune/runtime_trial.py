@@ -175,6 +175,7 @@ def node(g, k, stage: str, trials: list[str]) -> str | None:
     from mpkbuild.model.graph import Node
     from mpkbuild.stages.compile import include_inputs
     from mpkbuild.stages.gates import gpu_fact
+    from mpkbuild.stages.generate import template_inputs
     from mpkbuild.stages.runtime import megakernel_inputs, loads_with_tma
     from mpkbuild.stages.runtime.megakernel import runtime_fact
     from mpkbuild.util.toolchain import toolchain_fact
@@ -190,7 +191,7 @@ def node(g, k, stage: str, trials: list[str]) -> str | None:
                    (g.rel(out), g.rel(out.parent / "trial.log")),
                    (*trials, *(g.rel(k.section_file(s)) for s in ("codegen", "wiring", "runtime", "generators",
                                                                   "validate", "tune")),
-                    g.rel(k.body_source), g.pkg("templates", "spec_header.h.j2"), *headers,
+                    g.rel(k.body_source), *template_inputs(g, k, "spec_header"), *headers,
                     *megakernel_inputs(g, checkout, request.runtime, loads_with_tma(k)),
                     *(g.rel(p) for p in checkout.headers())),
                    (gpu_fact(g.fingerprint), toolchain_fact(), runtime_fact(checkout.root, request.runtime),
