@@ -12,9 +12,9 @@
 #   runtime  pytest -m gpu: the runtime gate in the real MPK persistent kernel, v1 and v2;
 #            needs the MPK headers carried as .mirage/ (mpk/ and v2/ include and src,
 #            cutlass/include, json/include copied from ../shared/mirage; docs/gpu-box.md)
-#   targets  pytest -m gpu: issue 58's targets (linear_v2 and linear_residual_v2 through every
-#            gate with the MPK checkout, as for runtime), strict expected failures naming the
-#            numbers they miss by
+#   targets  pytest -m gpu: issue 58's targets (linear_v2, linear_residual_v2 and
+#            rmsnorm_linear_silu_mul_v2 through every gate with the MPK checkout, as for
+#            runtime), strict expected failures naming the numbers they miss by
 #   pipeline pytest -m gpu: the warp-role pipeline (pipe_copy, pipe_tma, the family-A starter, the fault
 #            that hangs) and the profile stage (ncu on linear_v2)
 #   linear   the linears through scons, every gate (validate, perf, profile; with .mirage/
@@ -67,7 +67,7 @@ case "$part" in
     tar czf "$out/review.tgz" build/review.md build/*/review.* build/*/junit.xml build/*/gpu/*/*.json 2>/dev/null ;;
   linear)
     mpk=(); [ -d .mirage/mpk/include ] && mpk=(mpk_root=.mirage/mpk)
-    kernels=${LINEAR_KERNELS:-linear_v2,rmsnorm_linear_v2,silu_mul_linear_residual_v2}
+    kernels=${LINEAR_KERNELS:-linear_v2,rmsnorm_linear_v2,rmsnorm_linear_silu_mul_v2,silu_mul_linear_residual_v2}
     for stage in ${LINEAR_STAGES:-review}; do
       timeout "$limit" python3 -m SCons -Q -k -j16 kernel="$kernels" stage="$stage" "${mpk[@]}" 2>&1 | tee -a "$out/linear.log" | sed -n '/^verdicts:/,$p'
     done

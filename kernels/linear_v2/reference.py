@@ -1,7 +1,7 @@
 """Torch definitions for the linears (linear_v2, linear_residual_v2 and the fused
-rmsnorm_linear_v2 and silu_mul_linear_residual_v2): the float64 reference (what is
-correct) and the torch op the kernel must beat (timed by the perf gate the same way as the
-kernel)."""
+rmsnorm_linear_v2, rmsnorm_linear_silu_mul_v2 and silu_mul_linear_residual_v2): the float64
+reference (what is correct) and the torch op the kernel must beat (timed by the perf gate the
+same way as the kernel)."""
 import torch
 import torch.nn.functional as F
 
@@ -36,6 +36,21 @@ def rmsnorm_linear_reference(x, weight, norm_weight, *, eps=1e-6):
 def torch_rmsnorm_linear(x, weight, norm_weight, *, eps=1e-6):
     """What a user writes: torch's rms_norm, then cuBLAS."""
     return F.linear(F.rms_norm(x, (x.shape[-1],), norm_weight, eps), weight)
+
+
+def rmsnorm_linear_silu_mul_reference(x, weight, norm_weight, *, eps=1e-6):
+    """rmsnorm_linear_silu_mul_v2: y = silu(g) * u, [g | u] = rmsnorm(x) . W^T (W's gate rows,
+    then its up rows), in float64."""
+    gu = rmsnorm_linear_reference(x, weight, norm_weight, eps=eps)
+    half = weight.shape[0] // 2
+    return F.silu(gu[:, :half]) * gu[:, half:]
+
+
+def torch_rmsnorm_linear_silu_mul(x, weight, norm_weight, *, eps=1e-6):
+    """What a user writes: torch's rms_norm, cuBLAS over the gate|up weight, silu(g) * u."""
+    gu = F.linear(F.rms_norm(x, (x.shape[-1],), norm_weight, eps), weight)
+    half = weight.shape[0] // 2
+    return F.silu(gu[:, :half]) * gu[:, half:]
 
 
 def silu_mul_linear_residual_reference(x, weight, residual):

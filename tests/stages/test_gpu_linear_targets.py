@@ -1,4 +1,5 @@
-"""Issue 58's targets on a real GPU: the TMA pipeline linears and the residual linear through
+"""Issue 58's targets on a real GPU: the TMA pipeline linears, the residual linear and the
+gate|up projection with the norm and silu_mul fused (rmsnorm_linear_silu_mul_v2) through
 validate, perf and the runtime gate in the pinned MPK checkout, their thresholds being the
 issue's targets (0.8x MPK's task inside MPK at every shape, the MLP block 0.85x MPK's chain;
 the harness at most 1.0x cuBLAS cold). Not met today: each kernel's test is a strict expected failure that names the numbers,
@@ -30,6 +31,9 @@ MISSED = {
                  "ceiling at m16 / m8 n14336 on the H200 (85%)",
     "linear_residual_v2": "in-runtime 0.85-0.94x linear_swapAB_with_residual_hopper on the H100 "
                           "(section 34; target 0.8x at every shape); its harness targets are met",
+    "rmsnorm_linear_silu_mul_v2": "in-runtime 0.74 / 0.84 / 0.88x MPK's three tasks at m16 / m8 / m1 "
+                                  "and 1.04x at large on the H100 (section 41; target 0.8x); harness "
+                                  "83.0% / 84.3% of the read ceiling at m16 / m1 (85%)",
 }
 
 

@@ -312,6 +312,27 @@ def test_wider_fills_compile_for_sm90a_and_sm100a(tmp_path):
                 assert res["variants"][variant]["spill_stores"] == 0, (kernel, arch, variant)
 
 
+@pytest.mark.nvcc
+def test_the_silu_epilogue_pairs_gate_and_up_boxes_and_compiles_for_sm90a_and_sm100a(tmp_path):
+    """rmsnorm_linear_silu_mul_v2: every task gets all of W (one map, 64-row boxes), a fill
+    holds its gate boxes then the same up rows N/2 on (found from task_index), and y is N/2
+    wide; the audit passes, and both archs compile without spills."""
+    from conftest import copy_project
+    kernel = "rmsnorm_linear_silu_mul_v2"
+    p = copy_project(tmp_path / "proj", kernels=None)
+    p.scons("stage=compile", f"kernel={kernel}", timeout=1200)
+    body = p.path(f"build/{kernel}/gen/{kernel}.cuh").read_text()
+    assert "(nb / (NF / 2)) * (N / 2) + wrow" in body and "task_index * (NT / 2)" in body
+    assert "box_rows(N, K)" in body and "(void)task_index;" not in body
+    harness = p.path(f"build/{kernel}/gen/harness.cu").read_text()
+    assert "tma_weight::box_rows(28672, 4096)" in harness      # the map over all of W
+    assert "y + static_cast<size_t>(task) * 128ull" in harness    # NT / 2 columns of y a task
+    for arch in ("sm_90a", "sm_100a"):
+        res = json.loads(p.path(f"build/{kernel}/{arch}/resources.json").read_text())
+        assert res["verdict"] == "pass", res["problems"]
+        assert all(v["spill_stores"] == 0 for v in res["variants"].values()), (arch, res["variants"])
+
+
 @pytest.mark.gpu
 @pytest.mark.nvcc
 def test_wider_fills_pass_validate_on_the_gpu(tmp_path):

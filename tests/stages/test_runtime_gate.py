@@ -157,14 +157,17 @@ def test_call_is_the_wired_one():
     assert "$" not in " ".join(call)
 
 
+LINEAR_BLOCKS = ("llama8b_mlp", "llama8b_mlp_fused", "llama8b_mlp_silu_epilogue")   # linear_v2's
+
+
 def test_block_plan_feeds_each_layer_the_layer_befores_output():
     k = load_kernel(REPO, "linear_v2", write_cache=False)
     specs = {c.name: c.spec.data for c in runtime.companions_for(k, {})}
-    assert sorted(specs) == ["linear_residual_v2", "rmsnorm_linear_v2", "rmsnorm_v2",
-                             "silu_mul_linear_residual_v2", "silu_mul_v2"]
+    assert sorted(specs) == ["linear_residual_v2", "rmsnorm_linear_silu_mul_v2", "rmsnorm_linear_v2",
+                             "rmsnorm_v2", "silu_mul_linear_residual_v2", "silu_mul_v2"]
     p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, specs)
     blocks = [g for g in p["graphs"] if g["role"] == "block"]
-    assert [g["name"] for g in blocks] == [f"block:{name}:b{b}" for name in ("llama8b_mlp", "llama8b_mlp_fused")
+    assert [g["name"] for g in blocks] == [f"block:{name}:b{b}" for name in LINEAR_BLOCKS
                                           for b in (1, 8, 16)]
     for g in blocks[:3]:
         layers = g["layers"]
@@ -197,7 +200,7 @@ def test_a_blocks_worker_alone_keeps_its_layers_and_chain_and_no_other_variant()
     p = runtime.plan(k.spec.data, config.SHIPPED_WIRING, specs, PINNED)
     units = runtime.alone_units(k.spec.data)
     assert units == [*k.spec.data["codegen"]["variants"],
-                     *(f"block:{name}:b{b}" for name in ("llama8b_mlp", "llama8b_mlp_fused") for b in (1, 8, 16))]
+                     *(f"block:{name}:b{b}" for name in LINEAR_BLOCKS for b in (1, 8, 16))]
     b8 = units.index("block:llama8b_mlp:b8")
     kept = {(d["kernel"], d["variant"]) for d in p["dispatch"] if b8 in d.get("alone", ())}
     graphs = {g["name"]: g for g in p["graphs"]}

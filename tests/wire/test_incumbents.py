@@ -135,7 +135,8 @@ def test_block_rules_are_checked_where_the_spec_says_them():
     import copy
     k = load_kernel(REPO, "linear_v2", write_cache=False)
     data = k.spec.data
-    assert inc.block_graph_names(data) == [f"block:{name}:b{b}" for name in ("llama8b_mlp", "llama8b_mlp_fused")
+    assert inc.block_graph_names(data) == [f"block:{name}:b{b}" for name in
+                                           ("llama8b_mlp", "llama8b_mlp_fused", "llama8b_mlp_silu_epilogue")
                                            for b in (1, 8, 16)]
     assert inc.block_graph_names(data, "v2") == []
     names = list(data["codegen"]["variants"]) + inc.block_graph_names(data)
@@ -204,21 +205,69 @@ def test_a_chains_params_are_named_by_the_part_they_set():
 
 
 def test_the_fused_blocks_chain_is_the_unfused_blocks_chain():
-    """Folding two layers into each of ours changes our side only: the chain the fused
-    block runs against is MPK's same four tasks, with the same calls, tiles and events
-    (the gate|up weight's rows shuffled for silu_mul's tiles, its 32 events)."""
+    """Folding layers into ours changes our side only: the chain each fused block runs
+    against is MPK's same four tasks, with the same calls, tiles and events (the gate|up
+    weight's rows shuffled for silu_mul's tiles, its 32 events), whether silu_mul is part
+    of the down projection's incumbent (a chain of two) or of the gate|up one's (of three)."""
     k = load_kernel(REPO, "linear_v2", write_cache=False)
     specs = {c.name: c.spec.data for c in megakernel.companions_for(k, {})}
     p = megakernel.plan(k.spec.data, config.SHIPPED_WIRING, specs, PINNED)
     chains = {g["of"]: g for g in p["graphs"] if g["role"] == "incumbent" and g["of"].startswith("block:")}
     calls = {d["id"]: (d["task_type"], tuple(d["call"])) for d in p["dispatch"]}
     for b in (1, 8, 16):
-        plain, fused = chains[f"block:llama8b_mlp:b{b}"], chains[f"block:llama8b_mlp_fused:b{b}"]
-        assert len(fused["layers"]) == 4
-        for a, f in zip(plain["layers"], fused["layers"]):
-            assert calls[a["id"]] == calls[f["id"]]
-            assert a.get("events") == f.get("events")
-            assert a["strides"] == f["strides"] and a["tma_dims"] == f["tma_dims"]
-        assert sum("gate_up_rows" == t["use"] for t in fused["tensors"]) == 1
-        ours = next(g for g in p["graphs"] if g["name"] == f"block:llama8b_mlp_fused:b{b}")
-        assert [l["variant"] for l in ours["layers"]] == [f"decode_m{b}_n28672_k4096", f"decode_m{b}_n4096_k14336"]
+        plain = chains[f"block:llama8b_mlp:b{b}"]
+        assert sum(len(l.get("events", {}).get("launches", [])) for l in plain["layers"]) == 32
+        for block, down in (("llama8b_mlp_fused", "decode_m{b}_n4096_k14336"),
+                            ("llama8b_mlp_silu_epilogue", "decode_m{b}_n4096_k14336")):
+            fused = chains[f"block:{block}:b{b}"]
+            assert len(fused["layers"]) == 4
+            for a, f in zip(plain["layers"], fused["layers"]):
+                assert calls[a["id"]] == calls[f["id"]]
+                assert a.get("events") == f.get("events")
+                assert a["strides"] == f["strides"] and a["tma_dims"] == f["tma_dims"]
+            assert sum("gate_up_rows" == t["use"] for t in fused["tensors"]) == 1
+            ours = next(g for g in p["graphs"] if g["name"] == f"block:{block}:b{b}")
+            assert [l["variant"] for l in ours["layers"]] == [f"decode_m{b}_n28672_k4096", down.format(b=b)]
+
+
+def test_a_chain_of_three_routes_its_inputs_and_shuffles_the_gate_up_weight_for_silu_mul():
+    """rmsnorm_linear_silu_mul's incumbent: rmsnorm_hopper on x and the norm weight, the
+    linear over the gate|up weight its rows shuffled into silu_mul's tiles (the builder's
+    shuffle_tensors), silu_mul's tiles reading the linear's output, a scratch never compared;
+    its dtypes and its best configurations (the linear's task counts) come from its parts."""
+    x, w, g, y = [16, 4096], [28672, 4096], [4096], [16, 14336]
+    name = "rmsnorm_hopper_then_linear_swapAB_hopper_then_silu_mul"
+    shapes = {"inputs": [x, w, g], "outputs": [y]}
+    assert _calls_of(name, shapes, {}) == (
+        _calls_of("rmsnorm_hopper", {"inputs": [x, g], "outputs": [x]}, {})
+        + _calls_of("linear_swapAB_hopper", {"inputs": [x, w], "outputs": [[16, 28672]]}, {})
+        + _calls_of("silu_mul", {"inputs": [[16, 28672]], "outputs": [y]}, {}))
+    lay = inc.layout(name, "rmsnorm_linear_silu_mul", shapes, {"inputs": ["bf16"] * 3, "outputs": ["bf16"]},
+                     {}, _text())
+    t = lay["tensors"]
+    norm, linear, silu = lay["layers"]
+    assert [t[i] for i in norm["inputs"]] == [{"use": "input", "index": 0}, {"use": "input", "index": 2}]
+    assert linear["inputs"][0] == norm["outputs"][0] and t[norm["outputs"][0]]["use"] == "scratch"
+    assert t[linear["inputs"][1]] == {"use": "gate_up_rows", "index": 1, "tiles": 32}
+    assert silu["inputs"] == linear["outputs"] and t[linear["outputs"][0]] == {
+        "use": "scratch", "shape": [16, 28672], "dtype": "bf16"}
+    assert [t[i] for i in silu["outputs"]] == [{"use": "output", "index": 0}]
+    assert linear["grid"] == [64, 1] and silu["grid"] == [32, 1] and lay["weight"] is None
+    assert inc.stands_for("rmsnorm_linear_silu_mul") == {"rmsnorm_linear_silu_mul", "rmsnorm", "linear", "silu_mul"}
+    with pytest.raises(inc.NoIncumbent, match=r"takes inputs \['bf16', 'bf16', 'bf16'\]"):
+        inc.layout(name, "rmsnorm_linear_silu_mul", shapes, {"inputs": ["bf16"] * 2, "outputs": ["bf16"]}, {}, _text())
+    assert [c["linear.tasks"] for c in inc.best_candidates(name, shapes, {})] == [112, 224, 56]
+
+
+def test_a_chains_events_inside_it_are_mpks():
+    """The incumbent of one rmsnorm_linear_silu_mul variant alone: the 32 events between its
+    linear's 64 slices and silu_mul's 32 tiles, as in the blocks (MPK's compile makes them
+    within a layer chain as between any two layers), and none between the norm and the
+    linear (the linear reads x whole)."""
+    k = load_kernel(REPO, "rmsnorm_linear_silu_mul_v2", write_cache=False)
+    p = megakernel.plan(k.spec.data, config.SHIPPED_WIRING, {}, PINNED)
+    g = next(g for g in p["graphs"] if g["name"] == "incumbent:decode_m8_n28672_k4096:"
+             "rmsnorm_hopper_then_linear_swapAB_hopper_then_silu_mul")
+    norm, linear, silu = g["layers"]
+    assert "events" not in norm and "events" not in silu
+    assert linear["events"]["launches"] == [1] * 32 and len(linear["events"]["event_of"]) == 64

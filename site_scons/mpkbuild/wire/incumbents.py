@@ -37,11 +37,12 @@ class Incumbent:
     task_type: str | None = None  # of a function that registers several, the branch's one
     headers: tuple[str, ...] = ()   # its task headers under include/mirage/persistent_kernel
     runtime: str = "v1"       # the runtime whose gate runs it (v2: a Runtime-V2 task)
-    # a fused op's incumbent: the MPK tasks MPK's builder runs for it, in order (the first
-    # writes the x of the second, a linear); registers, params and headers are theirs.
-    # feeds: the fused op's inputs the first takes, in its order; the linear takes the others
+    # a fused op's incumbent: the MPK tasks MPK's builder runs for it, in order (each after
+    # the first takes the output of the part before as its input 0); registers, params and
+    # headers are theirs. feeds: per part, the fused op's inputs it takes, in its order
+    # (after the part before's output, for every part but the first)
     parts: tuple[str, ...] = ()
-    feeds: tuple[int, ...] = ()
+    feeds: tuple[tuple[int, ...], ...] = ()
 
 
 def grid_for_rmsnorm_linear_layer(size: int) -> int:
@@ -142,32 +143,39 @@ TABLE: dict[str, Incumbent] = {i.name: i for i in (
 )}
 
 
-def _chain(name: str, op: str, parts: tuple[str, str], feeds: tuple[int, ...], doc: str) -> Incumbent:
+def _chain(name: str, op: str, parts: tuple[str, ...], feeds: tuple[tuple[int, ...], ...],
+           doc: str) -> Incumbent:
     """A fused op's incumbent: the chain of MPK tasks the builder runs where our one task
-    runs (its second part a linear whose x the first writes). Its params are its parts',
-    each named `<part's op>.<param>` (silu_mul and the linear both have a `tasks`)."""
-    first, last = (TABLE[p] for p in parts)
-    params = {f"{i.op}.{k}": v for i in (first, last) for k, v in i.params.items()}
-    return Incumbent(name, op, first.registers + last.registers, doc, params,
-                     headers=tuple(dict.fromkeys(first.headers + last.headers)),
-                     runtime=first.runtime, parts=parts, feeds=feeds)
+    runs (one of them a linear). Its params are its parts', each named `<part's op>.<param>`
+    (silu_mul and the linear both have a `tasks`)."""
+    members = [TABLE[p] for p in parts]
+    params = {f"{i.op}.{k}": v for i in members for k, v in i.params.items()}
+    return Incumbent(name, op, tuple(r for i in members for r in i.registers), doc, params,
+                     headers=tuple(dict.fromkeys(h for i in members for h in i.headers)),
+                     runtime=members[0].runtime, parts=parts, feeds=feeds)
 
 
-# MPK's builders on Hopper run these fused ops as two layers (the qwen3 builder:
+# MPK's builders on Hopper run these fused ops as separate layers (the qwen3 builder:
 # rmsnorm_layer then linear_layer for the gate|up projection, silu_mul_layer then
 # linear_with_residual_layer for the down projection), though persistent_kernel.py has the
 # fused layers (rmsnorm_linear_layer, silu_mul_linear_with_residual_layer) for other archs
 TABLE.update({i.name: i for i in (
     _chain("rmsnorm_hopper_then_linear_swapAB_hopper", "rmsnorm_linear",
-           ("rmsnorm_hopper", "linear_swapAB_hopper"), (0, 2),
+           ("rmsnorm_hopper", "linear_swapAB_hopper"), ((0, 2), (1,)),
            "the qwen3 builder's post-attention norm and gate|up projection on sm_90: "
            "rmsnorm_hopper (one row a task) writes the normalised x, then "
            "linear_swapAB_hopper reads it whole in each of its output slices"),
     _chain("silu_mul_then_linear_swapAB_with_residual_hopper", "silu_mul_linear_with_residual",
-           ("silu_mul", "linear_swapAB_with_residual_hopper"), (0,),
+           ("silu_mul", "linear_swapAB_with_residual_hopper"), ((0,), (1, 2)),
            "the qwen3 builder's silu_mul and down projection on sm_90: silu_mul's column tiles "
            "write silu(gate) * up, then linear_swapAB_with_residual_hopper reads it whole in "
            "each of its output slices and adds the residual"),
+    _chain("rmsnorm_hopper_then_linear_swapAB_hopper_then_silu_mul", "rmsnorm_linear_silu_mul",
+           ("rmsnorm_hopper", "linear_swapAB_hopper", "silu_mul"), ((0, 2), (1,), ()),
+           "the qwen3 builder's post-attention norm, gate|up projection and silu_mul on sm_90: "
+           "rmsnorm_hopper, then linear_swapAB_hopper over the gate|up weight its rows shuffled "
+           "into silu_mul's tiles (shuffle_tensors), then silu_mul's column tiles, each waiting "
+           "only for the linear's slices of its tile (MPK's events)"),
 )})
 
 
@@ -375,45 +383,59 @@ def _part_params(part: Incumbent, p: dict) -> dict:
     return {k[len(prefix):]: v for k, v in p.items() if k.startswith(prefix)}
 
 
-def _routes(inc: Incumbent) -> tuple[list[int], list[int]]:
-    """(the fused op's inputs its first part takes, those its linear takes after its x)."""
-    n = len(_expects(TABLE[inc.parts[0]])[0]) + len(_expects(TABLE[inc.parts[1]])[0]) - 1
-    return list(inc.feeds), [i for i in range(n) if i not in inc.feeds]
+# the shape a chain's inner part writes (the last part writes the fused op's output)
+_WRITES = {"rmsnorm": lambda ins: ins[0],
+           "linear": lambda ins: [ins[0][0], ins[1][0]],
+           "silu_mul": lambda ins: [ins[0][0], math.prod(ins[0][1:]) // 2]}
 
 
-def _part_shapes(inc: Incumbent, shapes: dict) -> tuple[dict, dict]:
-    """The shapes each part of a chain sees: the first takes its `feeds` and writes
-    [rows, k] (the linear's x: k its weight's dim 1); the linear takes that and the rest."""
-    feeds, rest = _routes(inc)
-    ins = shapes["inputs"]
-    mid = [ins[0][0], ins[rest[0]][1]]
-    return ({"inputs": [ins[i] for i in feeds], "outputs": [mid]},
-            {"inputs": [mid, *(ins[i] for i in rest)], "outputs": shapes["outputs"]})
+def _part_shapes(inc: Incumbent, shapes: dict) -> list[dict]:
+    """The shapes each part of a chain sees: the first takes its feeds, each later one the
+    part before's output and its feeds; the last writes the fused op's outputs."""
+    ins, out, before = shapes["inputs"], [], None
+    for i, (name, feeds) in enumerate(zip(inc.parts, inc.feeds)):
+        part_ins = ([] if before is None else [before]) + [ins[j] for j in feeds]
+        last = i + 1 == len(inc.parts)
+        writes = shapes["outputs"] if last else [_WRITES[TABLE[name].op](part_ins)]
+        out.append({"inputs": part_ins, "outputs": writes})
+        before = writes[0]
+    return out
 
 
 def _fused(inc: Incumbent, shapes: dict, p: dict):
-    """A chain's layout: its first part's tensors and layers with its output a scratch
-    tensor (MPK's intermediate, never compared), then the linear's with that as its x."""
-    first, last = (TABLE[n] for n in inc.parts)
-    s_first, s_last = _part_shapes(inc, shapes)
-    t1, l1 = LAYOUTS[first.name](s_first, _part_params(first, p))
-    t2, l2 = LAYOUTS[last.name](s_last, _part_params(last, p))
-    feeds, rest = _routes(inc)
-    tensors, at1, at2 = [], [], []
-    for r in t1:
-        at1.append(len(tensors))
-        tensors.append({"use": "scratch", "shape": s_first["outputs"][0], "dtype": "bf16"}
-                       if r["use"] == "output" else
-                       {**r, "index": feeds[r["index"]]} if "index" in r else r)
-    mid = at1[next(j for j, r in enumerate(t1) if r["use"] == "output")]
-    for r in t2:
-        if r.get("index") == 0 and r["use"] == "input":
-            at2.append(mid)
-            continue
-        at2.append(len(tensors))
-        tensors.append({**r, "index": rest[r["index"] - 1]} if r["use"] == "input" else r)
-    layers = ([{**l, "inputs": [at1[i] for i in l["inputs"]], "outputs": [at1[i] for i in l["outputs"]]} for l in l1]
-              + [{**l, "inputs": [at2[i] for i in l["inputs"]], "outputs": [at2[i] for i in l["outputs"]]} for l in l2])
+    """A chain's layout: each part's tensors and layers, an inner part's output a scratch
+    tensor (MPK's intermediate, never compared) that the next part takes as its input 0.
+    A silu_mul after a linear reads it in tiles, for which MPK's builder shuffles the
+    linear's weight rows (gate_up_rows)."""
+    tensors, layers = [], []
+    before = weight = None         # where the part before's output (and a linear's weight) are
+    for i, (name, feeds, s_part) in enumerate(zip(inc.parts, inc.feeds, _part_shapes(inc, shapes))):
+        part = TABLE[name]
+        t, lay = LAYOUTS[name](s_part, _part_params(part, p))
+        last = i + 1 == len(inc.parts)
+        at = []
+        for r in t:
+            if before is not None and r.get("index") == 0 and r["use"] in ("input", "gate_up_tiles"):
+                if r["use"] == "gate_up_tiles":
+                    if weight is None:
+                        raise NoIncumbent(f"{name} reads its input in gate|up tiles, which only a "
+                                          "linear before it writes")
+                    tensors[weight] = {**tensors[weight], "use": "gate_up_rows", "tiles": r["tiles"]}
+                at.append(before)
+                continue
+            at.append(len(tensors))
+            if r["use"] == "output" and not last:
+                tensors.append({"use": "scratch", "shape": s_part["outputs"][0], "dtype": "bf16"})
+            elif r["use"] != "output" and "index" in r:
+                # the part's input index: after the part before's output, its feeds in order
+                tensors.append({**r, "index": feeds[r["index"] - (before is not None)]})
+            else:
+                tensors.append(r)
+        layers += [{**l, "inputs": [at[j] for j in l["inputs"]], "outputs": [at[j] for j in l["outputs"]]}
+                   for l in lay]
+        before = at[next(j for j, r in enumerate(t) if r["use"] == "output")]
+        weight = (at[next(j for j, r in enumerate(t) if r["use"] == "input" and r["index"] == 1)]
+                  if part.op == "linear" else None)
     return tensors, layers
 
 
@@ -424,7 +446,7 @@ def _weight_of(inc: Incumbent, tensors: list[dict]) -> int | None:
     last = TABLE[inc.parts[-1]] if inc.parts else inc
     if last.op != "linear":
         return None
-    at = _routes(inc)[1][0] if inc.parts else 1
+    at = inc.feeds[-1][0] if inc.parts else 1
     return next(j for j, r in enumerate(tensors) if r["use"] == "input" and r["index"] == at)
 
 
@@ -477,10 +499,10 @@ ALTERNATIVES = {"linear_swapAB_hopper": _linear_tasks, "linear_swapAB_with_resid
 
 def _chain_tasks(inc: Incumbent, shapes: dict, p: dict) -> list[dict]:
     """A chain at its best is its linear's other task counts: the linear is where its time is."""
-    last = TABLE[inc.parts[-1]]
-    return [{f"{last.op}.{k}": v for k, v in alt.items()}
-            for alt in ALTERNATIVES.get(last.name, lambda *_: [])(_part_shapes(inc, shapes)[1],
-                                                                 _part_params(last, p))]
+    i, linear = next((i, TABLE[n]) for i, n in enumerate(inc.parts) if TABLE[n].op.startswith("linear"))
+    return [{f"{linear.op}.{k}": v for k, v in alt.items()}
+            for alt in ALTERNATIVES.get(linear.name, lambda *_: [])(_part_shapes(inc, shapes)[i],
+                                                                   _part_params(linear, p))]
 
 
 ALTERNATIVES.update({name: (lambda shapes, p, name=name: _chain_tasks(TABLE[name], shapes, p))
@@ -686,16 +708,16 @@ def check_section(data: dict):
 
 
 def _expects(inc: Incumbent) -> tuple[tuple, tuple]:
-    """(input dtypes, output dtypes) the incumbent takes; a chain's: its first part's
-    inputs, the linear's after its x, the linear's output."""
+    """(input dtypes, output dtypes) the incumbent takes; a chain's: each part's inputs
+    where its feeds route them, the last part's output."""
     if not inc.parts:
         return EXPECTS[inc.op]
-    (in1, _), (in2, out2) = (_expects(TABLE[p]) for p in inc.parts)
-    feeds, rest = _routes(inc)
-    ins = [None] * (len(feeds) + len(rest))
-    for i, d in zip(feeds + rest, in1 + in2[1:]):
-        ins[i] = d
-    return tuple(ins), out2
+    ins = [None] * sum(len(f) for f in inc.feeds)
+    for i, (name, feeds) in enumerate(zip(inc.parts, inc.feeds)):
+        part_ins, out = _expects(TABLE[name])
+        for j, d in zip(feeds, part_ins[1 if i else 0:]):
+            ins[j] = d
+    return tuple(ins), out
 
 
 def _check_dtypes(inc: Incumbent, dtypes: dict) -> None:

@@ -247,9 +247,21 @@ def _absolute(recipe: dict, index: list[int], n_in: int) -> dict:
 def _incumbent_layers(lay: dict, where: list[int], variant: str, pending: list,
                       base: int, alternative: bool = False) -> list[dict]:
     """The plan layers of one incumbent layout whose tensors are `where` in the graph's
-    table; their dispatch entries are appended to `pending` (ids from `base`; an
-    `alternative`, another configuration of the incumbent, is compiled into the
-    workers alone only, where there are any)."""
+    table, with the events MPK's compile makes between two of them (a chain's linear and
+    the silu_mul tiles it feeds); their dispatch entries are appended to `pending` (ids
+    from `base`; an `alternative`, another configuration of the incumbent, is compiled
+    into the workers alone only, where there are any)."""
+    layers = _plan_layers(lay, where, variant, pending, base, alternative)
+    for (a, b), (pa, pb) in zip(zip(lay["layers"], lay["layers"][1:]), zip(layers, layers[1:])):
+        shared = [j for j in a["outputs"] if j in b["inputs"] and lay["tensors"][j]["use"] == "scratch"]
+        if shared:
+            r = lay["tensors"][shared[0]]
+            _events_between(pa, pb, (where[shared[0]], r["shape"], r["dtype"]))
+    return layers
+
+
+def _plan_layers(lay: dict, where: list[int], variant: str, pending: list,
+                 base: int, alternative: bool) -> list[dict]:
     layers = []
     for layer in lay["layers"]:
         gx, gy = layer["grid"]
