@@ -402,6 +402,20 @@ def _part_shapes(inc: Incumbent, shapes: dict) -> list[dict]:
     return out
 
 
+def takes_what_came_before(recipe: dict, tensors: list[dict], weight: int | None, reader: str) -> bool:
+    """Whether `recipe` is the input 0 a layer takes from the one before it (in a chain or a
+    block): True, and where it reads it in gate|up tiles, the weight of the linear before
+    (its index in `tensors`) is marked shuffled into them, as MPK's builder shuffles it."""
+    if recipe.get("index") != 0 or recipe["use"] not in ("input", "gate_up_tiles"):
+        return False
+    if recipe["use"] == "gate_up_tiles":
+        if weight is None:
+            raise NoIncumbent(f"{reader} reads its input in gate|up tiles, which only a linear "
+                              "before it writes (its weight rows shuffled)")
+        tensors[weight] = {**tensors[weight], "use": "gate_up_rows", "tiles": recipe["tiles"]}
+    return True
+
+
 def _fused(inc: Incumbent, shapes: dict, p: dict):
     """A chain's layout: each part's tensors and layers, an inner part's output a scratch
     tensor (MPK's intermediate, never compared) that the next part takes as its input 0.
@@ -415,12 +429,7 @@ def _fused(inc: Incumbent, shapes: dict, p: dict):
         last = i + 1 == len(inc.parts)
         at = []
         for r in t:
-            if before is not None and r.get("index") == 0 and r["use"] in ("input", "gate_up_tiles"):
-                if r["use"] == "gate_up_tiles":
-                    if weight is None:
-                        raise NoIncumbent(f"{name} reads its input in gate|up tiles, which only a "
-                                          "linear before it writes")
-                    tensors[weight] = {**tensors[weight], "use": "gate_up_rows", "tiles": r["tiles"]}
+            if before is not None and takes_what_came_before(r, tensors, weight, name):
                 at.append(before)
                 continue
             at.append(len(tensors))

@@ -505,15 +505,7 @@ def _incumbent_chain(block: dict, name: str, ours_layers: list, specs: dict,
         n_in = len(shapes["inputs"])
         where = []
         for j, recipe in enumerate(lay["tensors"]):
-            if fed is not None and recipe.get("index") == 0 and recipe["use"] in ("input", "gate_up_tiles"):
-                if recipe["use"] == "gate_up_tiles":
-                    weight = fed[1]
-                    if weight is None:
-                        raise inc.NoIncumbent(f"{layer['incumbent']} reads its input in gate|up "
-                                              "tiles, which only a linear before it writes "
-                                              "(its weight rows shuffled)")
-                    tensors[weight] = {**tensors[weight], "use": "gate_up_rows",
-                                       "tiles": recipe["tiles"]}
+            if fed is not None and inc.takes_what_came_before(recipe, tensors, fed[1], layer["incumbent"]):
                 where.append(fed[0])
                 continue
             r = _absolute(recipe, ours["tensors"], n_in)
