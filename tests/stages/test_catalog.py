@@ -166,7 +166,7 @@ def test_gates_go_validates_first_then_the_longest_by_their_last_time(catalog_bu
 
     order = gates_run({"FAKE_GPU_ELAPSED": json.dumps(took)})
     assert [g for g, _ in order] == ["validate"] * len(kernels) + ["perf"] * len(kernels)
-    for ref in proj.root.glob("kernels/*/reference.py"):     # argmax_fp32_v2 reads argmax_v2's
+    for ref in proj.root.glob("kernels/*/reference*.py"):    # argmax_fp32_v2 reads argmax_v2's
         proj.edit(str(ref.relative_to(proj.root)), "\n", "\n# edited: validate and perf re-run\n")
     order = gates_run({})
     longest_first = sorted(kernels, key=lambda k: -took[k])
@@ -220,3 +220,16 @@ def test_linear_reference_matches_torch():
     ref = mod.linear_reference(x.double(), w.double())
     assert ref.shape == (3, 64)
     assert torch.allclose(mod.torch_linear(x.float(), w.float()).double(), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_kernels_of_different_ops_read_different_reference_files():
+    """validate, perf and the tune key sign a reference file whole: two ops in one file would
+    re-run (and stale the tuned file of) one op's kernels when the other's definition changes."""
+    op_of_file: dict[str, set[str]] = {}
+    for path in sorted((REPO / "specs").glob("*.yaml")):
+        data = load_spec(path, REPO).data
+        for fn in (data["validate"]["reference"], data["perf"]["baseline"]):
+            op_of_file.setdefault(fn.rsplit(":", 1)[0], set()).add(data["op"])
+    shared = {f: ops for f, ops in op_of_file.items() if len(ops) > 1}
+    assert not shared, f"one reference file holds several ops: {shared}"
+    assert len(op_of_file) >= 9
