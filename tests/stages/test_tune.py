@@ -657,6 +657,41 @@ def test_a_tune_by_the_in_runtime_figure_picks_what_runs_fastest_inside_mpk(tmp_
                                        "the harness's fastest of its task count")
 
 
+@pytest.mark.skipif(not (PINNED / "src" / "kernel" / "task_register.cc").is_file(),
+                    reason="../shared/mirage (the pinned MPK tree) is absent")
+def test_the_runtime_sections_a_tune_inside_mpk_reads_make_it_stale_and_no_other_edit(tmp_path):
+    """Timed inside MPK, a tune reads the spec's wiring and its runtime section less the
+    blocks and thresholds (each candidate alone against the builder's incumbent): a
+    threshold edit re-runs no trial and leaves the tuned file fresh; a `pairs` edit re-runs
+    the runtime trial and stales the file, saying which section; a file whose key predates
+    those signatures is stale, saying so."""
+    p = tune_project(tmp_path / "proj")
+    p.edit(SPEC, "  space:\n    cols: [32, 64, 128, 256, 14336]",
+           "  variants: [decode_r8_i2048]\n  figure: runtime\n  space:\n    cols: [32, 64]")
+    env = stand_in_env(FAKE_GPU_TRIAL_FAIL="[]", FAKE_NVCC_SPILL="NO SPILL",
+                       FAKE_GPU_INSIDE_US=json.dumps({"cols=32": 8.0}))
+    args = (f"kernel={K}", f"mpk_root={PINNED}")
+    p.scons("stage=tune", *args, env=env)
+    made = json.loads(p.path(TUNED).read_text())["key"]
+
+    def key():
+        return {**tune.tune_key(load_kernel(p.root, K, write_cache=False), None),
+                "gpu": made["gpu"], "toolchain": made["toolchain"]}
+
+    assert {"wiring", "runtime"} <= set(made["sections"]) and tune.key_changes(made, key()) == []
+    p.edit(SPEC, "max_vs_incumbent: 1.0, figure: makespan}", "max_vs_incumbent: 0.9, figure: makespan}")
+    assert tune.key_changes(made, key()) == []
+    assert not [label for label in stale(p, *args, env=env) if label.startswith(("trial ", "tune "))]
+    p.edit(SPEC, "  pairs: 20\n", "  pairs: 24\n")
+    assert tune.key_changes(made, key()) == ["spec section runtime changed"]
+    reasons = stale(p, *args, env=env)
+    assert [label for label in reasons if label.startswith("trial ")] == [f"trial {K} runtime {GPU}"]
+    assert f"tune {K} {GPU}" in reasons
+    older = {**made, "sections": {s: v for s, v in made["sections"].items() if s not in ("wiring", "runtime")}}
+    assert tune.key_changes(older, key())[0] == \
+        "it was made before its key signed the spec's wiring and runtime sections"
+
+
 def test_the_runtime_trial_times_every_task_count_even_the_harnesss_last(tmp_path):
     """What a task costs the runtime (its dispatch, a start spread growing with the task
     count: bench/RESULTS.md section 31) is what the harness cannot see: past the harness's

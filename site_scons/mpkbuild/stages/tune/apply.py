@@ -11,10 +11,18 @@ from pathlib import Path
 from mpkbuild.util import config
 from mpkbuild.util.fsutil import dump_json, read_json, sha256_file, sha256_json, sha256_or_missing
 from mpkbuild.stages.tune.space import candidate_problem, space
+from mpkbuild.stages.tune.runtime_trial import trial_runtime
 from mpkbuild.stages.tune.trials import trial_baseline_files, trial_perf
 
 
 SECTIONS_READ = ("tune", "generators", "validate", "perf")   # "tune" holds the spec's codegen
+# where the runtime's figure decides, the trial also wires the candidates into MPK and times
+# them as the runtime section says (stages/tune/runtime_trial.py)
+SECTIONS_READ_INSIDE_MPK = ("wiring", "runtime")
+
+
+def sections_read(data: dict) -> tuple[str, ...]:
+    return SECTIONS_READ + (SECTIONS_READ_INSIDE_MPK if data["tune"]["figure"] == "runtime" else ())
 
 
 def tuned_file(root: Path | str, gpu_key: str, kernel: str) -> Path:
@@ -45,8 +53,10 @@ def tune_key(k, fingerprint) -> dict:
     from mpkbuild.util.toolchain import toolchain_fact
     base = k.base
     sp = space(base.data)
-    sections = {s: base.signatures[s] for s in SECTIONS_READ}
+    sections = {s: base.signatures[s] for s in sections_read(base.data)}
     sections["perf"] = sha256_json(trial_perf(base.data))     # what the trials read of it
+    if "runtime" in sections:
+        sections["runtime"] = sha256_json(trial_runtime(base.data))
     body, reference, *baselines = key_files(k)
     return {
         "body": sha256_or_missing(body),
@@ -77,8 +87,12 @@ def key_changes(old: dict, new: dict) -> list[str]:
             files = sorted(f for f in set(was or {}) | set(now) if (was or {}).get(f) != now.get(f)) \
                 if isinstance(now, dict) and isinstance(was, dict) else []
             out.append(KEY_WORDS[field] + (f" ({', '.join(files)})" if files else ""))
+    unsigned = [s for s in new["sections"] if s not in (old.get("sections") or {})]
+    if unsigned:
+        out.append(f"it was made before its key signed the spec's {' and '.join(unsigned)} "
+                   f"section{'s' if len(unsigned) > 1 else ''}")
     for s, sig in new["sections"].items():
-        if (old.get("sections") or {}).get(s) != sig:
+        if s not in unsigned and old["sections"][s] != sig:
             out.append(f"spec section {s if s != 'tune' else 'tune (or the codegen it tunes)'} changed")
     if old.get("toolchain") != new["toolchain"]:
         out.append(f"toolchain {str(old.get('toolchain')).split(';')[0]} -> {new['toolchain'].split(';')[0]}")

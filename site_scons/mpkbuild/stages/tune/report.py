@@ -67,8 +67,8 @@ def review_sources(g, k) -> list[str]:
     run; its hash is a fact of the review node (stages.spec.tuned_fact)."""
     if not k.tuned:
         return []
-    from mpkbuild.stages.tune.apply import SECTIONS_READ, key_files, key_templates
-    return [*(k.rel.section_file(s) for s in SECTIONS_READ), *(g.rel(p) for p in key_files(k)),
+    from mpkbuild.stages.tune.apply import key_files, key_templates, sections_read
+    return [*(k.rel.section_file(s) for s in sections_read(k.base.data)), *(g.rel(p) for p in key_files(k)),
             *(g.pkg("templates", t) for t in key_templates(k))]
 
 

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from mpkbuild.util.expr import grid_size, variant_symbols
-from mpkbuild.util.fsutil import read_json, write_atomic
+from mpkbuild.util.fsutil import read_json, sha256_json, write_atomic
 from mpkbuild.stages.tune.section import harness_figure
 from mpkbuild.stages.tune.space import Candidate, space
 from mpkbuild.stages.tune.trials import ledger_entry, trial_result
@@ -75,17 +75,24 @@ def chosen(k, gpu_key: str) -> list[Candidate]:
     return out
 
 
+def trial_runtime(data: dict) -> dict:
+    """What the runtime trial reads of the spec's runtime section: all of it but the blocks
+    and thresholds, each candidate against the incumbent as the builder configures it (one
+    fixed yardstick). It is what the trial node and the tuned file's key sign, so a threshold
+    or block edit re-runs no trial and stales no tuned file, and a memory, pairs, composition
+    or incumbent edit does both."""
+    runtime = data["runtime"]
+    return {**runtime, "blocks": [], "thresholds": [],
+            "incumbent": [{**rule, "best": False} for rule in runtime["incumbent"]]}
+
+
 def derived_kernel(k, cands: list[Candidate]):
-    """k with the candidates as its variants (graph_name), its blocks and thresholds left
-    out, its incumbents at their builder default only: what the runtime gate's megakernel
-    and runner are made from."""
+    """k with the candidates as its variants (graph_name) and trial_runtime's runtime
+    section: what the runtime gate's megakernel and runner are made from."""
     from mpkbuild.stages.runtime import kernel_with
     cg = k.base.data["codegen"]
-    runtime = k.base.data["runtime"]
-    # each candidate against the incumbent as the builder configures it (one fixed yardstick)
     return kernel_with(k, {graph_name(c): {**cg["variants"][c.variant], **c.values} for c in cands},
-                       {**runtime, "blocks": [], "thresholds": [],
-                        "incumbent": [{**rule, "best": False} for rule in runtime["incumbent"]]})
+                       trial_runtime(k.base.data))
 
 
 def run_runtime_trial(build, info, target, source) -> int:
@@ -189,12 +196,13 @@ def node(g, k, stage: str, trials: list[str]) -> str | None:
     headers, include_facts = include_inputs(g, k)
     n = g.add(Node(f"trial {k.name} runtime {g.gpu_key}", "runtime_trial", stage, k.name,
                    (g.rel(out), g.rel(out.parent / "trial.log")),
-                   (*trials, *(g.rel(k.section_file(s)) for s in ("codegen", "wiring", "runtime", "generators",
+                   (*trials, *(g.rel(k.section_file(s)) for s in ("codegen", "wiring", "generators",
                                                                   "validate", "tune")),
                     g.rel(k.body_source), *template_inputs(g, k, "spec_header"), *headers,
                     *megakernel_inputs(g, checkout, request.runtime, loads_with_tma(k)),
                     *(g.rel(p) for p in checkout.headers())),
                    (gpu_fact(g.fingerprint), toolchain_fact(), runtime_fact(checkout.root, request.runtime),
+                    f"runtime section read: {sha256_json(trial_runtime(k.base.data))[:16]}",
                     g.code_fact("runtime_trial", (__name__, "mpkbuild.runners.runtime")), *include_facts),
                    verdict_at=0, column="trial", on_gpu=True))
     return n.targets[0]
