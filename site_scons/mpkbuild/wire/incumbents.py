@@ -14,6 +14,7 @@ Standard library only (the build side).
 from __future__ import annotations
 
 import fnmatch
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -202,15 +203,26 @@ def register_text(checkout_root: Path) -> str | None:
 
 def register_function(text: str, name: str) -> tuple[list[str], list[str]]:
     """(the CodeKeeper lines, the task types it registers) of TaskRegister::<name>."""
+    bodies = _register_bodies(text)
+    if name not in bodies:
+        raise NoIncumbent(f"TaskRegister::{name} is not in {REGISTER_FILE}")
+    lines, types = bodies[name]
+    return list(lines), list(types)
+
+
+@functools.lru_cache(maxsize=4)
+def _register_bodies(text: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """Every TaskRegister function of one task_register.cc, read once: planning asks for
+    an incumbent's once per graph of every megakernel (~500 times for this catalog)."""
     starts = [(m.start(), m.group(1)) for m in _FUNC.finditer(text)]
+    out = {}
     for i, (pos, fn) in enumerate(starts):
-        if fn == name:
-            body = text[pos:starts[i + 1][0] if i + 1 < len(starts) else len(text)]
-            lines = []
-            for m in _EMIT.finditer(body):
-                lines.append("".join(re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(1))))
-            return lines, _VARIANT.findall(body)
-    raise NoIncumbent(f"TaskRegister::{name} is not in {REGISTER_FILE}")
+        if fn in out:
+            continue                  # the first definition, as the scan always took
+        body = text[pos:starts[i + 1][0] if i + 1 < len(starts) else len(text)]
+        lines = tuple("".join(re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(1))) for m in _EMIT.finditer(body))
+        out[fn] = (lines, tuple(_VARIANT.findall(body)))
+    return out
 
 
 def call_lines(text: str, register: str, values: list, skip: tuple[str, ...] = (),

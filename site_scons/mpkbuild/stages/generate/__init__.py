@@ -6,6 +6,7 @@ is written only when its bytes change, so an unchanged render never triggers nvc
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -26,19 +27,37 @@ class TemplateError(Exception):
     """A template that does not render: names template file and line."""
 
 
-def _environment(search_path: list[Path]):
+@functools.lru_cache(maxsize=64)
+def _environment(search_path: tuple[str, ...]):
+    """One environment per search path, so each template is compiled once a process:
+    planning renders the megakernels and the generated files of every kernel to predict
+    them, ~40 renders of ~20 templates. A compiled template is used again only while its
+    file's bytes are the ones it was compiled from (jinja2's own check is the mtime)."""
     import jinja2   # imported on first render: a no-op build or a status never renders
+
+    class SameBytesLoader(jinja2.FileSystemLoader):
+        def get_source(self, environment, template):
+            source, filename, _ = super().get_source(environment, template)
+            return source, filename, lambda: _text_or_none(filename) == source
+
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader([str(p) for p in search_path]),
+        loader=SameBytesLoader(list(search_path)),
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
         trim_blocks=True, lstrip_blocks=True, autoescape=False)
+
+
+def _text_or_none(filename: str) -> str | None:
+    try:
+        return Path(filename).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def render_template(path: Path, context: dict, display: str | None = None) -> str:
     """Render one template file; errors name `display` (or path) and the template line."""
     display = display or str(path)
     import jinja2
-    env = _environment([path.parent, config.TEMPLATE_DIR])
+    env = _environment((str(path.parent), str(config.TEMPLATE_DIR)))
     try:
         return env.get_template(path.name).render(**context)
     except UnicodeDecodeError as exc:
