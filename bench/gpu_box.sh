@@ -3,7 +3,7 @@
 # each fits one 10-minute device call (the whole GPU suite did not: on one H200, 2026-12-01,
 # 35 of its 37 tests took 575 s, with noise-driven sampling and the torch.compile baselines).
 #
-#   bash bench/gpu_box.sh OUTDIR PART      PART: gates | catalog | catalog-perf | runtime | targets | pipeline | linear | bench | review | tune
+#   bash bench/gpu_box.sh OUTDIR PART      PART: gates | catalog | catalog-perf | runtime | targets | pipeline | linear | blocks | bench | review | tune
 #
 #   gates    pytest -m gpu: the fault verdicts, rmsnorm_v2's gates, the context flags
 #   catalog  pytest -m gpu: every catalog kernel's validate, and the edge behaviours' teeth
@@ -25,6 +25,9 @@
 #   bench    bench/rmsnorm_gates.py (with .mirage/: the runtime gate too) and bench/catalog.py
 #   review   every gate of every catalog kernel through scons (with .mirage/: wire and the
 #            runtime gate too), the reviews in OUTDIR/review.tgz
+#   blocks   linear_v2's MLP blocks inside MPK (with .mirage/), linear_v2 trimmed to one variant in
+#            a copy of the project (bench/trim_spec.py --keep-blocks): issue 58's block target in
+#            ~2 minutes where the whole runtime gate takes ~4; OUTDIR/blocks.tgz
 #   tune     bench/tune_bench.py for linear_v2, silu_mul_v2, rmsnorm_v2 (all three tune inside
 #            MPK: with .mirage/ carried); the tuned files in OUTDIR/tuned/ (commit them to use
 #            them)
@@ -32,8 +35,8 @@
 # Each test's name and outcome is in OUTDIR/PART.log as it runs (-v), so a call cut short
 # still says which tests passed; `timeout` ends a part that would outlive the call.
 set -uo pipefail
-out=${1:?usage: gpu_box.sh OUTDIR gates|catalog|catalog-perf|runtime|targets|pipeline|linear|bench|review|tune}
-part=${2:?usage: gpu_box.sh OUTDIR gates|catalog|catalog-perf|runtime|targets|pipeline|linear|bench|review|tune}
+out=${1:?usage: gpu_box.sh OUTDIR gates|catalog|catalog-perf|runtime|targets|pipeline|linear|blocks|bench|review|tune}
+part=${2:?usage: gpu_box.sh OUTDIR gates|catalog|catalog-perf|runtime|targets|pipeline|linear|blocks|bench|review|tune}
 limit=${PART_TIMEOUT_S:-560}
 work=/tmp/mpk-gpu-box
 mkdir -p "$out" "$work"
@@ -77,9 +80,17 @@ case "$part" in
     done
     files=(); for k in ${kernels//,/ }; do files+=(build/$k/review.* build/$k/junit.xml build/$k/gpu/*/*.json build/$k/gpu/*/*.log); done
     tar czf "$out/linear.tgz" "${files[@]}" 2>/dev/null ;;
+  blocks)
+    [ -d .mirage/mpk/include ] || { echo "no .mirage/mpk/include: carry the MPK headers"; exit 1; }
+    copy="$work/blocks"; rm -rf "$copy"; mkdir -p "$copy"
+    cp -r specs kernels site_scons SConstruct pyproject.toml bench tuned "$copy/"; ln -sfn "$PWD/.mirage" "$copy/.mirage"
+    (cd "$copy" && python3 bench/trim_spec.py specs/linear_v2.yaml '^decode_m8_n4096_k4096$' --keep-blocks &&
+     timeout "$limit" python3 -m SCons -Q -k -j16 kernel=linear_v2 stage=runtime mpk_root=.mirage/mpk 2>&1 | tee "$out/blocks.log" | sed -n '/^verdicts:/,$p'
+     python3 bench/runtime_table.py build/linear_v2/gpu/*/runtime.json | grep -E "^\| (kernel|---)|block:"
+     tar czf "$out/blocks.tgz" build/linear_v2/gpu/*/runtime.json) ;;
   tune)
     mpk=(); [ -d .mirage/mpk/include ] && mpk=(mpk_root=.mirage/mpk)
     timeout "$limit" python3 bench/tune_bench.py -j16 "${mpk[@]}" 2>&1 | tee "$out/tune.txt"
     cp -r tuned "$out/" ;;
-  *) echo "unknown part $part (gates, catalog, catalog-perf, runtime, targets, pipeline, linear, bench, review, tune)"; exit 2 ;;
+  *) echo "unknown part $part (gates, catalog, catalog-perf, runtime, targets, pipeline, linear, blocks, bench, review, tune)"; exit 2 ;;
 esac

@@ -1,10 +1,11 @@
 """Trim a copy of a spec to some of its variants, for a GPU call too short for all of them.
 
-    python bench/trim_spec.py SPEC.yaml REGEX
+    python bench/trim_spec.py SPEC.yaml REGEX [--keep-blocks]
 
 Keeps the codegen variants whose names REGEX finds (and wiring.test_variant), drops the
-runtime blocks and the tune section, and drops every rule or variant list whose globs no
-longer match a kept variant, so the trimmed spec still loads. It rewrites SPEC.yaml in
+runtime blocks (kept, with their thresholds, under --keep-blocks: a call that times the
+blocks without every variant) and the tune section, and drops every rule or variant list
+whose globs no longer match a kept variant, so the trimmed spec still loads. It rewrites SPEC.yaml in
 place without its comments: run it on a throwaway copy (bench/runtime_ab.sh does, on the
 box), never on the tree you commit.
 """
@@ -17,7 +18,7 @@ import sys
 import yaml
 
 
-def trim(data: dict, keep: str) -> dict:
+def trim(data: dict, keep: str, keep_blocks: bool = False) -> dict:
     find = re.compile(keep)
     cg = data["codegen"]
     test_variant = (data.get("wiring") or {}).get("test_variant")
@@ -29,14 +30,15 @@ def trim(data: dict, keep: str) -> dict:
 
     def live(glob) -> bool:
         globs = glob if isinstance(glob, list) else [glob]
-        return any(fnmatch.filter(kept, g) for g in globs)
+        return any(fnmatch.filter(kept, g) or (keep_blocks and g.startswith("block:")) for g in globs)
 
     for section in ("perf", "runtime"):
         rules = (data.get(section) or {}).get("thresholds")
         if isinstance(rules, list):
             data[section]["thresholds"] = [r for r in rules if live(r["variants"])]
     runtime = data.get("runtime") or {}
-    runtime.pop("blocks", None)
+    if not keep_blocks:
+        runtime.pop("blocks", None)
     if isinstance(runtime.get("incumbent"), list):
         runtime["incumbent"] = [r for r in runtime["incumbent"] if live(r["variants"])]
     profile = data.get("profile") or {}
@@ -49,11 +51,12 @@ def trim(data: dict, keep: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    path, keep = argv
+    keep_blocks = "--keep-blocks" in argv
+    path, keep = [a for a in argv if a != "--keep-blocks"]
     with open(path) as f:
         data = yaml.safe_load(f)
     with open(path, "w") as f:
-        yaml.safe_dump(trim(data, keep), f, sort_keys=False, width=120)
+        yaml.safe_dump(trim(data, keep, keep_blocks), f, sort_keys=False, width=120)
     print(f"trim_spec: {path}: kept {', '.join(data['codegen']['variants'])}")
     return 0
 
