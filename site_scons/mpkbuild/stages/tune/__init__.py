@@ -34,7 +34,7 @@ from pathlib import Path
 from mpkbuild.model.graph import Node
 from mpkbuild.util import config
 from mpkbuild.util.fsutil import read_json, sha256_json
-from mpkbuild.stages.tune.apply import (SECTIONS_READ, apply_tuned, key_changes,  # noqa: F401
+from mpkbuild.stages.tune.apply import (apply_tuned, key_changes, sections_read,  # noqa: F401
                                         tune_key, tuned_file)
 from mpkbuild.stages.tune.pick import (NOT_INSIDE, clearly_faster, ledger_entry, pick, run_pick,  # noqa: F401
                                        spec_measurements, winner)
