@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from ..util import config
 from ..util.config import WIRING_SURFACE as SURFACE_FILE, WIRING_TEMPLATES as TEMPLATE_DIR
+from ..util.templates import same_bytes_loader
 from .errors import SurfaceError, TemplateError
 
 if TYPE_CHECKING:
@@ -163,7 +164,7 @@ def _cstr(text: str) -> str:
 @lru_cache(maxsize=8)
 def _env(template_dirs: tuple[str, ...]) -> "jinja2.Environment":
     import jinja2      # imported on first use: a status or no-op that checks no wiring never does
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(list(template_dirs)),
+    env = jinja2.Environment(loader=same_bytes_loader(template_dirs),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True, autoescape=False)
     env.filters["cstr"] = _cstr
@@ -256,7 +257,7 @@ def _surface(roots: tuple[Path, ...], files: tuple[tuple[Path, str], ...]) -> Su
     """load_surface's parse, once per process for the same files' text: planning a build
     asks for it once per layer of every megakernel (129 parses, 5 of status's 6 s, on this
     repository's catalog). Nothing changes a Surface once made."""
-    (last, text), *_ = files[::-1]
+    last, text = files[-1]
     data = _read(last, text)
     for path, text in reversed(files[:-1]):
         data = _merge(data, _read(path, text), path)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from mpkbuild.util import config, expr, tma
+from mpkbuild.util.templates import same_bytes_loader
 from mpkbuild.util.config import CTYPES
 from mpkbuild.model.graph import Node
 from mpkbuild.util.fsutil import write_atomic
@@ -31,26 +32,12 @@ class TemplateError(Exception):
 def _environment(search_path: tuple[str, ...]):
     """One environment per search path, so each template is compiled once a process:
     planning renders the megakernels and the generated files of every kernel to predict
-    them, ~40 renders of ~20 templates. A compiled template is used again only while its
-    file's bytes are the ones it was compiled from (jinja2's own check is the mtime)."""
+    them, ~40 renders of ~20 templates (util/templates.py: reused while its bytes hold)."""
     import jinja2   # imported on first render: a no-op build or a status never renders
-
-    class SameBytesLoader(jinja2.FileSystemLoader):
-        def get_source(self, environment, template):
-            source, filename, _ = super().get_source(environment, template)
-            return source, filename, lambda: _text_or_none(filename) == source
-
     return jinja2.Environment(
-        loader=SameBytesLoader(list(search_path)),
+        loader=same_bytes_loader(search_path),
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
         trim_blocks=True, lstrip_blocks=True, autoescape=False)
-
-
-def _text_or_none(filename: str) -> str | None:
-    try:
-        return Path(filename).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
 
 
 def render_template(path: Path, context: dict, display: str | None = None) -> str:
