@@ -52,8 +52,13 @@ class FakeMegakernel:
         return len(self.graph_plans[g]["layers"])
 
     def mpkb_layer_task_type(self, g, l) -> int:
+        """Ours: task_type, or below it by i for the plan's MPKB_TASK_TYPE_i (a block kernel
+        with other TMA maps); an incumbent's layer l: 150 + l."""
         plan = self.graph_plans[g]
-        return self.task_type if plan.get("role") != "incumbent" else 150 + l
+        if plan.get("role") == "incumbent":
+            return 150 + l
+        symbol = plan["layers"][l].get("task_type", "MPKB_TASK_TYPE")
+        return self.task_type - (int(symbol.rsplit("_", 1)[1]) if symbol[-1].isdigit() else 0)
 
     def mpkb_save(self, slot) -> int:
         self.calls.append(f"save {slot} {self.selected}")

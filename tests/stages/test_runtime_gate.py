@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import statistics
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -373,6 +374,84 @@ def test_every_kernel_passes_in_the_persistent_kernel(compiled, tmp_path):
             assert r["iterations"] >= 3 and r["spans"]["count"] == r["tasks"]
 
 
+TWO_LINEARS = "block:two_linears:b8"
+
+
+def _two_linears_project(dest: Path) -> Path:
+    """linear_v2 at one shape and a twin that loads W in 32-row boxes (other maps, so a
+    tma.cuh case and a gate task type of its own), one after the other in a block of
+    linear_v2's, each layer's incumbent MPK's TMA linear; no thresholds (the block is run
+    for its numbers and its tasks, not judged)."""
+    import shutil
+    import yaml
+    sys.path.insert(0, str(REPO / "bench"))
+    from trim_spec import trim
+    (dest / "specs").mkdir(parents=True)
+    shutil.copytree(REPO / "kernels" / "linear_v2", dest / "kernels" / "linear_v2")
+    shape = "decode_m8_n4096_k4096"
+    data = trim(yaml.safe_load((REPO / "specs" / "linear_v2.yaml").read_text()), f"^{shape}$")
+    data["runtime"]["thresholds"] = []
+    twin = copy.deepcopy(data)
+    twin["kernel"] = twin["wiring"]["layer"] = "linear_narrow"
+    twin["codegen"]["params"]["box_n"] = 32
+    data["runtime"]["blocks"] = [{
+        "name": "two_linears", "batches": [8], "cos_min": 0.999, "rel_max": 3.0e-2,
+        "layers": [{"kernel": name, "variant": "decode_m{batch}_n4096_k4096", "incumbent": "linear_swapAB_hopper"}
+                   for name in ("linear_v2", "linear_narrow")]}]
+    for spec in (data, twin):
+        (dest / "specs" / f"{spec['kernel']}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def two_linears(tmp_path_factory):
+    """(project root, the compiled library, its compile log) of _two_linears_project."""
+    if not (PINNED / "include").is_dir():
+        pytest.skip("../shared/mirage (the pinned MPK tree) is absent")
+    base = tmp_path_factory.mktemp("two_linears")
+    root = _two_linears_project(base / "p")
+    d = base / "mk"
+    d.mkdir()
+    _materialise("linear_v2", d, root)
+    lib = d / "liblinear_v2_mpk.so"
+    ok, log, took = runtime.compile_megakernel(runtime.Checkout.find(PINNED), d / "megakernel.cu",
+                                               [d], lib, d / "log", shadow=d / "shadow")
+    assert ok, "\n".join(l for l in log.splitlines() if "error" in l)[:3000]
+    return root, lib, d
+
+
+@needs_tree
+@pytest.mark.nvcc
+def test_a_block_of_tma_kernels_that_load_other_maps_builds_with_a_task_type_each(two_linears):
+    """The block's second linear loads W in 32-row boxes: the library runs its layer under
+    a second gate task type, and the shadow tma.cuh makes that type's maps (32-row W boxes)."""
+    pytest.importorskip("torch")
+    from mpkbuild.runners.runtime import Megakernel, task_types
+    root, lib, d = two_linears
+    m = Megakernel(str(lib))
+    gi = m.graphs.index(TWO_LINEARS)
+    assert [m.lib.mpkb_layer_task_type(gi, l) for l in range(2)] == [197, 196]
+    assert task_types(m, gi) == {197, 196}
+    assert task_types(m, m.graphs.index("decode_m8_n4096_k4096")) == {197}
+    tma_text = (d / "shadow" / "tma.cuh").read_text()
+    narrow = tma_text[tma_text.index("case MPKB_TMA_TASK_1:"):]
+    assert "(tensor_desc.dim[0] < 32 ? tensor_desc.dim[0] : 32)" in narrow[:narrow.index("break;")]
+
+
+@pytest.mark.gpu
+@needs_tree
+@pytest.mark.nvcc
+def test_a_block_of_tma_kernels_that_load_other_maps_passes_in_the_persistent_kernel(two_linears, tmp_path):
+    """Run: every graph passes its iterations (the block's output within tolerance of the
+    float64 composition), and the profiler sees each of the block's tasks under its type."""
+    root, lib, d = two_linears
+    res, out = _run_runtime(root, "linear_v2", lib, tmp_path)
+    assert res["verdict"] == "pass", (res["message"], out)
+    block = res["variants"][TWO_LINEARS]
+    assert block["tasks"] == 2 * 128 and block["spans"]["count"] == block["tasks"]
+    assert "head_to_head" in block, out
+
+
 def test_the_stale_state_fixture_is_planned_as_one_layer_of_1024_tasks(tmp_path):
     """The fault fixture (tests/fixtures/faults/kernels/fault_stale_state) is wired for the
     runtime gate: more tasks than any production grid has workers, so workers run several."""
@@ -583,6 +662,22 @@ def test_ours_and_the_incumbent_are_set_up_side_by_side_and_launched_in_turn(hea
         + ["restore 0", "restore 1", "restore 2"]
     # each slot torn down (the stand-in logs the graph a setup runs: the A/A's is ours, 0)
     assert calls[-6:] == ["restore 0", "finalize 0", "restore 1", "finalize 1", "restore 2", "finalize 0"]
+
+
+def test_a_graph_whose_tasks_run_under_another_gate_task_type_is_checked_and_timed_by_it(head_to_head):
+    """A block's kernel that loads other TMA maps runs under a gate task type of its own
+    (MPKB_TASK_TYPE_1, the stand-in's 196): the runner counts and times a graph's tasks by
+    the types the library says its layers run under, not by the gated kernel's type."""
+    graph = next(g for g in head_to_head.payload["graphs"] if g["name"] == "decode_r1_h4096")
+    graph["layers"][0]["task_type"] = "MPKB_TASK_TYPE_1"
+    res = head_to_head(task_us={"ours": 1.0, "rmsnorm_hopper": 2.0})
+    assert res["verdict"] == "pass", res["message"]
+    r = res["variants"]["decode_r1_h4096"]
+    assert r["tasks"] == 1 and len(r["spans"]["per_iteration_slowest_us"]) == 3   # 3 iterations
+    h = r["head_to_head"]
+    assert 0.9 < statistics.median(h["ours"]["makespan_us"]) < 1.1
+    assert 0.9 < statistics.median(h["aa"]["makespan_us"]) < 1.1
+    assert 1.9 < statistics.median(h["incumbents"]["rmsnorm_hopper"]["makespan_us"]) < 2.1
 
 
 def test_a_cold_head_to_head_judges_launches_after_the_l2_is_written_over_and_keeps_hot_beside(head_to_head):

@@ -229,10 +229,11 @@ def run_side(name: str, source: str, values: dict, includes: list[Path], tmp_pat
     return run.stdout.splitlines()
 
 
-def same_maps(k: Kernel, task_type: str, tmp_path: Path) -> dict[str, list[str]]:
+def same_maps(k: Kernel, task_type: str, tmp_path: Path, first: dict | None = None) -> dict[str, list[str]]:
     """The encoder calls of the three sides for every map of every variant of k:
     {"harness": [...], "wired": [...], "gate": [...]}, each a 'variant V' line before a
-    variant's calls."""
+    variant's calls. `first`: the spec of a kernel with other maps that takes the gate's
+    first task type (461), k the second (460)."""
     from mpkbuild.stages import generate
     from mpkbuild.util import tma
     root = copy_tree("mpk", tmp_path)
@@ -246,7 +247,10 @@ def same_maps(k: Kernel, task_type: str, tmp_path: Path) -> dict[str, list[str]]
     # checkout's headers through -I
     shadow = tmp_path / "shadow"
     shadow.mkdir()
-    (shadow / "tma.cuh").write_bytes(megakernel.gate_tma_header(root, [k.spec.data], WIRING, 461))
+    types = [([k.spec.data], megakernel.TMA_LABEL, 461, megakernel.TYPE_SYMBOL)]
+    if first is not None:
+        types = [([first], *types[0][1:]), ([k.spec.data], f"{megakernel.TMA_LABEL}_1", 460, "")]
+    (shadow / "tma.cuh").write_bytes(megakernel.gate_tma_header(root, types, WIRING))
     cg = k.spec.data["codegen"]
     names = [t["name"] for t in cg["inputs"]]
     n = len(cg["inputs"]) + len(cg["outputs"])
@@ -266,7 +270,7 @@ def same_maps(k: Kernel, task_type: str, tmp_path: Path) -> dict[str, list[str]]
                                 [gen], tmp_path),
             "wired": run_side("wired", MPK_SIDE, {**common, "maps": "\n".join(maps), "task_type": task_type},
                               [root / "include", runtime_dir], tmp_path),
-            "gate": run_side("gate", MPK_SIDE, {**common, "maps": "\n".join(maps), "task_type": 461},
+            "gate": run_side("gate", MPK_SIDE, {**common, "maps": "\n".join(maps), "task_type": types[-1][2]},
                              [shadow, root / "include", runtime_dir], tmp_path)}
 
 
@@ -305,27 +309,96 @@ def test_the_tma_linear_s_maps_are_the_same_on_every_side(tmp_path):
                  "element_strides 1 1 1 1 1 interleave 0 swizzle 3 l2 0 oob 0")
 
 
-def test_the_gate_runs_kernels_that_load_the_same_maps_under_its_one_task_type(tmp_path):
-    """Every task of the gate's megakernel has its one task type, so its tma.cuh case makes
-    one set of maps: a block may run linear_v2 beside linear_residual_v2 (the same x
-    and W boxes; the residual is no map), and the header is the one linear_v2 alone gets,
-    but for the kernels it names; kernels whose maps differ are refused, naming each's maps."""
-    from mpkbuild.stages.generate import TemplateError
-    root = copy_tree("mpk", tmp_path)
-    linear, residual = (load_kernel(REPO, n, write_cache=False).spec.data
-                        for n in ("linear_v2", "linear_residual_v2"))
-    alone = megakernel.gate_tma_header(root, [linear], WIRING, 461).decode()
-    both = megakernel.gate_tma_header(root, [linear, residual], WIRING, 461).decode()
-    assert "MPKB_TMA_TASK" in both and "linear_v2, linear_residual_v2 (megakernel.cu" in both
-    assert both.replace("linear_v2, linear_residual_v2 (", "linear_v2 (") == alone
-    # the same linear with x unswizzled (as it was before 2026-12-05)
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA 12.x/13.x) not on PATH")
+def test_a_kernel_under_the_gates_second_task_type_makes_its_own_maps(tmp_path):
+    """A block whose TMA kernels load through different maps: the TMA linear under the
+    gate's second task type, beside the fixture (another box, one map) under the first,
+    makes the maps its harness and the wired checkout make, not the fixture's."""
+    k = load_kernel(REPO, "linear_v2", write_cache=False)
+    first = project(tmp_path / "proj").spec.data
+    sides = same_maps(k, "TASK_LINEAR_V2_HOPPER", tmp_path, first=first)
+    assert sides["harness"] == sides["wired"] == sides["gate"]
+
+
+def _unswizzled(linear: dict) -> dict:
+    """linear_v2 with x unswizzled (as it was before 2026-12-05): other maps, another kernel."""
     other = copy.deepcopy(linear)
     other["kernel"] = other["wiring"]["layer"] = "linear_unswizzled"
     next(c for c in other["codegen"]["pipeline"]["copies"] if c["name"] == "x")["swizzle"] = 0
-    with pytest.raises(TemplateError) as info:
-        megakernel.gate_tma_header(root, [linear, other], WIRING, 461)
-    assert "linear_v2: [('x', 0, ['tensor_desc.dim[0]', '64'], 128)" in str(info.value)
-    assert "linear_unswizzled: [('x', 0, ['tensor_desc.dim[0]', '64'], 0)" in str(info.value)
+    return other
+
+
+def test_kernels_that_load_the_same_maps_share_a_gate_task_type_and_others_get_their_own(tmp_path):
+    """MPK makes a TMA task's maps in its task type's tma.cuh case. linear_v2 beside
+    linear_residual_v2 (the same x and W boxes; the residual is no map) or a kernel that
+    loads none shares the gated kernel's type, and the header is the one linear_v2 alone
+    gets but for the kernels it names; a kernel whose maps differ gets a type of its own,
+    with its own case under its own label."""
+    root = copy_tree("mpk", tmp_path)
+    linear, residual, norm = (load_kernel(REPO, n, write_cache=False).spec.data
+                              for n in ("linear_v2", "linear_residual_v2", "rmsnorm_v2"))
+    other = _unswizzled(linear)
+    groups = megakernel.task_type_groups
+    assert groups([linear, residual, norm], WIRING) == [["linear_v2", "linear_residual_v2", "rmsnorm_v2"]]
+    assert groups([linear, other, residual], WIRING) == [["linear_v2", "linear_residual_v2"], ["linear_unswizzled"]]
+    # a gated kernel that loads none: the first kernel that does takes its type's case
+    assert groups([norm, linear, other], WIRING) == [["rmsnorm_v2", "linear_v2"], ["linear_unswizzled"]]
+    one = lambda specs, i=0: (specs, "MPKB_TMA_TASK" + (f"_{i}" if i else ""), 461 - i,
+                              "MPKB_TASK_TYPE" + (f"_{i}" if i else ""))
+    alone = megakernel.gate_tma_header(root, [one([linear])], WIRING).decode()
+    both = megakernel.gate_tma_header(root, [one([linear, residual])], WIRING).decode()
+    assert "linear_v2, linear_residual_v2 (megakernel.cu" in both
+    assert both.replace("linear_v2, linear_residual_v2 (", "linear_v2 (") == alone
+    two = megakernel.gate_tma_header(root, [one([linear]), one([other], 1)], WIRING).decode()
+    assert "constexpr TaskType MPKB_TMA_TASK = static_cast<TaskType>(461);" in two
+    assert "constexpr TaskType MPKB_TMA_TASK_1 = static_cast<TaskType>(460);" in two
+    # each label has its case in both switches (the fill and the create), the unswizzled
+    # x's fill under the second (fill_tma_desc's B, M, S: 3, 3, 3 a 128-byte swizzle)
+    assert two.count("case MPKB_TMA_TASK:") == two.count("case MPKB_TMA_TASK_1:") == 2
+    second = two[two.index("case MPKB_TMA_TASK_1:"):]
+    second = second[:second.index("break;")]
+    assert "// x: no swizzle" in second and "fill_tma_desc<bfloat16, 0, 0, 0, 2>" in second
+    assert "// weight: 128-byte swizzle" in second and "fill_tma_desc<bfloat16, 3, 3, 3, 2>" in second
+    assert "fill_tma_desc<bfloat16, 0, 0, 0, 2>" not in alone
+
+
+def test_a_block_of_tma_kernels_with_other_maps_is_planned_with_a_task_type_each(tmp_path):
+    """A block of linear_v2 and a linear that loads x unswizzled: the plan gives the second
+    kernel the next free number of the Hopper range (196 on the pinned tree, 195 where the
+    checkout's enum uses 196), its dispatch branch and layers name its type, megakernel.cu
+    declares it, and the shadow tma.cuh makes its maps under it."""
+    root = copy_tree("mpk", tmp_path)
+    k = load_kernel(REPO, "linear_v2", write_cache=False)
+    spec = copy.deepcopy(k.spec.data)
+    other = _unswizzled(spec)
+    spec["runtime"]["blocks"] = [{"name": "two_linears", "batches": [8], "cos_min": 0.999, "rel_max": 3e-2,
+                                  "layers": [{"kernel": "linear_v2", "variant": "decode_m{batch}_n4096_k4096",
+                                              "incumbent": "linear_swapAB_hopper"},
+                                             {"kernel": "linear_unswizzled", "variant": "decode_m{batch}_n4096_k4096",
+                                              "incumbent": "linear_swapAB_hopper"}]}]
+    p = megakernel.plan(spec, WIRING, {"linear_unswizzled": other}, root)
+    assert [(t["symbol"], t["number"], t["kernels"]) for t in p["task_types"]] == \
+        [("MPKB_TASK_TYPE", 197, ["linear_v2"]), ("MPKB_TASK_TYPE_1", 196, ["linear_unswizzled"])]
+    block = next(g for g in p["graphs"] if g["name"] == "block:two_linears:b8")
+    assert [l["task_type"] for l in block["layers"]] == ["MPKB_TASK_TYPE", "MPKB_TASK_TYPE_1"]
+    assert {d["task_type"] for d in p["dispatch"] if d["kernel"] == "linear_unswizzled"} == {"MPKB_TASK_TYPE_1"}
+    header = root / "include/mirage/persistent_kernel/runtime_header.h"
+    header.write_text(header.read_text().replace("  TASK_HOPPER_TASK_END = 198,",
+                                                 "  TASK_SOMEONE_ELSES = 196,\n  TASK_HOPPER_TASK_END = 198,"))
+    p = megakernel.plan(spec, WIRING, {"linear_unswizzled": other}, root)
+    assert [t["number"] for t in p["task_types"]] == [197, 195]
+
+    class K:                       # what render_all reads of a kernel
+        def __init__(self, data):
+            self.name, self.spec = data["kernel"], type("S", (), {"data": data})
+    files = megakernel.render_all(K(spec), WIRING, root, [K(other)])
+    source = files["megakernel.cu"].decode()
+    assert "constexpr int MPKB_TASK_TYPE = 197;" in source
+    assert "constexpr int MPKB_TASK_TYPE_1 = 195;  // linear_unswizzled" in source
+    assert "task_desc->task_type == MPKB_TASK_TYPE_1 &&" in source
+    tma_text = files["shadow/tma.cuh"].decode()
+    assert "constexpr TaskType MPKB_TMA_TASK_1 = static_cast<TaskType>(195);" in tma_text
 
 
 @pytest.mark.nvcc
@@ -341,7 +414,9 @@ def test_the_runtime_gate_builds_a_tma_kernel_into_the_real_persistent_kernel(tm
         (shutil.copytree(src, k.root / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
          if src.is_dir() else shutil.copy2(src, k.root / name))
     proj = Project(k.root)
-    mpk = f"mpk_root={MIRAGE / 'mpk'}"
+    checkout = copy_tree("mpk", tmp_path)
+    (tmp_path / "deps").symlink_to(MIRAGE / "deps")        # CUTLASS and json, beside it as in ../shared
+    mpk = f"mpk_root={checkout}"
     proj.scons("-k", "stage=runtime", "kernel=pipe_tma", mpk, check=False, timeout=900)
     shadow = (k.root / "build/pipe_tma/runtime/shadow/tma.cuh").read_text()
     assert shadow.count("case MPKB_TMA_TASK: {") == 2
@@ -359,3 +434,14 @@ def test_the_runtime_gate_builds_a_tma_kernel_into_the_real_persistent_kernel(tm
     assert "megakernel pipe_tma" in listed and "megakernel-compile pipe_tma sm_90a" in listed, run.stdout + run.stderr
     proj.scons("-k", "stage=runtime", "kernel=pipe_tma", mpk, check=False, timeout=900)
     assert "static_cast<uint32_t>(64)," in (k.root / "build/pipe_tma/runtime/shadow/tma.cuh").read_text()
+    # the gate's task type is a number the checkout's enum leaves free: an entry that takes
+    # it makes the megakernel stale, and the next render takes the next free one
+    assert "constexpr int MPKB_TASK_TYPE = 197;" in (k.root / "build/pipe_tma/runtime/megakernel.cu").read_text()
+    enum = checkout / "include/mirage/persistent_kernel/runtime_header.h"
+    enum.write_text(enum.read_text().replace("  TASK_HOPPER_TASK_END = 198,",
+                                             "  TASK_SOMEONE_ELSES = 197,\n  TASK_HOPPER_TASK_END = 198,"))
+    run = proj.scons("-n", "stage=runtime", "kernel=pipe_tma", mpk, check=False)
+    assert "megakernel pipe_tma" in run.stdout.splitlines(), run.stdout + run.stderr
+    proj.scons("-k", "stage=runtime", "kernel=pipe_tma", mpk, check=False, timeout=900)
+    assert "constexpr int MPKB_TASK_TYPE = 196;" in (k.root / "build/pipe_tma/runtime/megakernel.cu").read_text()
+    assert "static_cast<TaskType>(196);" in (k.root / "build/pipe_tma/runtime/shadow/tma.cuh").read_text()

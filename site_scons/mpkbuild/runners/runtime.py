@@ -286,9 +286,10 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
     if preload:
         print(f"runtime {graph['name']}: {preload}", flush=True)
     expect = sum(l["tasks"] for l in graph["layers"])
+    types = task_types(lib, gi)
     run = _iterations_v2 if lib.runtime == 2 else _iterations_v1
     with _phase("iterations"):
-        res = run(lib, rt, graph, tensors, refs, names, checks, prof, expect, seed)
+        res = run(lib, rt, graph, tensors, refs, names, checks, prof, expect, types, seed)
     if res["verdict"] != "pass":
         return res
     spans_all, walls = res["spans_all"], res["walls"]
@@ -310,7 +311,7 @@ def run_graph(lib: Megakernel, job: dict, gi: int, graph: dict, grid: tuple[int,
 
 
 def _iterations_v1(lib: Megakernel, rt: dict, graph: dict, tensors, refs, names, checks,
-                   prof: torch.Tensor, expect: int, seed: int) -> dict:
+                   prof: torch.Tensor, expect: int, types: set[int], seed: int) -> dict:
     """`iterations` v1 launches, one pass of the graph each, on the same buffers: outputs
     poisoned before each, checked after each and bit-equal to the launch before."""
     iterations = rt["iterations"]
@@ -333,7 +334,7 @@ def _iterations_v1(lib: Megakernel, rt: dict, graph: dict, tensors, refs, names,
         if failed:
             return failed
         previous = current
-        spans = spans_from_profile(prof, lib.task_type)
+        spans = spans_from_profile(prof, types)
         if spans and len(spans) != expect:
             return {"verdict": "fail", "check": "profile", "iteration": it,
                     "message": f"{graph['name']} iteration {it}: the profiler saw {len(spans)} "
@@ -371,7 +372,7 @@ def _iteration_failure(graph: dict, it: int, iterations: int, outs: list, previo
 
 
 def _iterations_v2(lib: Megakernel, rt: dict, graph: dict, tensors, refs, names, checks,
-                   prof: torch.Tensor, expect: int, seed: int) -> dict:
+                   prof: torch.Tensor, expect: int, types: set[int], seed: int) -> dict:
     """One Runtime-V2 launch of `iterations` iterations with the snapshots on: each
     iteration's outputs of the op's last layer checked against the reference and bit-equal
     to the iteration before (the first that is not names the iteration), the final
@@ -418,7 +419,7 @@ def _iterations_v2(lib: Megakernel, rt: dict, graph: dict, tensors, refs, names,
             return {"verdict": "fail", "check": "numeric", "iteration": iterations, "seed": seed,
                     "output": names[i], "numbers": numbers,
                     "message": f"{graph['name']} after {iterations} iterations, output {names[i]}: {problem}"}
-    records = task_records(prof, lib.task_type)
+    records = task_records(prof, types)
     if len(records) != expect * iterations:
         return {"verdict": "fail", "check": "profile", "iteration": iterations,
                 "message": f"{graph['name']}: the marks saw {len(records)} task spans, "
@@ -511,10 +512,10 @@ class _Slots:
     to the next setup (seen on an H200: an illegal address in the first setup's launch once
     the second had been made)."""
 
-    def __init__(self, lib: Megakernel, graph: dict):
+    def __init__(self, lib: Megakernel, graph: dict, types: set[int]):
         self.lib = lib
         # (slot, whose, graph, its task types): ours first, then each incumbent, launched in turn
-        self.order = [(0, "ours", graph, {lib.task_type})]
+        self.order = [(0, "ours", graph, types)]
         # the library of a side set up in another (the variant's worker alone)
         self.lib_of: dict[str, Megakernel] = {}
         self.live, self.held_tensors = [(lib, 0)], []
@@ -546,7 +547,7 @@ def head_to_head(lib: Megakernel, job: dict, gi: int, graph: dict, rivals: list,
     verdict. `refs`: the references of ours' outputs by tensor index (made again here on
     new inputs)."""
     rt = job["runtime"]
-    slots, numbers = _Slots(lib, graph), {}
+    slots, numbers = _Slots(lib, graph, task_types(lib, gi)), {}
     launches, refs, failed = _on_head_to_head_inputs(lib, job, graph, tensors, refs, checks, gen)
     if failed:
         return failed
@@ -659,7 +660,7 @@ def _set_up_again(lib: Megakernel, rt: dict, graph: dict, gi: int, slot: int, gr
     hung = launch(lib, rt, graph, 1)
     if hung:
         return hung
-    slots.order.append((slot, whose, graph, {lib.task_type}))
+    slots.order.append((slot, whose, graph, task_types(lib, gi)))
     if lib is not slots.lib:
         slots.lib_of[whose] = lib
     return None

@@ -427,34 +427,40 @@ def unwire(mpk_root, kernels: list[str], wiring_root) -> Plan:
     return p
 
 
-def gate_tma_text(mpk_root, spec: dict, wiring_root, label: str, declaration: str) -> str:
-    """The checkout's tma.cuh as the runtime gate compiles it for a kernel that loads with
-    TMA: the kernel's own blocks (a wired checkout's, under the wired task type) left out,
-    `declaration` (the gate's task type, named `label`) before the fill function, and the
-    wire stage's two cases of the kernel, rendered as `apply` renders them, under `label`,
-    before each switch's default. Reads the checkout, writes nothing."""
+def gate_tma_text(mpk_root, kernels: list[tuple[dict, str]], wiring_root, declaration: str) -> str:
+    """The checkout's tma.cuh as the runtime gate compiles it for kernels that load with
+    TMA, `kernels` as (spec, label): their own blocks (a wired checkout's, under the wired
+    task types) left out, `declaration` (the gate's task types, named by the labels) before
+    the fill function, and the wire stage's two cases of each kernel, rendered as `apply`
+    renders them, under its label, before each switch's default, in order. Reads the
+    checkout, writes nothing."""
     surface = load_surface(wiring_root)
     co = Checkout(mpk_root, surface)
-    w = resolve(spec, surface)
-    arch = next((a for a in w.archs if surface.archs[a].cc == 90), None)
-    if arch is None:
-        raise WireError(f"{w.kernel}: no sm_90 target among its archs {list(w.archs)}; the "
-                        "runtime gate runs sm_90a")
     sites = [s for s in surface.sites if s.when == "tma"]
-    rel = site_file(surface, sites[0], arch, w.kernel)
+    resolved = []
+    for spec, label in kernels:
+        w = resolve(spec, surface)
+        arch = next((a for a in w.archs if surface.archs[a].cc == 90), None)
+        if arch is None:
+            raise WireError(f"{w.kernel}: no sm_90 target among its archs {list(w.archs)}; the "
+                            "runtime gate runs sm_90a")
+        resolved.append((w, arch, label))
+    rel = site_file(surface, sites[0], resolved[0][1], resolved[0][0].kernel)
     lines = co.need_text(rel, "the TMA switch").splitlines(keepends=True)
+    ours = {w.kernel for w, _, _ in resolved}
     for b in sorted(co.markers.find(lines, rel), key=lambda b: -b.start):
-        if b.kernel == w.kernel:
+        if b.kernel in ours:
             del lines[b.start:b.end + 1]
-    blocks = {b.site.id: b for b in render_blocks(w, surface) if b.arch == arch and b.site.when == "tma"}
     first = None
-    for site in sites:
-        ctx = {"arch": surface.archs[arch].as_dict(), "kernel": w.kernel, "port": None}
-        scope = surface.text(site.scope, f"site {site.id} scope", **ctx)
-        i = co.find_anchor(rel, lines, site, surface.text(site.anchor, f"site {site.id} anchor", **ctx), scope)
-        raw = blocks[site.id].raw.replace(w.task_type[arch], label)
-        lines[i:i] = indent_body(raw, indent_of(lines[i])).splitlines(keepends=True)
-        head = next(j for j in range(len(lines)) if re.search(scope, normalised_line(lines[j], rel)))
-        first = head if first is None else min(first, head)
+    for w, arch, label in resolved:
+        blocks = {b.site.id: b for b in render_blocks(w, surface) if b.arch == arch and b.site.when == "tma"}
+        for site in sites:
+            ctx = {"arch": surface.archs[arch].as_dict(), "kernel": w.kernel, "port": None}
+            scope = surface.text(site.scope, f"site {site.id} scope", **ctx)
+            i = co.find_anchor(rel, lines, site, surface.text(site.anchor, f"site {site.id} anchor", **ctx), scope)
+            raw = blocks[site.id].raw.replace(w.task_type[arch], label)
+            lines[i:i] = indent_body(raw, indent_of(lines[i])).splitlines(keepends=True)
+            head = next(j for j in range(len(lines)) if re.search(scope, normalised_line(lines[j], rel)))
+            first = head if first is None else min(first, head)
     lines[first:first] = declaration.splitlines(keepends=True)
     return "".join(lines)

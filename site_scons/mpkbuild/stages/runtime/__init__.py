@@ -192,8 +192,9 @@ MEGAKERNEL_TEMPLATES = ("megakernel.cu.j2", "task_header.cuh.j2", "megakernel_pa
 def megakernel_inputs(g, checkout, runtime: str, with_tma: bool) -> tuple[str, ...]:
     """What a megakernel's source is rendered from besides the kernels' own files: the
     checkout's register functions (the incumbents' and the production worker's calls),
-    its entry header, the templates, v2's driver and task headers, the tma.cuh a TMA
-    kernel's cases go into, the wiring surfaces."""
+    its entry header, its enum (the gate's task types are numbers it leaves free), the
+    templates, v2's driver and task headers, the tma.cuh a TMA kernel's cases go into, the
+    wiring surfaces."""
     from mpkbuild.stages.runtime.megakernel import ENTRY_HEADER
     from mpkbuild.wire.incumbents import REGISTER_FILE
     register = [g.rel(checkout.root / REGISTER_FILE)] if (checkout.root / REGISTER_FILE).is_file() else []
@@ -213,9 +214,8 @@ def megakernel_inputs(g, checkout, runtime: str, with_tma: bool) -> tuple[str, .
         from mpkbuild.wire.barriers import v2_task_headers
         v2_inputs = (g.rel(checkout.runtime_dir / "dispatch_v2.cuh"),
                      g.pkg("templates", "megakernel_v2.cu.j2"),
-                     g.rel(checkout.runtime_dir / "runtime_header.h"),
                      *(g.rel(checkout.runtime_dir / h) for h in v2_task_headers(checkout.root)))
-    return (*register, g.rel(checkout.runtime_dir / ENTRY_HEADER),
+    return (*register, g.rel(checkout.runtime_dir / ENTRY_HEADER), g.rel(checkout.runtime_dir / "runtime_header.h"),
             *(g.pkg("templates", t) for t in MEGAKERNEL_TEMPLATES), *v2_inputs, *tma_inputs,
             *(g.rel(r / config.WIRING_SURFACE) for r in config.wiring_roots(g.root)
               if (r / config.WIRING_SURFACE).is_file()))

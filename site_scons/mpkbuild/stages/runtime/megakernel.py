@@ -21,13 +21,12 @@ from mpkbuild.wire.incumbents import NoIncumbent, stands_for
 from mpkbuild.util.nvcc_steps import split_compile
 
 
-# A task type for the gated task: strictly inside the Hopper compute range and unused by
-# the pinned checkout's enum (the dispatch is this file's own; nothing is registered).
-TASK_TYPE = 197
-# On Runtime-V2 (whose tasks live in the SM100 range) the gated task's and the snapshot
-# task's types: the two highest numbers of the SM100 range above its TMA sub-range that
-# the checkout's enum leaves free (v2_task_types); these without a checkout
-TASK_TYPE_V2, SNAPSHOT_TYPE_V2 = 297, 296
+# The gate's task types are the highest numbers of these ranges that the checkout's enum
+# leaves free (gate_task_types; the dispatch is megakernel.cu's own, nothing is registered):
+# strictly inside the Hopper compute range, all of which MPK's init makes TMA descriptors for
+# (197 on the pinned trees); on Runtime-V2, whose tasks live in the SM100 range, above its
+# TMA sub-range (297, and 296 for the snapshot task)
+V1_TYPE_RANGE = range(151, 198)
 V2_TYPE_RANGE = range(257, 298)
 SNAPSHOT_TASKS = 128      # the snapshot tasks after each v2 graph's op (megakernel_v2.cu.j2)
 
@@ -202,7 +201,8 @@ def _call_lines(spec: dict, symbols: dict, wiring_root: Path) -> list[str]:
     return out
 
 
-def _layer(spec: dict, variant: str, dispatch_id: int, tensor_index: list[int]) -> dict:
+def _layer(spec: dict, variant: str, dispatch_id: int, tensor_index: list[int],
+           task_type: str = "MPKB_TASK_TYPE") -> dict:
     """One layer of our kernel over the graph's tensors `tensor_index` (the spec's inputs,
     then outputs): a runtime input is no tensor of the task (the call passes the runtime's)."""
     from mpkbuild.stages.generate import _variant_views
@@ -221,7 +221,7 @@ def _layer(spec: dict, variant: str, dispatch_id: int, tensor_index: list[int]) 
             # the graph tensor of each of the spec's inputs and outputs (the runner makes
             # them all; `tensors`, the task's, leaves runtime state out)
             "spec_tensors": list(tensor_index),
-            "task_type": "MPKB_TASK_TYPE", "tasks": view["grid"], "grid_x": view["grid"],
+            "task_type": task_type, "tasks": view["grid"], "grid_x": view["grid"],
             "num_inputs": len(ins), "num_outputs": len(outs), "tensors": [at for _, at in kept],
             "strides": [t["task_stride"] * config.DTYPE_BYTES[dtypes[t["name"]]] for t in ins + outs],
             "strides_y": [0] * (len(ins) + len(outs)), "tma": bool(maps),
@@ -400,7 +400,8 @@ def _runtime_state(cg: dict) -> list[int]:
 
 
 def _block_graphs(spec: dict, specs: dict, dispatch: list, text: str | None,
-                  runtime: str, wiring_root: Path, with_incumbents: bool) -> tuple[list, list, dict]:
+                  runtime: str, wiring_root: Path, with_incumbents: bool,
+                  type_of: dict[str, str]) -> tuple[list, list, dict]:
     """(our graphs, the incumbents' chains, {graph: [{incumbent, why}]}) of every block and
     batch: our graph runs the layers' variants, each layer's first input the layer
     before's first output (shapes and dtypes must agree; the bytes are one buffer); the
@@ -454,9 +455,9 @@ def _block_graphs(spec: dict, specs: dict, dispatch: list, text: str | None,
                     ids[key] = len(dispatch)
                     dispatch.append({"id": ids[key], "kernel": layer["kernel"], "variant": variant,
                                      "spec": config.spec_namespace(layer["kernel"]),
-                                     "task_type": "MPKB_TASK_TYPE",
+                                     "task_type": type_of[layer["kernel"]],
                                      "call": _call_lines(kspec, sym, wiring_root)})
-                layers.append(_layer(kspec, variant, ids[key], index))
+                layers.append(_layer(kspec, variant, ids[key], index, type_of[layer["kernel"]]))
                 if fed is not None and runtime == "v1":
                     _events_between(layers[-2], layers[-1], fed)
                 fed = (index[len(ins)], *outs[0])
@@ -540,10 +541,18 @@ def plan(spec: dict, wiring_root: Path, companions: dict | None = None,
     from mpkbuild.wire.incumbents import register_text
     kernel, cg = spec["kernel"], spec["codegen"]
     text = register_text(checkout_root) if checkout_root is not None else None
+    specs = {**(companions or {}), kernel: spec}
+    groups = task_type_groups([spec] + [specs[n] for n in block_kernels(spec) if n in specs],
+                              wiring_root)
+    numbers, snapshot_type = gate_task_types(checkout_root, runtime, len(groups))
+    task_types = [{"symbol": TYPE_SYMBOL if i == 0 else f"{TYPE_SYMBOL}_{i}", "number": n,
+                   "kernels": names, "tma_label": TMA_LABEL if i == 0 else f"{TMA_LABEL}_{i}"}
+                  for i, (names, n) in enumerate(zip(groups, numbers))]
+    type_of = {name: t["symbol"] for t in task_types for name in t["kernels"]}
     dispatch, graphs, rivals, missing = [], [], [], {}
     for i, variant in enumerate(cg["variants"]):
         dispatch.append({"id": i, "kernel": kernel, "variant": variant, "spec": config.spec_namespace(kernel),
-                         "task_type": "MPKB_TASK_TYPE",
+                         "task_type": TYPE_SYMBOL,
                          "call": _call_lines(spec, variant_symbols(cg, variant), wiring_root)})
         n = len(cg["inputs"]) + len(cg["outputs"])
         graphs.append({"name": variant, "role": "ours", "num_tensors": n, "active_tokens": 0,
@@ -558,8 +567,8 @@ def plan(spec: dict, wiring_root: Path, companions: dict | None = None,
             dispatch += calls
             if lost:
                 missing[variant] = lost
-    blocks, chains, lost = _block_graphs(spec, {**(companions or {}), kernel: spec}, dispatch,
-                                         text, runtime, wiring_root, checkout_root is not None)
+    blocks, chains, lost = _block_graphs(spec, specs, dispatch, text, runtime, wiring_root,
+                                         checkout_root is not None, type_of)
     graphs += blocks + rivals + chains
     missing.update(lost)
     fillers, filler_headers = _production_tasks(spec, companions or {}, text, runtime,
@@ -578,11 +587,8 @@ def plan(spec: dict, wiring_root: Path, companions: dict | None = None,
             l["strides_y"] = l["strides_y"] + [0] * pad
             l["tma_dims"] = l["tma_dims"] + [[0, 0]] * pad
             l["row_strides"] = l["row_strides"] + [0] * pad
-    if runtime == "v2":
-        task_type, snapshot_type = v2_task_types(checkout_root)
-    else:
-        task_type, snapshot_type = TASK_TYPE, None
-    return {"kernel": kernel, "task_type": task_type, "snapshot_type": snapshot_type,
+    return {"kernel": kernel, "task_type": numbers[0], "task_types": task_types,
+            "snapshot_type": snapshot_type,
             "runtime": runtime, "dispatch": dispatch, "graphs": graphs,
             "includes": includes, "max_tensors": max_tensors, "missing": missing,
             "meta_slots": META_SLOTS, "minimal_macro": MINIMAL_MACRO, "alone_macro": ALONE_MACRO,
@@ -643,19 +649,31 @@ def v2_dispatch_header(checkout_root: Path, headers: list[str]) -> bytes:
 
 
 def v2_task_types(checkout_root: Path | None) -> tuple[int, int]:
-    """(gated task, snapshot task): the two highest numbers of V2_TYPE_RANGE the checkout's
-    enum does not use (a number the wire stage gave a kernel is used)."""
-    if checkout_root is None:
-        return TASK_TYPE_V2, SNAPSHOT_TYPE_V2
-    header = Checkout.runtime_dir_of(checkout_root) / "runtime_header.h"
-    used = {int(v) for _, v in _ENUM_VALUE.findall(header.read_text(errors="replace"))} \
-        if header.is_file() else set()
-    free = [n for n in reversed(V2_TYPE_RANGE) if n not in used]
-    if len(free) < 2:
-        from mpkbuild.stages.generate import TemplateError
-        raise TemplateError(f"{header}: the SM100 range has no two free task types above "
-                            f"{V2_TYPE_RANGE.start - 1} for the v2 gate")
-    return free[0], free[1]
+    """(gated task, snapshot task) on Runtime-V2 (gate_task_types)."""
+    gated, snapshot = gate_task_types(checkout_root, "v2", 1)
+    return gated[0], snapshot
+
+
+def gate_task_types(checkout_root: Path | None, runtime: str, count: int) -> tuple[list[int], int | None]:
+    """(the numbers of the gate's `count` task types, the v2 snapshot task's or None): the
+    highest numbers of the runtime's range (V1_TYPE_RANGE, V2_TYPE_RANGE) that the
+    checkout's enum does not use (a number the wire stage gave a kernel is used), the
+    snapshot's the second (so a gate of one type keeps the numbers it always had)."""
+    span, title = (V2_TYPE_RANGE, "SM100") if runtime == "v2" else (V1_TYPE_RANGE, "Hopper")
+    need = count + (runtime == "v2")
+    free = list(reversed(span))
+    if checkout_root is not None:
+        header = Checkout.runtime_dir_of(checkout_root) / "runtime_header.h"
+        used = {int(v) for _, v in _ENUM_VALUE.findall(header.read_text(errors="replace"))} \
+            if header.is_file() else set()
+        free = [n for n in free if n not in used]
+        if len(free) < need:
+            from mpkbuild.stages.generate import TemplateError
+            raise TemplateError(f"{header}: the {title} range {span.start}-{span.stop - 1} has "
+                                f"{len(free)} free task types; the {runtime} gate needs {need}")
+    if runtime == "v2":
+        return [free[0], *free[2:need]], free[1]
+    return free[:need], None
 
 
 def _check_v2(checkout_root: Path, body: str, kernel: str, codegen: dict | None = None) -> None:
@@ -710,41 +728,71 @@ def render_all(k, wiring_root: Path, mpk_root: Path | None, companions=(),
         out[f"shadow/{ENTRY_HEADER}"] = entry.read_bytes() if entry.is_file() else b""
         if runtime == "v2":
             out[f"shadow/{DISPATCH_V2}"] = v2_dispatch_header(mpk_root, p["task_headers"])
-        tma_kernels = [spec for spec in (k.spec.data, *(c.spec.data for c in companions))
-                       if tma.tensors(spec["codegen"])]
-        if tma_kernels:
-            out[f"shadow/{TMA_HEADER}"] = gate_tma_header(mpk_root, tma_kernels, wiring_root, p["task_type"])
+        specs = {s["kernel"]: s for s in (k.spec.data, *(c.spec.data for c in companions))}
+        types = [(t, [specs[n] for n in t["kernels"] if tma.tensors(specs[n]["codegen"])])
+                 for t in p["task_types"]]
+        if any(loading for _, loading in types):
+            out[f"shadow/{TMA_HEADER}"] = gate_tma_header(
+                mpk_root, [(loading, t["tma_label"], t["number"], t["symbol"])
+                           for t, loading in types if loading], wiring_root)
     return out
 
 
 TMA_HEADER = "tma.cuh"
 TMA_LABEL = "MPKB_TMA_TASK"
+# the gated kernel's task type in megakernel.cu (a block's other kernels that need a type
+# of their own: TYPE_SYMBOL_1, ...)
+TYPE_SYMBOL = "MPKB_TASK_TYPE"
 
 
-def gate_tma_header(mpk_root: Path, specs: list[dict], wiring_root: Path, number: int) -> bytes:
-    """The checkout's tma.cuh with the wire stage's two cases of the kernels the gate runs
-    that load with TMA, as the wire writes them, under the gate's task type: its
-    create_tma_desc_by_task then makes our tasks' maps as MPK's init does (and our blocks,
-    where the checkout is wired, are left out: they name the wired task type). Every task
-    of the gate shares that one type, so its kernels that load with TMA must load the same
-    maps (the same inputs, boxes and swizzles: e.g. a linear and its residual form)."""
+def _maps_key(spec: dict, surface) -> str | None:
+    """What a kernel's tma.cuh case makes (inputs, boxes, swizzles), or None: it loads none."""
+    from mpkbuild.wire.section import resolve
+    return repr(resolve(spec, surface).maps) if tma.tensors(spec["codegen"]) else None
+
+
+def task_type_groups(specs: list[dict], wiring_root: Path) -> list[list[str]]:
+    """The gate's task types, each as the kernels that run under it, the first the gated
+    kernel's (`specs[0]`). MPK makes a TMA task's maps in its task type's tma.cuh case, so
+    kernels that load through different maps need a type each, as each of MPK's own TMA
+    tasks has; a kernel that loads none, or the same maps as a kernel before it, shares
+    that type (a megakernel that one type serves is built as it always was)."""
+    from mpkbuild.wire.surface import load_surface
+    surface = load_surface(wiring_root)
+    groups: list[tuple[str | None, list[str]]] = [(_maps_key(specs[0], surface), [specs[0]["kernel"]])]
+    for spec in specs[1:]:
+        key = _maps_key(spec, surface)
+        if key is None or groups[0][0] is None:
+            groups[0] = (groups[0][0] or key, groups[0][1] + [spec["kernel"]])
+            continue
+        at = next((i for i, (k, _) in enumerate(groups) if k == key), None)
+        if at is None:
+            groups.append((key, [spec["kernel"]]))
+        else:
+            groups[at][1].append(spec["kernel"])
+    return [names for _, names in groups]
+
+
+def gate_tma_header(mpk_root: Path, types: list[tuple[list[dict], str, int, str]],
+                    wiring_root: Path) -> bytes:
+    """The checkout's tma.cuh with the wire stage's two cases, as the wire writes them, of
+    the kernels the gate runs that load with TMA, each under its gate task type: `types`,
+    per type (the specs of its kernels that load with TMA, which load the same maps
+    (task_type_groups); the label it has here; its number; its name in megakernel.cu).
+    The checkout's create_tma_desc_by_task then makes our tasks' maps as MPK's init does
+    (and our blocks, where the checkout is wired, are left out: they name the wired task
+    type)."""
     from mpkbuild.stages.generate import TemplateError
     from mpkbuild.wire.patch import gate_tma_text
     from mpkbuild.wire.errors import WireError
-    from mpkbuild.wire.section import resolve
-    from mpkbuild.wire.surface import load_surface
-    surface = load_surface(wiring_root)
-    maps = {s["kernel"]: resolve(s, surface).maps for s in specs}
-    if len({repr(m) for m in maps.values()}) > 1:
-        raise TemplateError(
-            "the runtime gate runs every task under one task type, whose tma.cuh case makes one "
-            "set of maps, and these kernels load with TMA through different ones: "
-            + "; ".join(f"{name}: {[(m['tensor'], m['index'], m['box'], m['swizzle']) for m in ms]}"
-                        for name, ms in maps.items()))
-    declared = (f"// the runtime gate's task type for {', '.join(maps)} (megakernel.cu: MPKB_TASK_TYPE)\n"
-                f"constexpr TaskType {TMA_LABEL} = static_cast<TaskType>({number});\n\n")
+    declared = "".join(
+        f"// the runtime gate's task type for {', '.join(s['kernel'] for s in specs)} "
+        f"(megakernel.cu: {symbol})\n"
+        f"constexpr TaskType {label} = static_cast<TaskType>({number});\n\n"
+        for specs, label, number, symbol in types)
     try:
-        return gate_tma_text(mpk_root, specs[0], wiring_root, TMA_LABEL, declared).encode()
+        return gate_tma_text(mpk_root, [(specs[0], label) for specs, label, _, _ in types],
+                             wiring_root, declared).encode()
     except WireError as exc:
         raise TemplateError(f"{Checkout.runtime_dir_of(mpk_root) / TMA_HEADER}: {exc}") from None
 
