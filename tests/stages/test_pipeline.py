@@ -275,8 +275,11 @@ def test_the_tma_linear_passes_validate_on_the_gpu(tmp_path):
 # accumulators side by side in sm_100a's TMEM (rmsnorm_linear_v2's m16 variant takes nf 4
 # in the spec itself)
 WIDE_FILLS = {
-    "linear_v2": {"decode_m16_n14336_k4096": "stages: 6,  kf: 1, nf: 2",
-                  "decode_m16_n28672_k4096": "stages: 4,  kf: 1, nf: 4"},
+    "linear_v2": {"decode_m16_n14336_k4096": "nt: 128, stages: 6,  kf: 1, nf: 2",
+                  "decode_m16_n28672_k4096": "nt: 256, stages: 4,  kf: 1, nf: 4",
+                  # one task a worker at n28672: 224 rows, seven 32-row boxes a k box
+                  "decode_m8_n28672_k4096": "nt: 224, stages: 4,  kf: 4, nf: 1",
+                  "decode_m1_n28672_k4096": "nt: 224, stages: 4,  kf: 1, nf: 7"},
 }
 
 
@@ -289,7 +292,7 @@ def wide_fills_project(dest: Path) -> Project:
         spec = p.root / "specs" / f"{kernel}.yaml"
         text = spec.read_text()
         for variant, values in variants.items():
-            text, n = re.subn(rf"^(    {variant}: .*?)stages: \d+, +kf: \d+, nf: \d+}}$",
+            text, n = re.subn(rf"^(    {variant}: .*?)nt: +\d+, +stages: \d+, +kf: \d+, nf: \d+}}$",
                               rf"\g<1>{values}}}", text, flags=re.M)
             assert n == 1, (kernel, variant)
         spec.write_text(text)
@@ -305,6 +308,8 @@ def test_wider_fills_compile_for_sm90a_and_sm100a(tmp_path):
     for kernel, variants in WIDE_FILLS.items():
         header = p.path(f"build/{kernel}/gen/{kernel}_spec.h").read_text()
         assert "static constexpr int COPY_W_BOXES = (kf * nf);" in header
+        # nt 224 (an odd multiple of 32) takes 32-row boxes: a fill of kf x nf of them
+        assert "(BOX_N - (nt % BOX_N))" in header
         for arch in ("sm_90a", "sm_100a"):
             res = json.loads(p.path(f"build/{kernel}/{arch}/resources.json").read_text())
             assert res["verdict"] == "pass", res["problems"]

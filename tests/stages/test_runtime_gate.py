@@ -170,9 +170,16 @@ def test_block_plan_feeds_each_layer_the_layer_befores_output():
     blocks = [g for g in p["graphs"] if g["role"] == "block"]
     assert [g["name"] for g in blocks] == [f"block:{name}:b{b}" for name in LINEAR_BLOCKS
                                           for b in (1, 8, 16)]
+    # linear_v2 loads W in 32-row boxes where nt is an odd multiple of 32, the other TMA
+    # linears in boxes of up to 64 rows: those run under a gate task type of their own
+    assert [(t["symbol"], t["kernels"]) for t in p["task_types"]] == [
+        ("MPKB_TASK_TYPE", ["linear_v2", "rmsnorm_v2", "silu_mul_v2"]),
+        ("MPKB_TASK_TYPE_1", ["linear_residual_v2", "rmsnorm_linear_v2", "silu_mul_linear_residual_v2",
+                              "rmsnorm_linear_silu_mul_v2"])]
     for g in blocks[:3]:
         layers = g["layers"]
         assert [l["kernel"] for l in layers] == ["rmsnorm_v2", "linear_v2", "silu_mul_v2", "linear_residual_v2"]
+        assert [l["task_type"] for l in layers] == ["MPKB_TASK_TYPE"] * 3 + ["MPKB_TASK_TYPE_1"]
         for before, after in zip(layers, layers[1:]):
             # the layer before's output tensor is this layer's first input
             assert after["tensors"][0] == before["tensors"][before["num_inputs"]]
@@ -435,7 +442,8 @@ def test_a_block_of_tma_kernels_that_load_other_maps_builds_with_a_task_type_eac
     assert task_types(m, m.graphs.index("decode_m8_n4096_k4096")) == {197}
     tma_text = (d / "shadow" / "tma.cuh").read_text()
     narrow = tma_text[tma_text.index("case MPKB_TMA_TASK_1:"):]
-    assert "(tensor_desc.dim[0] < 32 ? tensor_desc.dim[0] : 32)" in narrow[:narrow.index("break;")]
+    assert "(32 - (tensor_desc.dim[0] % 32))" in narrow[:narrow.index("break;")]
+    assert "(64 - (tensor_desc.dim[0] % 64))" in tma_text[tma_text.index("case MPKB_TMA_TASK:"):]
 
 
 @pytest.mark.gpu

@@ -322,7 +322,7 @@ def test_a_kernel_under_the_gates_second_task_type_makes_its_own_maps(tmp_path):
 
 
 def _unswizzled(linear: dict) -> dict:
-    """linear_v2 with x unswizzled (as it was before 2026-12-05): other maps, another kernel."""
+    """A TMA linear with x unswizzled (as it was before 2026-12-05): other maps, another kernel."""
     other = copy.deepcopy(linear)
     other["kernel"] = other["wiring"]["layer"] = "linear_unswizzled"
     next(c for c in other["codegen"]["pipeline"]["copies"] if c["name"] == "x")["swizzle"] = 0
@@ -330,27 +330,28 @@ def _unswizzled(linear: dict) -> dict:
 
 
 def test_kernels_that_load_the_same_maps_share_a_gate_task_type_and_others_get_their_own(tmp_path):
-    """MPK makes a TMA task's maps in its task type's tma.cuh case. linear_v2 beside
-    linear_residual_v2 (the same x and W boxes; the residual is no map) or a kernel that
-    loads none shares the gated kernel's type, and the header is the one linear_v2 alone
-    gets but for the kernels it names; a kernel whose maps differ gets a type of its own,
-    with its own case under its own label."""
+    """MPK makes a TMA task's maps in its task type's tma.cuh case. linear_residual_v2
+    beside rmsnorm_linear_v2 (the same x and W boxes; the residual and the norm weight are
+    no maps) or a kernel that loads none shares the gated kernel's type, and the header is
+    the one linear_residual_v2 alone gets but for the kernels it names; linear_v2 (32-row W
+    boxes where nt is an odd multiple of 32) or a kernel that loads x unswizzled gets a type
+    of its own, with its own cases under its own label."""
     root = copy_tree("mpk", tmp_path)
-    linear, residual, norm = (load_kernel(REPO, n, write_cache=False).spec.data
-                              for n in ("linear_v2", "linear_residual_v2", "rmsnorm_v2"))
-    other = _unswizzled(linear)
+    residual, fused, norm, linear = (load_kernel(REPO, n, write_cache=False).spec.data
+                                     for n in ("linear_residual_v2", "rmsnorm_linear_v2", "rmsnorm_v2", "linear_v2"))
     groups = megakernel.task_type_groups
-    assert groups([linear, residual, norm], WIRING) == [["linear_v2", "linear_residual_v2", "rmsnorm_v2"]]
-    assert groups([linear, other, residual], WIRING) == [["linear_v2", "linear_residual_v2"], ["linear_unswizzled"]]
+    assert groups([residual, fused, norm], WIRING) == [["linear_residual_v2", "rmsnorm_linear_v2", "rmsnorm_v2"]]
+    assert groups([residual, linear, fused], WIRING) == [["linear_residual_v2", "rmsnorm_linear_v2"], ["linear_v2"]]
     # a gated kernel that loads none: the first kernel that does takes its type's case
-    assert groups([norm, linear, other], WIRING) == [["rmsnorm_v2", "linear_v2"], ["linear_unswizzled"]]
+    assert groups([norm, linear, residual], WIRING) == [["rmsnorm_v2", "linear_v2"], ["linear_residual_v2"]]
     one = lambda specs, i=0: (specs, "MPKB_TMA_TASK" + (f"_{i}" if i else ""), 461 - i,
                               "MPKB_TASK_TYPE" + (f"_{i}" if i else ""))
-    alone = megakernel.gate_tma_header(root, [one([linear])], WIRING).decode()
-    both = megakernel.gate_tma_header(root, [one([linear, residual])], WIRING).decode()
-    assert "linear_v2, linear_residual_v2 (megakernel.cu" in both
-    assert both.replace("linear_v2, linear_residual_v2 (", "linear_v2 (") == alone
-    two = megakernel.gate_tma_header(root, [one([linear]), one([other], 1)], WIRING).decode()
+    alone = megakernel.gate_tma_header(root, [one([residual])], WIRING).decode()
+    both = megakernel.gate_tma_header(root, [one([residual, fused])], WIRING).decode()
+    assert "linear_residual_v2, rmsnorm_linear_v2 (megakernel.cu" in both
+    assert both.replace("linear_residual_v2, rmsnorm_linear_v2 (", "linear_residual_v2 (") == alone
+    other = _unswizzled(residual)
+    two = megakernel.gate_tma_header(root, [one([residual]), one([other], 1)], WIRING).decode()
     assert "constexpr TaskType MPKB_TMA_TASK = static_cast<TaskType>(461);" in two
     assert "constexpr TaskType MPKB_TMA_TASK_1 = static_cast<TaskType>(460);" in two
     # each label has its case in both switches (the fill and the create), the unswizzled
