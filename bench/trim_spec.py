@@ -3,8 +3,8 @@
     python bench/trim_spec.py SPEC.yaml REGEX [--keep-blocks]
 
 Keeps the codegen variants whose names REGEX finds (and wiring.test_variant), drops the
-runtime blocks (kept, with their thresholds, under --keep-blocks: a call that times the
-blocks without every variant) and the tune section, and drops every rule or variant list
+runtime blocks (kept, with their thresholds and the variants they run, under --keep-blocks:
+a call that times the blocks without every variant) and the tune section, and drops every rule or variant list
 whose globs no longer match a kept variant, so the trimmed spec still loads. It rewrites SPEC.yaml in
 place without its comments: run it on a throwaway copy (bench/runtime_ab.sh does, on the
 box), never on the tree you commit.
@@ -22,7 +22,11 @@ def trim(data: dict, keep: str, keep_blocks: bool = False) -> dict:
     find = re.compile(keep)
     cg = data["codegen"]
     test_variant = (data.get("wiring") or {}).get("test_variant")
-    kept = [v for v in cg["variants"] if find.search(v) or v == test_variant]
+    # with the blocks, the spec's own variants they run at each batch
+    in_blocks = {l["variant"].format(batch=b) for block in (data.get("runtime") or {}).get("blocks", [])
+                 for l in block["layers"] if l["kernel"] == data["kernel"] for b in block["batches"]} \
+        if keep_blocks else set()
+    kept = [v for v in cg["variants"] if find.search(v) or v == test_variant or v in in_blocks]
     if not kept:
         raise SystemExit(f"trim_spec: {keep!r} keeps none of {list(cg['variants'])}")
     cg["variants"] = {v: cg["variants"][v] for v in kept}
