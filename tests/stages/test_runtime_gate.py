@@ -53,6 +53,18 @@ def _materialise(name: str, out: Path, root: Path = REPO, checkout: Path = PINNE
     return out
 
 
+def _built(name: str, d: Path, root: Path) -> Path:
+    """The megakernel of kernel `name` of the project at `root`, made in the new folder `d`
+    and compiled against the pinned tree: its library."""
+    d.mkdir()
+    _materialise(name, d, root)
+    lib = d / f"lib{name}_mpk.so"
+    ok, log, took = runtime.compile_megakernel(runtime.Checkout.find(PINNED), d / "megakernel.cu",
+                                               [d], lib, d / "log", shadow=d / "shadow")
+    assert ok, "\n".join(l for l in log.splitlines() if "error" in l)[:3000]
+    return lib
+
+
 def _run_runtime(root: Path, name: str, lib: Path, tmp_path: Path, checkout: Path = PINNED,
                  runtime_: str = "v1") -> tuple[dict, str]:
     """The runtime gate's runner on one compiled megakernel, as the gate runs it."""
@@ -412,18 +424,13 @@ def _two_linears_project(dest: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def two_linears(tmp_path_factory):
-    """(project root, the compiled library, its compile log) of _two_linears_project."""
+    """(project root, the compiled library, its folder: megakernel.cu, shadow/) of _two_linears_project."""
     if not (PINNED / "include").is_dir():
         pytest.skip("../shared/mirage (the pinned MPK tree) is absent")
     base = tmp_path_factory.mktemp("two_linears")
     root = _two_linears_project(base / "p")
     d = base / "mk"
-    d.mkdir()
-    _materialise("linear_v2", d, root)
-    lib = d / "liblinear_v2_mpk.so"
-    ok, log, took = runtime.compile_megakernel(runtime.Checkout.find(PINNED), d / "megakernel.cu",
-                                               [d], lib, d / "log", shadow=d / "shadow")
-    assert ok, "\n".join(l for l in log.splitlines() if "error" in l)[:3000]
+    lib = _built("linear_v2", d, root)
     return root, lib, d
 
 
@@ -485,12 +492,7 @@ def test_state_kept_across_iterations_is_caught_at_iteration_2_and_by_validates_
     copies: validate fails too, without a checkout."""
     root = _fault_project(tmp_path / "p")
     d = tmp_path / "mk"
-    d.mkdir()
-    _materialise(STALE, d, root)
-    lib = d / f"lib{STALE}_mpk.so"
-    ok, log, took = runtime.compile_megakernel(runtime.Checkout.find(PINNED), d / "megakernel.cu",
-                                               [d], lib, d / "log", shadow=d / "shadow")
-    assert ok, "\n".join(l for l in log.splitlines() if "error" in l)[:2000]
+    lib = _built(STALE, d, root)
     res, out = _run_runtime(root, STALE, lib, tmp_path)
     r = res["variants"]["r1024_c256"]
     assert res["verdict"] == "fail" and r["check"] == "numeric", (res["message"], out)
@@ -920,12 +922,7 @@ def test_a_count_kept_across_iterations_fails_at_iteration_2_in_v1(tmp_path):
     launch is one iteration and the global outlives it, so iteration 2 writes input + 1."""
     root = _fault_project(tmp_path / "p")
     d = tmp_path / "mk"
-    d.mkdir()
-    _materialise("fault_kept_count", d, root)
-    lib = d / "libfault_kept_count_mpk.so"
-    ok, log, took = runtime.compile_megakernel(runtime.Checkout.find(PINNED), d / "megakernel.cu",
-                                               [d], lib, d / "log", shadow=d / "shadow")
-    assert ok, "\n".join(l for l in log.splitlines() if "error" in l)[:2000]
+    lib = _built("fault_kept_count", d, root)
     res, out = _run_runtime(root, "fault_kept_count", lib, tmp_path)
     r = res["variants"]["r512_c256"]
     assert res["verdict"] == "fail" and r["check"] == "numeric" and r["iteration"] == 2, (res["message"], out)
