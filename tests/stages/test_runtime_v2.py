@@ -144,13 +144,22 @@ def test_a_checkout_whose_v2_task_takes_the_tools_barrier_is_refused(tmp_path):
 
 @needs_tree
 def test_the_gates_task_types_are_the_highest_the_trees_enum_leaves_free(tmp_path):
-    assert runtime.v2_task_types(V2) == (297, 296)
+    """(the gate's types, the snapshot task's): the gated kernel's the highest free number,
+    the snapshot's the next, a block kernel with maps of its own the one after."""
+    assert runtime.gate_task_types(V2, "v2", 1) == ([297], 296)
+    assert runtime.gate_task_types(V2, "v2", 2) == ([297, 295], 296)
     header = tmp_path / "include/mirage/persistent_kernel/runtime_header.h"
     header.parent.mkdir(parents=True)
     text = (V2 / "include/mirage/persistent_kernel/runtime_header.h").read_text()
     # a kernel the wire stage numbered 297 (its "auto" range ends there)
     header.write_text(text.replace("  TASK_SM100_TASK_END = 298,", "  TASK_MINE_V2 = 297,\n  TASK_SM100_TASK_END = 298,"))
-    assert runtime.v2_task_types(tmp_path) == (296, 295)
+    assert runtime.gate_task_types(tmp_path, "v2", 1) == ([296], 295)
+    # the whole range taken: one error naming the header and what the gate needs
+    header.write_text(text.replace("  TASK_SM100_TASK_END = 298,", "".join(
+        f"  TASK_MINE_{n} = {n},\n" for n in runtime.V2_TYPE_RANGE) + "  TASK_SM100_TASK_END = 298,"))
+    with pytest.raises(TemplateError, match=r"runtime_header.h: the SM100 range 257-297 has 0 "
+                       r"free task types; the v2 gate needs 2"):
+        runtime.gate_task_types(tmp_path, "v2", 1)
 
 
 def test_a_tree_without_v2_is_refused_for_runtime_v2():
@@ -176,7 +185,7 @@ def test_the_v2_dispatch_shadow_keeps_only_the_v2_tasks_the_graphs_use():
     assert shadow == "".join(kept)
     src = files["megakernel.cu"].decode()
     assert '#include "persistent_kernel_v2.cuh"' in src
-    assert f"constexpr int MPKB_TASK_TYPE = {runtime.v2_task_types(V2)[0]};" in src
+    assert f"constexpr int MPKB_TASK_TYPE = {runtime.gate_task_types(V2, 'v2', 1)[0][0]};" in src
 
 
 @needs_tree
@@ -213,7 +222,7 @@ def test_the_compiled_v2_builder_chains_the_layers_by_their_events(compiled_v2):
                 assert {t["dependent"] for t in block} == {1 + li}, (name, g["name"], li)
                 assert {t["trigger"] for t in block} == {2 + li}
                 at += n
-            assert d["tasks"][-1]["type"] == runtime.v2_task_types(V2)[1]
+            assert d["tasks"][-1]["type"] == runtime.gate_task_types(V2, "v2", 1)[1]
             assert d["events"][-1]["type"] == 910 and d["events"][-1]["triggers"] == runtime.SNAPSHOT_TASKS
 
 

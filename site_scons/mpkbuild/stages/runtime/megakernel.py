@@ -648,12 +648,6 @@ def v2_dispatch_header(checkout_root: Path, headers: list[str]) -> bytes:
     return "".join(keep).encode()
 
 
-def v2_task_types(checkout_root: Path | None) -> tuple[int, int]:
-    """(gated task, snapshot task) on Runtime-V2 (gate_task_types)."""
-    gated, snapshot = gate_task_types(checkout_root, "v2", 1)
-    return gated[0], snapshot
-
-
 def gate_task_types(checkout_root: Path | None, runtime: str, count: int) -> tuple[list[int], int | None]:
     """(the numbers of the gate's `count` task types, the v2 snapshot task's or None): the
     highest numbers of the runtime's range (V1_TYPE_RANGE, V2_TYPE_RANGE) that the
