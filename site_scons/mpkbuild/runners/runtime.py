@@ -100,7 +100,6 @@ class Megakernel:
         L.mpkb_graph_layers.argtypes = [ctypes.c_int]
         L.mpkb_layer_task_type.argtypes = [ctypes.c_int, ctypes.c_int]
         self.graphs = [L.mpkb_graph_name(i).decode() for i in range(L.mpkb_num_graphs())]
-        self.task_type = L.mpkb_task_type()
         self.runtime = L.mpkb_runtime() if hasattr(L, "mpkb_runtime") else 1
         if self.runtime == 2:
             L.mpkb_setup.argtypes = L.mpkb_setup.argtypes + [ctypes.c_int]

@@ -28,6 +28,9 @@ from mpkbuild.util.nvcc_steps import split_compile
 # TMA sub-range (297, and 296 for the snapshot task)
 V1_TYPE_RANGE = range(151, 198)
 V2_TYPE_RANGE = range(257, 298)
+# the gated kernel's task type in megakernel.cu (a block's other kernels that need a type
+# of their own: TYPE_SYMBOL_1, ...)
+TYPE_SYMBOL = "MPKB_TASK_TYPE"
 SNAPSHOT_TASKS = 128      # the snapshot tasks after each v2 graph's op (megakernel_v2.cu.j2)
 
 
@@ -202,7 +205,7 @@ def _call_lines(spec: dict, symbols: dict, wiring_root: Path) -> list[str]:
 
 
 def _layer(spec: dict, variant: str, dispatch_id: int, tensor_index: list[int],
-           task_type: str = "MPKB_TASK_TYPE") -> dict:
+           task_type: str = TYPE_SYMBOL) -> dict:
     """One layer of our kernel over the graph's tensors `tensor_index` (the spec's inputs,
     then outputs): a runtime input is no tensor of the task (the call passes the runtime's)."""
     from mpkbuild.stages.generate import _variant_views
@@ -734,9 +737,6 @@ def render_all(k, wiring_root: Path, mpk_root: Path | None, companions=(),
 
 TMA_HEADER = "tma.cuh"
 TMA_LABEL = "MPKB_TMA_TASK"
-# the gated kernel's task type in megakernel.cu (a block's other kernels that need a type
-# of their own: TYPE_SYMBOL_1, ...)
-TYPE_SYMBOL = "MPKB_TASK_TYPE"
 
 
 def _maps_key(spec: dict, surface) -> str | None:
