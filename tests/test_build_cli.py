@@ -152,6 +152,15 @@ def test_verdict_table_lists_what_the_stage_built_and_nothing_else(project):
     assert "compile sm_90a" in table and "compile sm_100a" not in table    # validate runs sm_90a
 
 
+def test_a_run_of_named_files_says_nothing_of_gates_it_was_not_asked_for(project):
+    """`scons build/K/gen/K.cuh` builds that file; the stage's gates were never its targets,
+    so the verdict table must not call them stopped by a failure that did not happen."""
+    header = f"build/{K}/gen/{K}.cuh"
+    run = project.scons(header)
+    assert (project.root / header).is_file()
+    assert "not reached" not in run.stdout and "first failure" not in run.stdout, run.stdout
+
+
 @pytest.mark.nvcc
 def test_perf_figures_are_judged_by_the_build_against_the_spec(built):
     """Perf runners only time; the build applies the spec's thresholds to the figures, and

@@ -416,9 +416,13 @@ def verdict_table(requested: dict, interrupted=lambda: False) -> None:
     if GetOption("no_exec") or GetOption("clean") or GetOption("help"):
         return
     stopped = interrupted()
+    failures = bool(SCons.Script.GetBuildFailures())
     rows = []
     for (kname, gate, label), (node, result_path) in requested.items():
         state = node.get_state()
+        if state not in (SCons.Node.failed, SCons.Node.executed, SCons.Node.up_to_date) \
+                and not stopped and not failures:
+            continue      # a run that failed nowhere left it alone: not among the targets named
         if state == SCons.Node.failed:    # the action failed: any result file is an old one
             verdict = "FAILED (see the error above)"
         elif state in (SCons.Node.executed, SCons.Node.up_to_date):
