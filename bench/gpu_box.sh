@@ -25,9 +25,10 @@
 #   bench    bench/rmsnorm_gates.py (with .mirage/: the runtime gate too) and bench/catalog.py
 #   review   every gate of every catalog kernel through scons (with .mirage/: wire and the
 #            runtime gate too), the reviews in OUTDIR/review.tgz
-#   blocks   linear_v2's MLP blocks inside MPK (with .mirage/), linear_v2 trimmed to one variant and the ones its blocks run, in
-#            a copy of the project (bench/trim_spec.py --keep-blocks): issue 58's block target in
-#            ~2 minutes where the whole runtime gate takes ~4; OUTDIR/blocks.tgz
+#   blocks   linear_v2's MLP blocks inside MPK (with .mirage/), linear_v2 trimmed to one variant
+#            and the ones its blocks run, in a copy of the project (bench/trim_spec.py
+#            --keep-blocks): issue 58's block target in ~2 minutes where the whole runtime gate
+#            takes ~4; OUTDIR/blocks.tgz
 #   tune     bench/tune_bench.py for linear_v2, silu_mul_v2, rmsnorm_v2 (all three tune inside
 #            MPK: with .mirage/ carried); the tuned files in OUTDIR/tuned/ (commit them to use
 #            them)

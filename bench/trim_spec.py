@@ -4,8 +4,8 @@
 
 Keeps the codegen variants whose names REGEX finds (and wiring.test_variant), drops the
 runtime blocks (kept, with their thresholds and the variants they run, under --keep-blocks:
-a call that times the blocks without every variant) and the tune section, and drops every rule or variant list
-whose globs no longer match a kept variant, so the trimmed spec still loads. It rewrites SPEC.yaml in
+a call that times the blocks without every variant) and the tune section, and drops every
+rule or variant list whose globs no longer match a kept variant, so the trimmed spec still loads. It rewrites SPEC.yaml in
 place without its comments: run it on a throwaway copy (bench/runtime_ab.sh does, on the
 box), never on the tree you commit.
 """

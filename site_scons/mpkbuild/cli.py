@@ -420,9 +420,6 @@ def verdict_table(requested: dict, interrupted=lambda: False) -> None:
     rows = []
     for (kname, gate, label), (node, result_path) in requested.items():
         state = node.get_state()
-        if state not in (SCons.Node.failed, SCons.Node.executed, SCons.Node.up_to_date) \
-                and not stopped and not failures:
-            continue      # a run that failed nowhere left it alone: not among the targets named
         if state == SCons.Node.failed:    # the action failed: any result file is an old one
             verdict = "FAILED (see the error above)"
         elif state in (SCons.Node.executed, SCons.Node.up_to_date):
@@ -432,6 +429,8 @@ def verdict_table(requested: dict, interrupted=lambda: False) -> None:
                 verdict = getattr(row.impl, row.summary)(res)
             else:
                 verdict = verdict_line(res) if res else "pass"
+        elif not stopped and not failures:
+            continue      # a run that failed nowhere left it alone: not among the targets named
         else:
             last = read_json(result_path) if result_path else None
             verdict = ("not reached (the build was interrupted)" if stopped else
