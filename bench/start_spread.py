@@ -25,6 +25,9 @@ import pathlib
 import statistics as st
 import sys
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "site_scons"))
+from mpkbuild.runners.runtime import by_iteration  # noqa: E402
+
 SCHD_EVENTS = 201             # runtime_header.h TASK_SCHD_EVENTS: the worker pushing an event
 FETCH = 500                   # the added mark (a free 9-bit profiler type)
 WORKERS_PER_SCHEDULER = 8     # 128 workers, 16 local schedulers on a 132-SM card
@@ -50,7 +53,8 @@ def patch(mirage: pathlib.Path, site: pathlib.Path) -> None:
     text = worker.read_text()
     assert text.count(POLLED) == 1 and text.count(LOADED) == 1, f"{worker}: the anchors moved"
     mark = "#ifdef MPK_ENABLE_PROFILING\n      PROFILER_EVENT_{}(%d, task_counter);\n#endif\n" % FETCH
-    text = text.replace(POLLED, POLLED.replace("      __syncthreads();\n", mark.format("START") + "      __syncthreads();\n"))
+    sync = "      __syncthreads();\n"
+    text = text.replace(POLLED, POLLED.replace(sync, mark.format("START") + sync))
     worker.write_text(text.replace(LOADED, LOADED + mark.format("END")))
     runner = site / "mpkbuild/runners/runtime.py"
     text = runner.read_text()
@@ -97,11 +101,8 @@ def iterations(dump: dict) -> list[dict]:
                 fresh = prev is not None and prev[1] == FETCH and prev[2] == 1
                 tasks.append((t, w, fetched if fresh else None))
             prev = (t, kind, phase)
-    tasks.sort()
-    per = len(tasks) // dump["iterations"]
     rows = []
-    for i in range(dump["iterations"]):
-        chunk = tasks[i * per:(i + 1) * per]
+    for chunk in by_iteration(tasks, dump["iterations"]):      # the gate's own split
         first = chunk[0][0]
         push = max((p for p in pushes if p <= first), default=None)
         seen = [(s, w, f) for s, w, f in chunk if f]

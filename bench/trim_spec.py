@@ -5,9 +5,9 @@
 Keeps the codegen variants whose names REGEX finds (and wiring.test_variant), drops the
 runtime blocks (kept, with their thresholds and the variants they run, under --keep-blocks:
 a call that times the blocks without every variant) and the tune section, and drops every
-rule or variant list whose globs no longer match a kept variant, so the trimmed spec still loads. It rewrites SPEC.yaml in
-place without its comments: run it on a throwaway copy (bench/runtime_ab.sh does, on the
-box), never on the tree you commit.
+rule or variant list whose globs no longer match a kept variant, so the trimmed spec still
+loads. It rewrites SPEC.yaml in place without its comments: run it on a throwaway copy
+(bench/runtime_ab.sh does, on the box), never on the tree you commit.
 """
 from __future__ import annotations
 
