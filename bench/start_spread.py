@@ -43,7 +43,8 @@ DUMP = """\
                 _cols = prof[1:1 + (len(prof) - 1) // _nb * _nb].view(-1, _nb).t()[:, :96].cpu().clone()
                 torch.save({"body": _cols, "types": sorted(set(types)), "graph": g["name"], "whose": whose,
                             "iterations": per_launch(lib, rt["iterations"])},
-                           f"{os.environ['SPREAD_DUMP']}/{g['name']}__{whose}__{p}.pt")
+                           os.path.join(os.environ["SPREAD_DUMP"], "".join(
+                               c if c.isalnum() or c in "._-" else "_" for c in f"{g['name']}__{whose}__{p}.pt")))
 """
 
 

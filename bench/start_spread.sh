@@ -17,7 +17,8 @@ rm -rf "$copy" && mkdir -p "$copy" && cp -r specs kernels site_scons SConstruct 
 python3 bench/start_spread.py patch "$copy/.mirage" "$copy/site_scons" || exit 1
 cd "$copy" && python3 bench/trim_spec.py specs/linear_v2.yaml "$keep" || exit 1
 SPREAD_DUMP="$out/dumps" PYTHONPATH=/tmp/site:$copy/site_scons timeout "${SIDE_TIMEOUT_S:-240}" \
-  python3 -m SCons -Q -k -j16 kernel=linear_v2 stage=runtime mpk_root=.mirage/mpk > "$out/runtime.log" 2>&1
+  python3 -m SCons -Q -k -j16 kernel=linear_v2 stage=runtime mpk_root=.mirage/mpk warm=0 > "$out/runtime.log" 2>&1
 echo "runtime exit $?"; sed -n '/^verdicts:/,$p' "$out/runtime.log" | cut -c1-200
 cp build/linear_v2/gpu/*/runtime.json "$out/" 2>/dev/null
+cp build/linear_v2/gpu/*/runtime.log "$out/runner.log" 2>/dev/null
 python3 "$root/bench/start_spread.py" parse "$out/dumps" | tee "$out/table.md"
