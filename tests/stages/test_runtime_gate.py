@@ -112,27 +112,31 @@ def compiled(tmp_path_factory):
 
 def expand(graph: dict) -> tuple[list[dict], list[dict]]:
     """The tasks and events the C++ builder (megakernel.cu.j2) should make from a plan graph,
-    written out again here in Python: what mpkb_describe reports is held to it."""
-    tasks = [{"type": "terminate", "trigger": None}, {"type": "begin", "trigger": 1}]
+    written out again here in Python: what mpkb_describe reports is held to it. As the
+    checkout's compile builds an iteration: event 1 hands out every task, a later layer's
+    task waits on the (empty) event that covers it."""
+    tasks = [{"type": "terminate", "trigger": None, "waits": None},
+             {"type": "begin", "trigger": 1, "waits": None}]
     events = [{"type": "termination", "triggers": 0},
               {"type": "launch_dependent", "triggers": 1, "first": 2,
-               "last": 2 + graph["layers"][0]["tasks"]}]
-    first, order = 2, None
+               "last": 2 + sum(layer["tasks"] for layer in graph["layers"])}]
+    first, order, waits = 2, None, [None] * graph["layers"][0]["tasks"]
     for l, layer in enumerate(graph["layers"]):
         base = len(events)
         made = layer.get("events") or {"event_of": [0] * layer["tasks"], "order": None,
                                         "launches": [graph["layers"][l + 1]["tasks"]]
                                         if l + 1 < len(graph["layers"]) else []}
-        for t in order or range(layer["tasks"]):
+        for k, t in enumerate(order or range(layer["tasks"])):
             tasks.append({"type": "task", "variant": layer["id"], "offset": t,
-                          "trigger": base + made["event_of"][t]})
+                          "trigger": base + made["event_of"][t], "waits": waits[k]})
         first += layer["tasks"]
         if l + 1 == len(graph["layers"]):
             events.append({"type": "end_of_graph", "triggers": layer["tasks"]})
-        start = first
+        start, waits = first, []
         for e, launches in enumerate(made["launches"]):
-            events.append({"type": "launch_massive" if launches >= 8 else "launch_tasks",
-                           "triggers": made["event_of"].count(e), "first": start, "last": start + launches})
+            events.append({"type": "empty", "triggers": made["event_of"].count(e),
+                           "first": start, "last": start + launches})
+            waits += [len(events) - 1] * launches
             start += launches
         order = made["order"]
     return tasks, events
@@ -157,7 +161,7 @@ def test_plan_expands_to_the_documented_graph():
         assert events[0]["type"] == "termination"
         assert events[1] == {"type": "launch_dependent", "triggers": 1, "first": 2, "last": 2 + n}
         assert events[-1] == {"type": "end_of_graph", "triggers": n}
-        assert all(t["trigger"] == 2 for t in tasks[2:])
+        assert all(t["trigger"] == 2 and t["waits"] is None for t in tasks[2:])
         assert [t["offset"] for t in tasks[2:]] == list(range(n))
 
 
@@ -196,9 +200,13 @@ def test_block_plan_feeds_each_layer_the_layer_befores_output():
             # the layer before's output tensor is this layer's first input
             assert after["tensors"][0] == before["tensors"][before["num_inputs"]]
         tasks, events = expand(g)
-        # our layers read the whole tensor the layer before writes: one event after each
-        # (rmsnorm's 1-16 rows hand linear_v2's 112 tasks out in bulk)
-        assert [e["type"] for e in events[2:-1]] == ["launch_massive"] * 3
+        # our layers read the whole tensor the layer before writes: one event after each,
+        # which every task of the next layer waits on; event 1 hands out all of them
+        assert [e["type"] for e in events[2:-1]] == ["empty"] * 3
+        assert events[1]["last"] == 2 + sum(layer["tasks"] for layer in layers)
+        begins = [2 + sum(layer["tasks"] for layer in layers[:l]) for l in range(len(layers) + 1)]
+        for l in range(1, len(layers)):
+            assert {t["waits"] for t in tasks[begins[l]:begins[l + 1]]} == {1 + l}
         assert events[-1] == {"type": "end_of_graph", "triggers": layers[-1]["tasks"]}
     # without a checkout no incumbents' chain; a shape that does not chain is refused
     assert not [g for g in p["graphs"] if g["role"] == "incumbent"]
@@ -284,8 +292,10 @@ def test_the_incumbents_chain_has_mpks_events_between_gate_up_and_silu_mul():
         tasks, events = expand(chain)
         silu = [t for t in tasks if t.get("variant") == chain["layers"][2]["id"]]
         linear_events = sorted({t["trigger"] for t in tasks if t.get("variant") == chain["layers"][1]["id"]})
-        assert [e["type"] for e in events[linear_events[0]:linear_events[-1] + 1]] == ["launch_tasks"] * 32
+        assert [e["type"] for e in events[linear_events[0]:linear_events[-1] + 1]] == ["empty"] * 32
         assert [t["offset"] for t in silu] == list(range(32))
+        # silu_mul's tile i waits for the event of the two linear tasks that write its columns
+        assert [t["waits"] for t in silu] == [linear_events[0] + i for i in range(32)]
         assert all(e["triggers"] == 2 for e in events[linear_events[0]:linear_events[-1] + 1])
 
 
@@ -314,7 +324,6 @@ def test_events_follow_the_tiles_each_side_declares():
     assert events.between(layer(5, [0, 1], [0, 32]), consumer, 1, [4, 96], 2) is None
     # a consumer that reads it whole waits for the whole layer
     assert events.between(producer, layer(4, [1, 2], [0, 0]), 1, [4, 96], 2) is None
-    assert events.kind(7) == "launch_tasks" and events.kind(8) == "launch_massive"
 
 
 def test_hang_phase_from_runtime_counters():
@@ -374,10 +383,12 @@ def test_compiled_builder_makes_the_planned_graph(compiled):
             assert d["tasks"][1]["trigger"] == 1
             assert [t["trigger"] for t in d["tasks"][2:]] == [t["trigger"] for t in tasks[2:]]
             assert [t["offset"] for t in d["tasks"][2:]] == [t["offset"] for t in tasks[2:]]
+            assert [t["dependent"] for t in d["tasks"]] == [-1 if t["waits"] is None else t["waits"] for t in tasks]
             assert d["events"][0]["type"] == 911 and d["events"][1]["type"] == 903
             assert d["events"][-1]["type"] == 910           # the last event ends the graph
             assert d["events"][-1]["triggers"] == g["layers"][-1]["tasks"]
-            codes = {"launch_tasks": 901, "launch_massive": 902}
+            assert (d["events"][1]["first"], d["events"][1]["last"]) == (2, len(tasks))
+            codes = {"empty": 900}
             assert [(e["type"], e["triggers"], e["first"], e["last"]) for e in d["events"][2:-1]] == \
                 [(codes[e["type"]], e["triggers"], e["first"], e["last"]) for e in events[2:-1]], (name, g["name"])
 

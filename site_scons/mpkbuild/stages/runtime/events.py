@@ -6,6 +6,9 @@ whole layer. In MPK's decode step that is 32 events between the gate|up projecti
 tasks and silu_mul's 32 tiles; a chain given one event per layer instead is slower than the
 one MPK builds (issue 58). Each side of a head to head gets the events its own tasks' tiles
 make: a layer that reads the whole tensor in every task still waits for the whole layer.
+As in the checkout's iteration, these events launch nothing: every task is handed out at the
+graph's start and a consumer task waits at its worker for its event's counter
+(templates/megakernel.cu.j2).
 
 A task's tile is read off its layer's per-task byte strides (the runner lays tasks out by
 them), as MPK reads it off a layer's grid and maps: the tiles of a layer are equal boxes
@@ -14,11 +17,6 @@ that cover the tensor, or the layer is treated as reading all of it.
 from __future__ import annotations
 
 import math
-
-# MPK's threshold (runtime.cc): an event launching at least this many tasks hands them to
-# the schedulers in bulk (EVENT_LAUNCH_MASSIVE_TASKS), fewer one by one (EVENT_LAUNCH_TASKS)
-MASSIVE_FROM = 8
-
 
 def _tiles(layer: dict, tensor: int, shape: list[int], dtype_bytes: int):
     """Per task of the layer, its box (row0, col0) and the box's (rows, cols) of the
@@ -74,8 +72,3 @@ def between(producer: dict, consumer: dict, tensor: int, shape: list[int],
     if 0 in launches or len(set(event_of)) != len(launches):
         return None                            # an event no task would trigger or none waits on
     return {"event_of": event_of, "order": order, "launches": launches}
-
-
-def kind(launches: int) -> str:
-    """The event type MPK gives an event launching this many tasks."""
-    return "launch_massive" if launches >= MASSIVE_FROM else "launch_tasks"
