@@ -28,8 +28,8 @@ MISSED = {
                  "at every shape, its interval below), 0.81-0.97x on the H100 (section 38); "
                  "the MLP block as we build it (silu_mul in the gate|up epilogue) 0.87 / 0.89 / "
                  "0.87x MPK's chain at b1 / b8 / b16 on the H100 with the checkout's events "
-                 "(section 47; target 0.85x), not yet run on the H200; harness at 82.6% / 84.9% of the read ceiling at m16 / m8 "
-                 "n14336 on the H200 (85%)",
+                 "(section 47; target 0.85x), not yet run on the H200; harness at 82.6% / 84.9% "
+                 "of the read ceiling at m16 / m8 n14336 on the H200 (85%)",
     "linear_residual_v2": "in-runtime 0.85-0.94x linear_swapAB_with_residual_hopper on the H100 "
                           "(section 34; target 0.8x at every shape); its harness targets are met",
     "rmsnorm_linear_silu_mul_v2": "in-runtime 0.75 / 0.78 / 0.85x MPK's three tasks at m16 / m8 / m1 "
