@@ -9,7 +9,7 @@ out=${1:?usage: start_spread.sh OUTDIR [KEEP]}
 keep=${2:-^decode_m1_n4096_k4096\$}
 root=$PWD copy=/tmp/start-spread
 [ -d .mirage/mpk/include ] || { echo "no .mirage/mpk/include: carry the MPK headers (docs/gpu-box.md)"; exit 2; }
-mkdir -p "$out/dumps"
+mkdir -p "$out/dumps" && out=$(cd "$out" && pwd)      # the run below works in the copy
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
